@@ -1,0 +1,86 @@
+"""Validation helpers used at the public edges of the package.
+
+Every public constructor and entry point checks its inputs here and raises
+``ValueError`` with the offending value, so that bad input never reaches a trace.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import numpy as np
+
+
+def _is_traced(x: Any) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def any_traced(tree: Any) -> bool:
+    """True if any leaf of ``tree`` is a JAX tracer (we are inside jit/vmap/grad)."""
+    return any(_is_traced(leaf) for leaf in jax.tree_util.tree_leaves(tree))
+
+
+def positive(name: str, value: Any) -> None:
+    """Raise ``ValueError`` unless every entry of ``value`` is finite and > 0.
+
+    Traced values cannot be inspected and are let through (they are checked at the
+    edge where they were created).
+    """
+    if _is_traced(value):
+        return
+    arr = np.asarray(value, dtype=float)
+    if arr.size == 0 or not np.all(np.isfinite(arr)) or not np.all(arr > 0):
+        raise ValueError(f"{name} must be finite and positive, got {value!r}")
+
+
+def nonnegative(name: str, value: Any) -> None:
+    if _is_traced(value):
+        return
+    arr = np.asarray(value, dtype=float)
+    if not np.all(np.isfinite(arr)) or not np.all(arr >= 0):
+        raise ValueError(f"{name} must be finite and non-negative, got {value!r}")
+
+
+def finite_tree(name: str, tree: Any) -> None:
+    """Raise ``ValueError`` if a concrete leaf of ``tree`` holds NaN or Inf."""
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    for path, leaf in leaves:
+        if _is_traced(leaf):
+            continue
+        arr = np.asarray(leaf)
+        if arr.dtype.kind in "fc" and not np.all(np.isfinite(arr)):
+            where = jax.tree_util.keystr(path) or "(root)"
+            bad = np.argwhere(~np.isfinite(arr))
+            first = tuple(int(i) for i in bad[0]) if bad.size else ()
+            raise ValueError(
+                f"{name}{where} must be finite; entry {first} is {arr[first] if first else arr!r}"
+            )
+
+
+def positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        else:
+            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"unknown {name} {value!r}; expected one of {', '.join(map(repr, allowed))}")
+    return value
+
+
+def finite_scalar(name: str, value: Any) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a real number, got {value!r}") from None
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return v

@@ -1,0 +1,144 @@
+"""Gaussian expectations for order-parameter ODEs.
+
+- `GaussianBank`: a fixed bank of standard normal draws (common random numbers) reused
+  at every evaluation, so a Monte Carlo field is a smooth deterministic function of its
+  parameters (adaptive solvers and ``jacfwd`` apply). Antithetic copies make every odd
+  moment vanish exactly.
+- `psd_sqrt`: the symmetric square root of a positive semidefinite matrix, with a
+  Sylvester-equation JVP that stays finite at degenerate eigenvalues.
+- `gauss_hermite`: tensor-product Gauss-Hermite quadrature for low dimension.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _validate as V
+
+__all__ = ["GaussianBank", "psd_sqrt", "gauss_hermite", "hermite_rule"]
+
+
+@jax.custom_jvp
+def psd_sqrt(P: jax.Array) -> jax.Array:
+    """Symmetric root ``U diag(sqrt(max(lambda, 0))) U^T`` of ``(P + P^T) / 2``.
+
+    A Cholesky factor has the same Gaussian law but is not equivariant under a
+    permutation of the coordinates; the symmetric root is. Its JVP solves the Sylvester
+    equation ``S dS + dS S = dP``: ``dS = U [(U^T dP U)_ij / (sqrt l_i + sqrt l_j)] U^T``,
+    set to zero where the denominator vanishes (autodiff through ``eigh`` would give NaN
+    at repeated eigenvalues).
+    """
+    w, U = jnp.linalg.eigh(0.5 * (P + jnp.swapaxes(P, -1, -2)))
+    return (U * jnp.sqrt(jnp.clip(w, 0.0))[..., None, :]) @ jnp.swapaxes(U, -1, -2)
+
+
+@psd_sqrt.defjvp
+def _psd_sqrt_jvp(primals, tangents):
+    (P,), (dP,) = primals, tangents
+    w, U = jnp.linalg.eigh(0.5 * (P + jnp.swapaxes(P, -1, -2)))
+    s = jnp.sqrt(jnp.clip(w, 0.0))
+    S = (U * s[..., None, :]) @ jnp.swapaxes(U, -1, -2)
+    Ut = jnp.swapaxes(U, -1, -2)
+    dPs = 0.5 * (dP + jnp.swapaxes(dP, -1, -2))
+    inner = Ut @ dPs @ U
+    denom = s[..., :, None] + s[..., None, :]
+    safe = denom > 0
+    inner = jnp.where(safe, inner / jnp.where(safe, denom, 1.0), 0.0)
+    return S, U @ inner @ Ut
+
+
+class GaussianBank(eqx.Module):
+    """A fixed bank of standard normal draws ``z`` of shape ``(n, dim)``.
+
+    ``antithetic=True`` stores ``n/2`` draws and their negatives, so odd moments of
+    ``z`` are exactly zero and ``E f`` is exactly even/odd-equivariant.
+    """
+
+    z: jax.Array
+    antithetic: bool = eqx.field(static=True)
+
+    def __init__(self, key: Any, n: int, dim: int, antithetic: bool = True, dtype: Any = None):
+        n = V.positive_int("n (bank size)", n, minimum=2 if antithetic else 1)
+        dim = V.positive_int("dim", dim)
+        if antithetic and n % 2:
+            raise ValueError(f"an antithetic bank needs an even size n, got n={n}")
+        if isinstance(key, int):
+            key = jax.random.PRNGKey(key)
+        dtype = dtype or jnp.result_type(float)
+        half = n // 2 if antithetic else n
+        z = jax.random.normal(key, (half, dim), dtype=dtype)
+        self.z = jnp.concatenate([z, -z]) if antithetic else z
+        self.antithetic = antithetic
+
+    @property
+    def size(self) -> int:
+        return self.z.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.z.shape[1]
+
+    def samples(self, mean: Any = None, cov: Any = None, sqrt_cov: Any = None) -> jax.Array:
+        """``x = mean + S z`` for every bank draw, ``S`` the symmetric root of ``cov``."""
+        x = self.z
+        if sqrt_cov is None and cov is not None:
+            sqrt_cov = psd_sqrt(jnp.asarray(cov))
+        if sqrt_cov is not None:
+            x = x @ jnp.swapaxes(jnp.asarray(sqrt_cov), -1, -2)
+        if mean is not None:
+            x = x + jnp.asarray(mean)
+        return x
+
+    def expect(self, f: Callable[[jax.Array], Any], mean: Any = None, cov: Any = None, sqrt_cov: Any = None) -> Any:
+        """Monte Carlo ``E f(x)``, ``x ~ N(mean, cov)``, on the fixed bank (``f`` maps one sample)."""
+        vals = jax.vmap(f)(self.samples(mean, cov, sqrt_cov))
+        return jax.tree_util.tree_map(lambda v: jnp.mean(v, axis=0), vals)
+
+    def stderr(self, f: Callable[[jax.Array], Any], mean: Any = None, cov: Any = None) -> Any:
+        """Standard error of `expect` (antithetic pairs counted as one draw)."""
+        vals = jax.vmap(f)(self.samples(mean, cov))
+
+        def se(v):
+            if self.antithetic:
+                h = v.shape[0] // 2
+                v = 0.5 * (v[:h] + v[h:])
+            return jnp.std(v, axis=0, ddof=1) / jnp.sqrt(v.shape[0])
+
+        return jax.tree_util.tree_map(se, vals)
+
+
+def hermite_rule(n_points: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Tensor-product Gauss-Hermite nodes ``(n_points**dim, dim)`` and weights for N(0, I)."""
+    n_points = V.positive_int("n_points", n_points)
+    dim = V.positive_int("dim", dim)
+    if n_points**dim > 10_000_000:
+        raise ValueError(f"Gauss-Hermite grid of {n_points}**{dim} points is too large; use GaussianBank")
+    x, w = np.polynomial.hermite_e.hermegauss(n_points)  # probabilists': weight exp(-x^2/2)
+    w = w / np.sqrt(2 * np.pi)
+    grids = np.meshgrid(*([x] * dim), indexing="ij")
+    wgrids = np.meshgrid(*([w] * dim), indexing="ij")
+    nodes = np.stack([g.reshape(-1) for g in grids], axis=1)
+    weights = np.prod(np.stack([g.reshape(-1) for g in wgrids], axis=1), axis=1)
+    return nodes, weights
+
+
+def gauss_hermite(f: Callable[[jax.Array], Any], n_points: int, mean: Any, cov: Any) -> Any:
+    """``E f(x)`` for ``x ~ N(mean, cov)`` by tensor-product Gauss-Hermite quadrature.
+
+    Exact for polynomials of degree ``< 2 n_points`` in each coordinate; for low ``dim``.
+    """
+    mean = jnp.atleast_1d(jnp.asarray(mean, dtype=jnp.result_type(float)))
+    cov = jnp.atleast_2d(jnp.asarray(cov, dtype=mean.dtype))
+    if cov.shape != (mean.shape[0], mean.shape[0]):
+        raise ValueError(f"cov must have shape {(mean.shape[0],) * 2}, got {cov.shape}")
+    nodes, weights = hermite_rule(n_points, mean.shape[0])
+    x = mean + jnp.asarray(nodes, mean.dtype) @ psd_sqrt(cov).T
+    vals = jax.vmap(f)(x)
+    w = jnp.asarray(weights, mean.dtype)
+    return jax.tree_util.tree_map(lambda v: jnp.tensordot(w, v, axes=1), vals)

@@ -1,0 +1,289 @@
+"""`integrate`: the one verb over Diffrax.
+
+Every reduced or order-parameter ODE of attnflow goes through `integrate`, which
+returns a `Trajectory` of named observables. Defaults: Tsit5 with a PID controller,
+float64, explicit ``max_steps`` whose overflow raises an error naming the time reached,
+optional terminating events, optional progress meter. Everything a sweep varies
+(``args``, ``y0``, ``t1``, ``rtol``, ``atol``) may be a traced array, so one compilation
+serves a whole `sweep`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optimistix as optx
+
+from . import _validate as V
+from .trajectory import Trajectory
+
+__all__ = ["integrate", "save_times", "require_x64", "enable_x64", "DivergenceError", "MaxStepsError"]
+
+
+class DivergenceError(FloatingPointError):
+    """A NaN or Inf appeared during integration or training."""
+
+
+class MaxStepsError(RuntimeError):
+    """The solver used up ``max_steps`` before reaching ``t1``."""
+
+
+def enable_x64() -> None:
+    """Switch JAX to 64-bit floats. Call once at program start (the CLI and tests do)."""
+    jax.config.update("jax_enable_x64", True)
+
+
+def x64_enabled() -> bool:
+    return jax.dtypes.canonicalize_dtype(jnp.float64) == jnp.dtype("float64")
+
+
+def require_x64(where: str) -> None:
+    if not x64_enabled():
+        raise RuntimeError(
+            f"{where} runs in float64 but JAX 64-bit mode is off. Call attnflow.enable_x64() "
+            "at the start of your program (or wrap the call in `with jax.enable_x64(True):`), "
+            "or pass dtype=jnp.float32 explicitly."
+        )
+
+
+def save_times(t0: Any, t1: Any, n: int, spacing: str = "linear", t_min: Any = None) -> jax.Array:
+    """Save grid of ``n`` times from ``t0`` to ``t1``.
+
+    ``spacing="log"`` places ``t0`` first and then ``n - 1`` points log-spaced in the
+    elapsed time from ``t_min`` (default ``1e-6 (t1 - t0)``) to ``t1 - t0``: the right
+    grid for plateaus that last decades.
+    """
+    n = V.positive_int("n_save", n, minimum=2)
+    V.choice("spacing", spacing, ("linear", "log"))
+    t0 = jnp.asarray(t0, dtype=float)
+    t1 = jnp.asarray(t1, dtype=float)
+    if spacing == "linear":
+        return jnp.linspace(t0, t1, n)
+    span = t1 - t0
+    lo = span * 1e-6 if t_min is None else jnp.asarray(t_min, dtype=float)
+    rest = jnp.exp(jnp.linspace(jnp.log(lo), jnp.log(span), n - 1))
+    # Make the last point exactly t1 (exp(log(x)) can be off in the last bit).
+    rest = rest.at[-1].set(span)
+    return jnp.concatenate([t0[None], t0 + rest])
+
+
+def _default_observe(t, y, args):
+    if isinstance(y, Mapping):
+        return _flatten_names(y)
+    if isinstance(y, (jax.Array, np.ndarray)):
+        return {"y": y}
+    leaves, _ = jax.tree_util.tree_flatten_with_path(y)
+    return {"y" + jax.tree_util.keystr(p): leaf for p, leaf in leaves}
+
+
+def _flatten_names(d: Mapping, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(_flatten_names(v, name + "."))
+        else:
+            out[name] = v
+    return out
+
+
+def _ok(result) -> jax.Array:
+    return (result == diffrax.RESULTS.successful) | (result == diffrax.RESULTS.event_occurred)
+
+
+def integrate(
+    field: Callable[[Any, Any, Any], Any],
+    y0: Any,
+    t1: Any,
+    *,
+    t0: Any = 0.0,
+    args: Any = None,
+    ts: Any = None,
+    n_save: int = 200,
+    spacing: str = "linear",
+    t_min: Any = None,
+    observe: Callable[[Any, Any, Any], Mapping[str, Any]] | None = None,
+    solver: diffrax.AbstractSolver | None = None,
+    rtol: Any = 1e-8,
+    atol: Any = 1e-10,
+    dt0: Any = None,
+    stepsize_controller: diffrax.AbstractStepSizeController | None = None,
+    max_steps: int = 100_000,
+    event: Callable[[Any, Any, Any], Any] | diffrax.Event | None = None,
+    progress: bool = False,
+    dtype: Any = jnp.float64,
+    adjoint: diffrax.AbstractAdjoint | None = None,
+    meta: Mapping[str, Any] | None = None,
+) -> Trajectory:
+    """Integrate ``dy/dt = field(t, y, args)`` from ``t0`` to ``t1``.
+
+    Parameters
+    ----------
+    field:
+        Vector field ``(t, y, args) -> dy/dt`` with ``dy/dt`` the same pytree as ``y``.
+    y0:
+        Initial state, any pytree of arrays.
+    t1, t0:
+        End and start times (may be traced).
+    args:
+        Parameters passed to ``field`` (pytree of arrays: learning rates, ratios, ...).
+    ts, n_save, spacing, t_min:
+        Save times: explicit ``ts``, or ``n_save`` points, ``"linear"`` or ``"log"``
+        spaced (see `save_times`).
+    observe:
+        ``(t, y, args) -> {name: array}``: the observables recorded at each save time.
+        Default: the state itself (a dict state keeps its keys; an array is ``"y"``).
+    solver, rtol, atol, dt0, stepsize_controller:
+        Default ``Tsit5()`` with ``PIDController(rtol, atol)``. A fixed-step run is
+        ``stepsize_controller=diffrax.ConstantStepSize()`` with ``dt0``.
+    max_steps:
+        Hard cap on solver steps; overflow raises `MaxStepsError` naming the time reached.
+    event:
+        ``(t, y, args) -> scalar``: the solve stops when it changes sign (located by a
+        Newton root find). Save points after the event hold the event time and state,
+        so ``traj.ts[-1]`` and ``traj.final()`` are the event time and state. A
+        ``diffrax.Event`` is also accepted.
+    progress:
+        Show Diffrax's tqdm progress meter.
+    dtype:
+        Floating dtype of the state (float64 by default; requires `enable_x64`).
+
+    Returns
+    -------
+    Trajectory with ``ts`` of shape ``(T,)`` and one array per observable.
+    """
+    if jnp.dtype(dtype) == jnp.dtype("float64"):
+        require_x64("integrate")
+    max_steps = V.positive_int("max_steps", max_steps)
+    V.positive("rtol", rtol)
+    V.positive("atol", atol)
+    if not callable(field):
+        raise ValueError(f"field must be callable (t, y, args) -> dy/dt, got {field!r}")
+    if not jax.tree_util.tree_leaves(y0):
+        raise ValueError(f"y0 must contain at least one array, got {y0!r}")
+    V.finite_tree("y0", y0)
+    if not V.any_traced((t0, t1)):
+        t0f, t1f = V.finite_scalar("t0", t0), V.finite_scalar("t1", t1)
+        if not t1f > t0f:
+            raise ValueError(f"t1 must be greater than t0, got t0={t0!r}, t1={t1!r}")
+    y0 = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype=dtype), y0)
+    # Shape check: the field must return the state's structure and shapes.
+    out_struct = jax.eval_shape(field, jnp.asarray(t0, dtype), y0, args)
+    in_struct = jax.eval_shape(lambda y: y, y0)
+    if jax.tree_util.tree_structure(out_struct) != jax.tree_util.tree_structure(in_struct) or any(
+        a.shape != b.shape for a, b in zip(jax.tree_util.tree_leaves(out_struct), jax.tree_util.tree_leaves(in_struct))
+    ):
+        raise ValueError(f"field returns {out_struct}, which does not match the state {in_struct}")
+
+    if ts is None:
+        ts = save_times(t0, t1, n_save, spacing, t_min)
+    ts = jnp.asarray(ts, dtype=dtype)
+    if ts.ndim != 1:
+        raise ValueError(f"ts must be 1-D, got shape {ts.shape}")
+    observe = observe or _default_observe
+    solver = solver if solver is not None else diffrax.Tsit5()
+    if stepsize_controller is None:
+        stepsize_controller = diffrax.PIDController(rtol=rtol, atol=atol)
+    if isinstance(event, diffrax.Event) or event is None:
+        ev = event
+    else:
+        ev = diffrax.Event(
+            cond_fn=lambda t, y, args, **kw: event(t, y, args),
+            root_finder=optx.Newton(rtol=1e-12, atol=1e-12),
+        )
+
+    traced = V.any_traced((y0, args, t0, t1, ts, rtol, atol))
+    out_ts, out_ys, result, t_end, y_end = _solve(
+        field, y0, args, jnp.asarray(t0, dtype), jnp.asarray(t1, dtype), ts, observe, solver,
+        stepsize_controller, dt0, max_steps, ev, progress, adjoint,
+    )
+    if traced:
+        # Inside jit/vmap the time cannot be formatted into the message; fail loudly anyway.
+        out_ts = eqx.error_if(
+            out_ts, ~_ok(result),
+            f"integrate: solver failed before t1 (max_steps={max_steps} reached or step size "
+            "collapsed); increase max_steps, loosen rtol/atol, or use an implicit solver",
+        )
+        out_ts = eqx.error_if(
+            out_ts, ~jnp.all(jnp.array([jnp.all(jnp.isfinite(v)) for v in jax.tree_util.tree_leaves(out_ys)])),
+            "integrate: non-finite value (NaN/Inf) in the solution: the ODE diverged",
+        )
+    else:
+        _check_solution(field, args, result, t_end, y_end, out_ts, out_ys, max_steps, t1)
+    m = {"integrator": type(solver).__name__, "max_steps": max_steps}
+    if not V.any_traced((rtol, atol)) and np.ndim(rtol) == 0 and np.ndim(atol) == 0:
+        m.update(rtol=float(rtol), atol=float(atol))
+    m.update(meta or {})
+    return Trajectory(out_ts, out_ys, m)
+
+
+@eqx.filter_jit
+def _solve(field, y0, args, t0, t1, ts, observe, solver, controller, dt0, max_steps, event, progress, adjoint):
+    term = diffrax.ODETerm(field)
+    saveat = diffrax.SaveAt(
+        subs=[
+            diffrax.SubSaveAt(ts=ts, fn=lambda t, y, a: observe(t, y, a)),
+            diffrax.SubSaveAt(t1=True),
+        ]
+    )
+    kw = {}
+    if adjoint is not None:
+        kw["adjoint"] = adjoint
+    sol = diffrax.diffeqsolve(
+        term, solver, t0, t1, dt0, y0, args,
+        saveat=saveat,
+        stepsize_controller=controller,
+        max_steps=max_steps,
+        event=event,
+        throw=False,
+        progress_meter=diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter(),
+        **kw,
+    )
+    (save_ts, t_end), (save_ys, y_end) = sol.ts, sol.ys
+    t_end = t_end[0]
+    y_end = jax.tree_util.tree_map(lambda x: x[0], y_end)
+    # Save points never reached (event, failure) are returned by Diffrax as +inf; hold the
+    # final time and final observables there so the trajectory stays monotone and plottable.
+    reached = jnp.isfinite(save_ts) & (save_ts <= t_end)
+    obs_end = observe(t_end, y_end, args)
+    out_ts = jnp.where(reached, save_ts, t_end)
+    out_ys = {
+        k: jnp.where(reached.reshape((-1,) + (1,) * (v.ndim - 1)), v, obs_end[k][None])
+        for k, v in save_ys.items()
+    }
+    return out_ts, out_ys, sol.result, t_end, y_end
+
+
+def _check_solution(field, args, result, t_end, y_end, out_ts, out_ys, max_steps, t1) -> None:
+    t_end = float(t_end)
+    for name, v in out_ys.items():
+        v = np.asarray(v)
+        if v.dtype.kind in "fc" and not np.all(np.isfinite(v)):
+            bad = int(np.argmax(~np.all(np.isfinite(v.reshape(v.shape[0], -1)), axis=1)))
+            raise DivergenceError(
+                f"integrate: observable {name!r} became non-finite at t = {float(out_ts[bad]):.6g} "
+                f"(save index {bad}); the ODE diverged there"
+            )
+    if bool(_ok(result)):
+        return
+    dy = field(jnp.asarray(t_end), y_end, args)
+    if not all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree_util.tree_leaves(dy)):
+        raise DivergenceError(
+            f"integrate: the vector field is non-finite at t = {t_end:.6g} (the solve stalled there "
+            "before t1); the ODE diverges or leaves its domain"
+        )
+    size = max(float(jnp.max(jnp.abs(x))) for x in jax.tree_util.tree_leaves(y_end))
+    if result == diffrax.RESULTS.max_steps_reached:
+        raise MaxStepsError(
+            f"integrate: max_steps={max_steps} reached at t = {t_end:.6g} before t1 = {float(t1):.6g} "
+            f"(largest state entry there: {size:.3g}; a huge value means the ODE blows up). "
+            "Increase max_steps, loosen rtol/atol, shorten t1, or try an implicit solver "
+            "(diffrax.Kvaerno5()) if the problem is stiff."
+        )
+    raise RuntimeError(f"integrate: solver stopped at t = {t_end:.6g} with result {result}")

@@ -1,0 +1,132 @@
+"""Saddle tools: fixed points, Jacobian spectra, unstable modes and escape times.
+
+For a vector field ``field(t, y, args)`` on a pytree state ``y``:
+
+- `fixed_point`: a root of the field (Optimistix root find);
+- `jacobian`: the Jacobian ``d field / d y`` as a matrix on the flattened state;
+- `spectrum`: eigenvalues sorted by real part (largest first) with eigenvectors mapped
+  back to the pytree shape;
+- `escape_time`: the linearised estimate ``log(r / eps) / lambda_max`` for leaving an
+  unstable fixed point from a perturbation of size ``eps``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optimistix as optx
+from jax.flatten_util import ravel_pytree
+
+from . import _validate as V
+
+__all__ = ["fixed_point", "jacobian", "spectrum", "Spectrum", "unstable_subspace", "escape_time"]
+
+
+def fixed_point(
+    field: Callable[[Any, Any, Any], Any],
+    y_guess: Any,
+    args: Any = None,
+    *,
+    t: Any = 0.0,
+    solver: optx.AbstractRootFinder | None = None,
+    rtol: float = 1e-10,
+    atol: float = 1e-12,
+    max_steps: int = 256,
+    throw: bool = True,
+) -> Any:
+    """A state ``y*`` with ``field(t, y*, args) = 0``, found from ``y_guess``.
+
+    Default solver: Optimistix Newton. For fields with symmetry (null directions of the
+    Jacobian) pass ``optx.LevenbergMarquardt`` through ``solver`` (it is a least-squares
+    solver and is wrapped accordingly).
+    """
+    V.finite_tree("y_guess", y_guess)
+    solver = solver if solver is not None else optx.Newton(rtol=rtol, atol=atol)
+    fn = lambda y, a: field(t, y, a)  # noqa: E731
+    if isinstance(solver, optx.AbstractLeastSquaresSolver):
+        sol = optx.least_squares(fn, solver, y_guess, args=args, max_steps=max_steps, throw=False)
+    else:
+        sol = optx.root_find(fn, solver, y_guess, args=args, max_steps=max_steps, throw=False)
+    if throw and not V.any_traced((y_guess, args)):
+        res = fn(sol.value, args)
+        size = max(float(jnp.max(jnp.abs(x))) for x in jax.tree_util.tree_leaves(res))
+        if sol.result != optx.RESULTS.successful or not np.isfinite(size):
+            raise RuntimeError(
+                f"fixed_point: root find did not converge (result: {sol.result}, |field| = {size:.3g}); "
+                "try another initial guess, more max_steps, or optx.LevenbergMarquardt"
+            )
+    return sol.value
+
+
+def jacobian(field: Callable[[Any, Any, Any], Any], y: Any, args: Any = None, t: Any = 0.0) -> jax.Array:
+    """Jacobian of the field at ``y`` as an ``(n, n)`` matrix on ``ravel_pytree(y)``."""
+    flat, unravel = ravel_pytree(y)
+
+    def f(x):
+        return ravel_pytree(field(t, unravel(x), args))[0]
+
+    return jax.jacfwd(f)(flat)
+
+
+class Spectrum(eqx.Module):
+    """Eigen-decomposition of a Jacobian, eigenvalues sorted by real part, largest first.
+
+    ``vectors[i]`` is the ``i``-th eigenvector as a pytree shaped like the state.
+    """
+
+    values: jax.Array
+    vectors: list
+    matrix: jax.Array
+
+    @property
+    def lambda_max(self) -> jax.Array:
+        return jnp.real(self.values[0])
+
+    def unstable(self, tol: float = 1e-9) -> tuple[jax.Array, list]:
+        """Eigenvalues with real part > tol and their eigenvectors."""
+        keep = np.flatnonzero(np.real(np.asarray(self.values)) > tol)
+        return self.values[keep], [self.vectors[i] for i in keep]
+
+
+def spectrum(field: Callable[[Any, Any, Any], Any], y: Any, args: Any = None, t: Any = 0.0, symmetric: bool | None = None) -> Spectrum:
+    """Eigenvalues and pytree-shaped eigenvectors of the Jacobian of ``field`` at ``y``.
+
+    ``symmetric=None`` detects a symmetric Jacobian (a gradient flow's is) and then uses
+    ``eigh`` (real, orthonormal eigenvectors); otherwise ``eig``.
+    """
+    J = jacobian(field, y, args, t)
+    _, unravel = ravel_pytree(y)
+    if symmetric is None:
+        symmetric = bool(jnp.allclose(J, J.T, rtol=1e-10, atol=1e-12 * (1 + float(jnp.max(jnp.abs(J))))))
+    if symmetric:
+        w, v = jnp.linalg.eigh(0.5 * (J + J.T))
+    else:
+        w, v = np.linalg.eig(np.asarray(J))
+        w, v = jnp.asarray(w), jnp.asarray(v)
+    order = jnp.argsort(-jnp.real(w), stable=True)
+    w, v = w[order], v[:, order]
+    vectors = [unravel(v[:, i]) if not jnp.iscomplexobj(v) else jax.tree_util.tree_map(
+        lambda re, im: re + 1j * im, unravel(jnp.real(v[:, i])), unravel(jnp.imag(v[:, i]))) for i in range(v.shape[1])]
+    return Spectrum(w, vectors, J)
+
+
+def unstable_subspace(field: Callable, y: Any, args: Any = None, tol: float = 1e-9) -> tuple[jax.Array, list]:
+    """Unstable eigenvalues (real part > ``tol``) and their pytree eigenvectors at ``y``."""
+    return spectrum(field, y, args).unstable(tol)
+
+
+def escape_time(lam: Any, eps: Any, r: Any = 1.0) -> jax.Array:
+    """Linearised escape time ``log(r / eps) / lam`` from an unstable point.
+
+    ``lam``: top unstable rate (> 0); ``eps``: initial size of the unstable component;
+    ``r``: the O(1) distance at which the escape is declared.
+    """
+    V.positive("lam (unstable rate)", lam)
+    V.positive("eps", eps)
+    V.positive("r", r)
+    return jnp.log(jnp.asarray(r) / jnp.asarray(eps)) / jnp.asarray(lam)

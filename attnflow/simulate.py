@@ -1,0 +1,258 @@
+"""`simulate`: `lax.scan`-compiled training of an Equinox model with an Optax optimizer.
+
+Three modes, each an object (as Diffrax does with solvers):
+
+- `FullBatch(data)`: gradient descent on a deterministic loss (a population loss with
+  ``data=None``, or a fixed dataset). With learning rate eta this is the Euler scheme of
+  gradient flow on the clock ``t = eta * step``.
+- `OnlineSGD(sampler, batch_size)`: a fresh batch ``sampler(key, batch_size)`` per step
+  (the high-dimensional online limit uses ``t = step * batch_size / D``).
+- `Minibatch(dataset, batch_size)`: rows drawn uniformly with replacement from a fixed
+  dataset at each step.
+
+Observables are recorded at (by default log-spaced) steps inside the compiled loop: the
+run is one XLA program, with no host round-trip per step. The caller states the clock
+(``clock``: time per step), so a simulation lands on the same time axis as its theory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from . import _validate as V
+from .ode import DivergenceError
+from .trajectory import Trajectory
+
+__all__ = ["simulate", "save_steps", "FullBatch", "OnlineSGD", "Minibatch", "TrainingMode"]
+
+
+class TrainingMode(eqx.Module):
+    """How each step's batch is produced."""
+
+    def batch(self, key: jax.Array) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def default_observe(self, loss: Callable) -> Callable:
+        raise ValueError(
+            f"{type(self).__name__} has no deterministic loss to record by default; pass observe=..."
+        )
+
+
+class FullBatch(TrainingMode):
+    """Full-batch gradient descent on ``loss(model, data)``; ``data=None`` for a population loss."""
+
+    data: Any = None
+
+    def batch(self, key):
+        return self.data
+
+    def default_observe(self, loss):
+        return lambda model: {"loss": loss(model, self.data)}
+
+
+class OnlineSGD(TrainingMode):
+    """Online SGD: a fresh batch ``sampler(key, batch_size)`` every step."""
+
+    sampler: Callable[[jax.Array, int], Any] = eqx.field(static=True)
+    batch_size: int = eqx.field(static=True, default=1)
+
+    def __check_init__(self):
+        V.positive_int("batch_size", self.batch_size)
+        if not callable(self.sampler):
+            raise ValueError(f"sampler must be callable (key, batch_size) -> batch, got {self.sampler!r}")
+
+    def batch(self, key):
+        return self.sampler(key, self.batch_size)
+
+
+class Minibatch(TrainingMode):
+    """Minibatch SGD on a fixed dataset (pytree with a leading sample axis), with replacement."""
+
+    dataset: Any
+    batch_size: int = eqx.field(static=True, default=32)
+
+    def __check_init__(self):
+        V.positive_int("batch_size", self.batch_size)
+        sizes = {np.shape(x)[0] for x in jax.tree_util.tree_leaves(self.dataset)}
+        if len(sizes) != 1:
+            raise ValueError(f"dataset leaves must share their leading (sample) axis, got sizes {sorted(sizes)}")
+
+    def batch(self, key):
+        n = jax.tree_util.tree_leaves(self.dataset)[0].shape[0]
+        idx = jax.random.randint(key, (self.batch_size,), 0, n)
+        return jax.tree_util.tree_map(lambda x: x[idx], self.dataset)
+
+
+def save_steps(steps: int, n_save: int = 100, spacing: str = "log") -> np.ndarray:
+    """Sorted unique integer steps in ``[0, steps]`` at which observables are recorded.
+
+    ``"log"``: 0 and roughly ``n_save - 1`` log-spaced steps from 1 to ``steps``
+    (duplicates at small steps are merged, so the count can be lower).
+    """
+    steps = V.positive_int("steps", steps)
+    n_save = V.positive_int("n_save", n_save, minimum=2)
+    V.choice("spacing", spacing, ("linear", "log"))
+    if spacing == "linear":
+        s = np.round(np.linspace(0, steps, n_save))
+    else:
+        s = np.concatenate([[0], np.round(np.geomspace(1, steps, n_save - 1))])
+    return np.unique(s.astype(np.int64))
+
+
+def simulate(
+    loss: Callable[[Any, Any], jax.Array],
+    model: Any,
+    optimizer: optax.GradientTransformation,
+    steps: int,
+    *,
+    mode: TrainingMode | None = None,
+    key: Any = 0,
+    observe: Callable[[Any], Mapping[str, Any]] | None = None,
+    n_save: int = 100,
+    spacing: str = "log",
+    steps_to_save: Any = None,
+    clock: Any = 1.0,
+    filter_spec: Any = eqx.is_inexact_array,
+    progress: bool = False,
+    return_model: bool = False,
+    meta: Mapping[str, Any] | None = None,
+):
+    """Train ``model`` for ``steps`` optimizer steps and record named observables.
+
+    Parameters
+    ----------
+    loss:
+        ``loss(model, batch) -> scalar``.
+    model:
+        An Equinox module (or any pytree); its leaves selected by ``filter_spec`` are trained.
+    optimizer:
+        An Optax transformation (see `attnflow.optim.per_circuit` for per-circuit rates).
+    steps:
+        Number of optimizer steps.
+    mode:
+        `FullBatch` (default), `OnlineSGD` or `Minibatch`.
+    key:
+        PRNG key or integer seed for batch sampling (may be traced: vmap over seeds).
+    observe:
+        ``observe(model) -> {name: array}`` recorded at the save steps. Default for
+        `FullBatch`: ``{"loss": loss(model, data)}``.
+    n_save, spacing, steps_to_save:
+        Which steps to record (`save_steps`), or an explicit increasing integer array.
+    clock:
+        Time per step, so that ``t = clock * step``: the learning rate for gradient flow,
+        ``batch_size / D`` for online SGD in dimension D. May be traced.
+    return_model:
+        Also return the trained model.
+
+    Returns
+    -------
+    `Trajectory` (and the final model if ``return_model``). A non-finite loss or
+    parameter stops the run with `DivergenceError` naming the step.
+    """
+    steps = V.positive_int("steps", steps)
+    mode = FullBatch() if mode is None else mode
+    if not isinstance(mode, TrainingMode):
+        raise ValueError(f"mode must be FullBatch, OnlineSGD or Minibatch, got {mode!r}")
+    if not isinstance(optimizer, optax.GradientTransformation):
+        raise ValueError(f"optimizer must be an optax GradientTransformation, got {optimizer!r}")
+    V.positive("clock", clock)
+    if steps_to_save is None:
+        s_save = save_steps(steps, n_save, spacing)
+    else:
+        s_save = np.asarray(steps_to_save, dtype=np.int64)
+        if s_save.ndim != 1 or np.any(np.diff(s_save) <= 0) or s_save[0] < 0 or s_save[-1] > steps:
+            raise ValueError(f"steps_to_save must be increasing integers in [0, {steps}], got {steps_to_save!r}")
+    observe = observe or mode.default_observe(loss)
+    if np.ndim(key) == 0 and not jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
+        key = jax.random.PRNGKey(key)  # an integer seed (possibly traced, for vmap over seeds)
+    params, static = eqx.partition(model, filter_spec)
+    V.finite_tree("model", params)
+    traced = V.any_traced((params, key, clock, mode, optimizer))
+
+    out_params, ys, bad = _run(loss, params, static, optimizer, mode, key, observe, tuple(int(s) for s in s_save), progress)
+    ts = jnp.asarray(clock) * jnp.asarray(s_save, dtype=jnp.result_type(float))
+    if traced:
+        ts = eqx.error_if(ts, bad >= 0, "simulate: non-finite loss or parameters during training (diverged); lower the learning rate")
+    elif int(bad) >= 0:
+        b = int(bad)
+        raise DivergenceError(
+            f"simulate: non-finite loss or parameters at step {b} (t = {float(clock) * b:.6g}); "
+            "the run diverged: lower the learning rate or check the data"
+        )
+    m = {"steps": steps, "mode": type(mode).__name__}
+    m.update(meta or {})
+    traj = Trajectory(ts, ys, m)
+    if return_model:
+        return traj, eqx.combine(out_params, static)
+    return traj
+
+
+@eqx.filter_jit
+def _run(loss, params, static, optimizer, mode, key, observe, s_save, progress):
+    opt_state = optimizer.init(params)
+    lengths = jnp.asarray(np.diff(np.asarray(s_save)), dtype=jnp.int32)
+
+    def observe_p(p):
+        return dict(observe(eqx.combine(p, static)))
+
+    def step_fn(i, carry):
+        p, o, k, bad = carry
+        k, sub = jax.random.split(k)
+        batch = mode.batch(sub)
+        value, grads = jax.value_and_grad(lambda q: loss(eqx.combine(q, static), batch))(p)
+        updates, o_new = optimizer.update(grads, o, p)
+        p_new = eqx.apply_updates(p, updates)
+        finite = jnp.isfinite(value) & jnp.all(
+            jnp.array([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(p_new)])
+        )
+        bad = jnp.where((bad < 0) & ~finite, i, bad)
+        # Once diverged, freeze so the recorded observables stay finite up to the error.
+        keep = bad < 0
+        p = jax.tree_util.tree_map(lambda a, b: jnp.where(keep, a, b), p_new, p)
+        o = jax.tree_util.tree_map(lambda a, b: jnp.where(keep, a, b), o_new, o)
+        return p, o, k, bad
+
+    def segment(carry, length):
+        p, o, k, bad, step = carry
+        p, o, k, bad = jax.lax.fori_loop(step, step + length, step_fn, (p, o, k, bad))
+        if progress:
+            jax.debug.callback(_progress_tick, length)
+        return (p, o, k, bad, step + length), observe_p(p)
+
+    y0 = observe_p(params)
+    init = (params, opt_state, key, jnp.asarray(-1, jnp.int32), jnp.asarray(s_save[0], jnp.int32))
+    if s_save[0] > 0:
+        p, o, k, bad = jax.lax.fori_loop(0, s_save[0], step_fn, init[:4])
+        init = (p, o, k, bad, init[4])
+        y0 = observe_p(p)
+    (p, _, _, bad, _), ys = jax.lax.scan(segment, init, lengths)
+    ys = {name: jnp.concatenate([jnp.asarray(y0[name])[None], ys[name]]) for name in y0}
+    if progress:
+        jax.debug.callback(_progress_close)
+    return p, ys, bad
+
+
+_BAR = None
+
+
+def _progress_tick(n):
+    global _BAR
+    from tqdm.auto import tqdm
+
+    if _BAR is None:
+        _BAR = tqdm(desc="simulate", unit="step")
+    _BAR.update(int(np.max(n)))
+
+
+def _progress_close():
+    global _BAR
+    if _BAR is not None:
+        _BAR.close()
+        _BAR = None

@@ -1,0 +1,235 @@
+"""`sweep`: a cartesian grid of named axes in one compiled, vmapped, sharded call.
+
+``sweep(fn, {"eta": etas, "seed": seeds})`` evaluates ``fn(eta=..., seed=...)`` at every
+grid point. Points are flattened, cut into chunks that bound memory, and each chunk is
+one ``jit(vmap(fn))`` call whose batch axis is sharded over all devices with a
+``jax.sharding`` mesh. With ``out_dir`` every finished chunk is saved atomically, and a
+rerun after an interruption loads finished chunks instead of recomputing them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from .trajectory import _atomic_write
+
+__all__ = ["sweep", "SweepResult"]
+
+
+class SweepResult:
+    """Values on a labelled grid.
+
+    ``dims``: axis names in order; ``coords[name]``: the axis values; ``values``: the
+    pytree returned by ``fn`` with every leaf of shape ``grid_shape + leaf_shape``.
+    """
+
+    def __init__(self, dims: Sequence[str], coords: Mapping[str, np.ndarray], values: Any, meta: Mapping[str, Any] | None = None):
+        self.dims = tuple(dims)
+        self.coords = {k: np.asarray(v) for k, v in coords.items()}
+        self.values = values
+        self.meta = dict(meta or {})
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(len(self.coords[d]) for d in self.dims)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+    def index(self, **point: Any) -> tuple[int, ...]:
+        """Grid index of the point whose coordinates are closest to ``point`` (per named axis)."""
+        idx = []
+        for d in self.dims:
+            if d in point:
+                c = self.coords[d]
+                i = int(np.argmin(np.abs(c - np.asarray(point[d])))) if c.dtype.kind in "fiu" else int(np.flatnonzero(c == point[d])[0])
+                idx.append(i)
+            else:
+                idx.append(slice(None))
+        unknown = set(point) - set(self.dims)
+        if unknown:
+            raise ValueError(f"unknown sweep axis {sorted(unknown)}; axes are {self.dims}")
+        return tuple(idx)
+
+    def sel(self, **point: Any) -> Any:
+        """The values at (the nearest) given coordinates; unnamed axes are kept."""
+        idx = self.index(**point)
+        return jax.tree_util.tree_map(lambda x: x[idx], self.values)
+
+    def __repr__(self) -> str:
+        return f"SweepResult(dims={self.dims}, shape={self.shape})"
+
+
+def _grid(axes: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, np.ndarray], dict[str, np.ndarray]]:
+    if not axes:
+        raise ValueError("sweep needs at least one axis")
+    dims = tuple(axes)
+    coords = {}
+    for d in dims:
+        c = np.asarray(axes[d])
+        if c.ndim == 0:
+            c = c[None]
+        if c.ndim != 1 or c.size == 0:
+            raise ValueError(f"sweep axis {d!r} must be a non-empty 1-D array, got shape {c.shape}")
+        if c.dtype.kind == "f" and not np.all(np.isfinite(c)):
+            raise ValueError(f"sweep axis {d!r} has non-finite values: {c[~np.isfinite(c)]}")
+        coords[d] = c
+    mesh = np.meshgrid(*(coords[d] for d in dims), indexing="ij")
+    flat = {d: m.reshape(-1) for d, m in zip(dims, mesh)}
+    return dims, coords, flat
+
+
+def sweep(
+    fn: Callable[..., Any],
+    axes: Mapping[str, Any],
+    *,
+    chunk_size: int | None = None,
+    out_dir: str | Path | None = None,
+    devices: Sequence[jax.Device] | None = None,
+    progress: bool = True,
+    on_chunk: Callable[[int, int], None] | None = None,
+    meta: Mapping[str, Any] | None = None,
+) -> SweepResult:
+    """Evaluate ``fn(**point)`` on the cartesian grid of ``axes``.
+
+    Parameters
+    ----------
+    fn:
+        Function of the axis names (keyword arguments, each a scalar array) returning a
+        pytree of arrays. It is traced once per chunk shape: keep everything that varies
+        an argument.
+    axes:
+        ``{name: 1-D values}``; the grid is their cartesian product in this order.
+    chunk_size:
+        Points per compiled call (default: all points up to 4096), rounded up to a
+        multiple of the device count. Bounds memory for large grids.
+    out_dir:
+        If given, each finished chunk is saved there (``chunk_00000.npz``) with a
+        ``sweep.json`` manifest; rerunning the same sweep loads finished chunks.
+    devices:
+        Devices to shard the point axis over (default: all, ``jax.devices()``).
+    progress:
+        tqdm progress bar over chunks.
+    on_chunk:
+        ``on_chunk(i, n_chunks)`` called after chunk ``i`` is computed (and saved).
+    """
+    dims, coords, flat = _grid(axes)
+    n = len(next(iter(flat.values())))
+    devices = list(devices) if devices is not None else jax.devices()
+    n_dev = len(devices)
+    if chunk_size is None:
+        chunk_size = min(n, 4096)
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    chunk_size = int(math.ceil(chunk_size / n_dev) * n_dev)
+    n_chunks = int(math.ceil(n / chunk_size))
+
+    mesh = Mesh(np.asarray(devices), ("points",))
+    sharding = NamedSharding(mesh, PartitionSpec("points"))
+
+    def batched(point):
+        return jax.vmap(lambda p: fn(**p))(point)
+
+    compiled = jax.jit(batched, in_shardings=(sharding,), out_shardings=sharding)
+
+    def chunk_points(i):
+        lo = i * chunk_size
+        idx = np.minimum(np.arange(lo, lo + chunk_size), n - 1)  # pad the last chunk by repetition
+        return {d: flat[d][idx] for d in dims}, min(chunk_size, n - lo)
+
+    example = {d: jnp.asarray(flat[d][:chunk_size]) for d in dims}
+    example = {d: jnp.concatenate([v, jnp.repeat(v[-1:], chunk_size - v.shape[0])]) for d, v in example.items()}
+    out_struct = jax.eval_shape(batched, example)
+    leaves_struct, treedef = jax.tree_util.tree_flatten(out_struct)
+
+    out_path = Path(out_dir) if out_dir is not None else None
+    if out_path is not None:
+        _check_manifest(out_path, dims, coords, chunk_size, treedef, leaves_struct, meta)
+
+    results: list[list[np.ndarray] | None] = [None] * n_chunks
+    if out_path is not None:
+        for i in range(n_chunks):
+            results[i] = _load_chunk(out_path / f"chunk_{i:05d}.npz", leaves_struct)
+    todo = [i for i in range(n_chunks) if results[i] is None]
+
+    bar = None
+    if progress and todo:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=n_chunks, initial=n_chunks - len(todo), desc="sweep", unit="chunk")
+    try:
+        for i in todo:
+            pts, _ = chunk_points(i)
+            pts = {d: jax.device_put(jnp.asarray(v), sharding) for d, v in pts.items()}
+            out = compiled(pts)
+            leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(out)]
+            results[i] = leaves
+            if out_path is not None:
+                _atomic_write(out_path / f"chunk_{i:05d}.npz", lambda f, leaves=leaves: np.savez(f, *leaves))
+            if bar is not None:
+                bar.update(1)
+            if on_chunk is not None:
+                on_chunk(i, n_chunks)
+    finally:
+        if bar is not None:
+            bar.close()
+
+    grid_shape = tuple(len(coords[d]) for d in dims)
+    leaves = []
+    for j in range(len(leaves_struct)):
+        full = np.concatenate([results[i][j] for i in range(n_chunks)])[:n]
+        leaves.append(jnp.asarray(full.reshape(grid_shape + full.shape[1:])))
+    values = jax.tree_util.tree_unflatten(treedef, leaves)
+    info = {"n_points": n, "chunk_size": chunk_size, "n_chunks": n_chunks, "n_devices": n_dev,
+            "computed_chunks": len(todo), **dict(meta or {})}
+    return SweepResult(dims, coords, values, info)
+
+
+def _manifest(dims, coords, chunk_size, treedef, leaves_struct, meta):
+    return {
+        "dims": list(dims),
+        "coords": {d: coords[d].tolist() for d in dims},
+        "chunk_size": int(chunk_size),
+        "structure": str(treedef),
+        "leaves": [[list(s.shape[1:]), str(s.dtype)] for s in leaves_struct],
+        "meta": json.loads(json.dumps(dict(meta or {}), default=str)),
+    }
+
+
+def _check_manifest(out_path: Path, dims, coords, chunk_size, treedef, leaves_struct, meta) -> None:
+    out_path.mkdir(parents=True, exist_ok=True)
+    want = _manifest(dims, coords, chunk_size, treedef, leaves_struct, meta)
+    mf = out_path / "sweep.json"
+    if mf.exists():
+        have = json.loads(mf.read_text())
+        for key in ("dims", "coords", "chunk_size", "leaves", "meta"):
+            if have.get(key) != want[key]:
+                raise ValueError(
+                    f"{out_path} holds a different sweep ({key} differs: saved {str(have.get(key))[:120]!r}, "
+                    f"now {str(want[key])[:120]!r}); use a fresh out_dir or delete the old one"
+                )
+    else:
+        _atomic_write(mf, lambda f: f.write(json.dumps(want, indent=1).encode()))
+
+
+def _load_chunk(path: Path, leaves_struct) -> list[np.ndarray] | None:
+    if not path.exists():
+        return None
+    try:
+        with np.load(path) as data:
+            leaves = [data[f"arr_{j}"] for j in range(len(leaves_struct))]
+    except Exception:  # a corrupt file is recomputed, never trusted
+        return None
+    for leaf, s in zip(leaves, leaves_struct):
+        if leaf.shape[1:] != s.shape[1:]:
+            return None
+    return leaves
