@@ -1,7 +1,8 @@
 """attnflow: training dynamics of attention in JAX.
 
-Theory (order-parameter and reduced ODEs) and simulation (SGD / gradient flow of the
-same networks) return the same `Trajectory` of named observables.
+Theory (order-parameter and reduced ODEs, `integrate`) and simulation (SGD / gradient
+flow of the same networks, `simulate`) return the same `Trajectory` of named
+observables; `sweep` runs either over a grid in one compiled call.
 """
 
 from importlib.metadata import PackageNotFoundError, version as _version
@@ -11,15 +12,21 @@ try:
 except PackageNotFoundError:  # running from a source tree without installation
     __version__ = "0.0.0+local"
 
+from . import expect, optim, plot, saddle
+from .expect import GaussianBank, gauss_hermite, psd_sqrt
 from .ode import DivergenceError, MaxStepsError, enable_x64, integrate, save_times
+from .optim import label_by_path, per_circuit
+from .plot import heatmap, overlay, save_figure
+from .report import Report
+from .saddle import escape_time, fixed_point, jacobian, spectrum, unstable_subspace
+from .simulate import FullBatch, Minibatch, OnlineSGD, save_steps, simulate
+from .sweep import SweepResult, sweep
 from .trajectory import Trajectory, compare
 
 __all__ = [
-    "DivergenceError",
-    "MaxStepsError",
-    "Trajectory",
-    "compare",
-    "enable_x64",
-    "integrate",
-    "save_times",
+    "DivergenceError", "FullBatch", "GaussianBank", "MaxStepsError", "Minibatch", "OnlineSGD", "Report",
+    "SweepResult", "Trajectory", "compare", "enable_x64", "escape_time", "expect", "fixed_point",
+    "gauss_hermite", "heatmap", "integrate", "jacobian", "label_by_path", "optim", "overlay",
+    "per_circuit", "plot", "psd_sqrt", "saddle", "save_figure", "save_steps", "save_times",
+    "simulate", "spectrum", "sweep", "unstable_subspace",
 ]

@@ -205,14 +205,15 @@ def integrate(
     )
     if traced:
         # Inside jit/vmap the time cannot be formatted into the message; fail loudly anyway.
-        out_ts = eqx.error_if(
-            out_ts, ~_ok(result),
+        # Attach the checks to every output so none is dead-code-eliminated away.
+        finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(v)) for v in jax.tree_util.tree_leaves(out_ys)]))
+        out_ts, out_ys = eqx.error_if(
+            (out_ts, out_ys), ~_ok(result),
             f"integrate: solver failed before t1 (max_steps={max_steps} reached or step size "
             "collapsed); increase max_steps, loosen rtol/atol, or use an implicit solver",
         )
-        out_ts = eqx.error_if(
-            out_ts, ~jnp.all(jnp.array([jnp.all(jnp.isfinite(v)) for v in jax.tree_util.tree_leaves(out_ys)])),
-            "integrate: non-finite value (NaN/Inf) in the solution: the ODE diverged",
+        out_ts, out_ys = eqx.error_if(
+            (out_ts, out_ys), ~finite, "integrate: non-finite value (NaN/Inf) in the solution: the ODE diverged"
         )
     else:
         _check_solution(field, args, result, t_end, y_end, out_ts, out_ys, max_steps, t1)

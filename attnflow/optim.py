@@ -63,7 +63,8 @@ def per_circuit(
         raise ValueError("rates must name at least one circuit")
     for name, lr in rates.items():
         V.positive(f"learning rate for circuit {name!r}", lr)
-    if not callable(labels):
+    is_fn = callable(labels) and not isinstance(labels, eqx.Module)
+    if not is_fn:
         used = set(jax.tree_util.tree_leaves(labels))
         missing = used - set(rates)
         if missing:
@@ -72,7 +73,9 @@ def per_circuit(
         name: optax.inject_hyperparams(base)(learning_rate=jnp.asarray(lr), **base_kwargs)
         for name, lr in rates.items()
     }
-    return optax.partition(transforms, labels)
+    # A labels *tree* may itself be callable (an Equinox module with __call__): hand optax a
+    # function so it never mistakes the tree for one.
+    return optax.partition(transforms, labels if is_fn else (lambda _params: labels))
 
 
 def learning_rates(opt_state: Any) -> dict[str, jax.Array]:

@@ -60,7 +60,7 @@ class FullBatch(TrainingMode):
 class OnlineSGD(TrainingMode):
     """Online SGD: a fresh batch ``sampler(key, batch_size)`` every step."""
 
-    sampler: Callable[[jax.Array, int], Any] = eqx.field(static=True)
+    sampler: Callable[[jax.Array, int], Any]
     batch_size: int = eqx.field(static=True, default=1)
 
     def __check_init__(self):
@@ -179,7 +179,10 @@ def simulate(
     out_params, ys, bad = _run(loss, params, static, optimizer, mode, key, observe, tuple(int(s) for s in s_save), progress)
     ts = jnp.asarray(clock) * jnp.asarray(s_save, dtype=jnp.result_type(float))
     if traced:
-        ts = eqx.error_if(ts, bad >= 0, "simulate: non-finite loss or parameters during training (diverged); lower the learning rate")
+        ts, ys, out_params = eqx.error_if(
+            (ts, ys, out_params), bad >= 0,
+            "simulate: non-finite loss or parameters during training (diverged); lower the learning rate",
+        )
     elif int(bad) >= 0:
         b = int(bad)
         raise DivergenceError(

@@ -88,6 +88,29 @@ def _grid(axes: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, np.ndarra
     return dims, coords, flat
 
 
+_CACHE: dict[tuple[Any, tuple], Any] = {}
+
+
+def _compiled(fn: Callable[..., Any], devices: tuple) -> Any:
+    """One jitted, sharded ``vmap(fn)`` per (fn, devices), reused across calls.
+
+    A new ``jax.jit`` per call would retrace and recompile every time; caching on the
+    function object makes the second sweep of the same ``fn`` run at full speed.
+    """
+    key = (fn, devices)
+    if key not in _CACHE:
+        mesh = Mesh(np.asarray(devices), ("points",))
+        sharding = NamedSharding(mesh, PartitionSpec("points"))
+
+        def batched(point):
+            return jax.vmap(lambda p: fn(**p))(point)
+
+        if len(_CACHE) > 64:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = jax.jit(batched, in_shardings=(sharding,), out_shardings=sharding)
+    return _CACHE[key]
+
+
 def sweep(
     fn: Callable[..., Any],
     axes: Mapping[str, Any],
@@ -136,10 +159,7 @@ def sweep(
     mesh = Mesh(np.asarray(devices), ("points",))
     sharding = NamedSharding(mesh, PartitionSpec("points"))
 
-    def batched(point):
-        return jax.vmap(lambda p: fn(**p))(point)
-
-    compiled = jax.jit(batched, in_shardings=(sharding,), out_shardings=sharding)
+    compiled = _compiled(fn, tuple(devices))
 
     def chunk_points(i):
         lo = i * chunk_size
@@ -148,7 +168,7 @@ def sweep(
 
     example = {d: jnp.asarray(flat[d][:chunk_size]) for d in dims}
     example = {d: jnp.concatenate([v, jnp.repeat(v[-1:], chunk_size - v.shape[0])]) for d, v in example.items()}
-    out_struct = jax.eval_shape(batched, example)
+    out_struct = compiled.eval_shape(example)
     leaves_struct, treedef = jax.tree_util.tree_flatten(out_struct)
 
     out_path = Path(out_dir) if out_dir is not None else None
@@ -161,6 +181,7 @@ def sweep(
             results[i] = _load_chunk(out_path / f"chunk_{i:05d}.npz", leaves_struct)
     todo = [i for i in range(n_chunks) if results[i] is None]
 
+    devices_used = 0
     bar = None
     if progress and todo:
         from tqdm.auto import tqdm
@@ -171,7 +192,10 @@ def sweep(
             pts, _ = chunk_points(i)
             pts = {d: jax.device_put(jnp.asarray(v), sharding) for d, v in pts.items()}
             out = compiled(pts)
-            leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(out)]
+            out_leaves = jax.tree_util.tree_leaves(out)
+            if out_leaves:
+                devices_used = max(devices_used, len(out_leaves[0].sharding.device_set))
+            leaves = [np.asarray(x) for x in out_leaves]
             results[i] = leaves
             if out_path is not None:
                 _atomic_write(out_path / f"chunk_{i:05d}.npz", lambda f, leaves=leaves: np.savez(f, *leaves))
@@ -189,7 +213,7 @@ def sweep(
         full = np.concatenate([results[i][j] for i in range(n_chunks)])[:n]
         leaves.append(jnp.asarray(full.reshape(grid_shape + full.shape[1:])))
     values = jax.tree_util.tree_unflatten(treedef, leaves)
-    info = {"n_points": n, "chunk_size": chunk_size, "n_chunks": n_chunks, "n_devices": n_dev,
+    info = {"n_points": n, "chunk_size": chunk_size, "n_chunks": n_chunks, "n_devices": n_dev, "devices_used": devices_used,
             "computed_chunks": len(todo), **dict(meta or {})}
     return SweepResult(dims, coords, values, info)
 

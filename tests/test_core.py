@@ -1,0 +1,309 @@
+"""Trajectory, integrate, simulate, optim, expect, plot: behaviour and bad input."""
+
+import json
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.test_util import check_grads
+
+import attnflow as af
+from attnflow.deeplinear import Teacher, TwoLayerLinear, mode_field, mode_strength, population_loss
+
+S = jnp.array([3.0, 2.0, 1.0, 0.5])
+
+
+# ----------------------------------------------------------------------------- Trajectory
+def test_trajectory_roundtrip_and_interp(tmp_path):
+    ts = jnp.linspace(0, 1, 11)
+    tr = af.Trajectory(ts, {"a": ts**2, "b": jnp.stack([ts, -ts], axis=1)}, {"seed": 3, "config": {"x": [1, 2]}})
+    p = tr.save(tmp_path / "run")
+    assert p.name == "run.npz" and (tmp_path / "run.json").exists()
+    meta = json.loads((tmp_path / "run.json").read_text())
+    assert meta["meta"] == {"seed": 3, "config": {"x": [1, 2]}} and "jax" in meta["versions"]
+    back = af.Trajectory.load(p)
+    np.testing.assert_array_equal(back["b"], tr["b"])
+    assert back.meta["seed"] == 3
+    v = tr.at([0.05, 0.5])
+    np.testing.assert_allclose(v["a"], [0.005, 0.25], atol=1e-15)  # linear interpolation of t^2
+    np.testing.assert_allclose(v["b"], [[0.05, -0.05], [0.5, -0.5]])
+    assert tr.select("a").names == ("a",)
+    np.testing.assert_array_equal(tr.final()["b"], [1.0, -1.0])
+    assert not list(tmp_path.glob("*.tmp"))  # atomic writes leave no temporaries
+
+
+def test_trajectory_is_a_pytree_and_batches():
+    ts = jnp.linspace(0, 1, 5)
+    f = jax.vmap(lambda c: af.Trajectory(ts, {"y": c * ts}))
+    tr = f(jnp.array([1.0, 2.0, 3.0]))
+    assert tr.batch_shape == (3,) and tr["y"].shape == (3, 5)
+    np.testing.assert_allclose(tr.at([0.5])["y"][:, 0], [0.5, 1.0, 1.5])
+    np.testing.assert_allclose(tr.batch(1)["y"], 2 * ts)
+
+
+def test_trajectory_bad_input():
+    with pytest.raises(ValueError, match="'y'"):
+        af.Trajectory(jnp.arange(3.0), {"y": jnp.ones(4)})
+    with pytest.raises(ValueError, match="mapping"):
+        af.Trajectory(jnp.arange(3.0), [1, 2, 3])
+    with pytest.raises(KeyError, match="no observable 'z'"):
+        af.Trajectory(jnp.arange(3.0), {"y": jnp.ones(3)})["z"]
+    with pytest.raises(FileNotFoundError):
+        af.Trajectory.load("/nonexistent/x.npz")
+
+
+def test_compare_theory_vs_simulation_grid():
+    ts = jnp.linspace(0, 2, 201)
+    theory = af.Trajectory(ts, {"u": jnp.sin(ts)})
+    sim = af.Trajectory(jnp.array([0.3, 1.1, 1.7]), {"u": jnp.sin(jnp.array([0.3, 1.1, 1.7])) + 1e-3})
+    err = af.compare(theory, sim)
+    assert err["u"] == pytest.approx(1e-3, abs=2e-5)
+
+
+# ----------------------------------------------------------------------------- integrate
+def test_integrate_log_spacing_and_pytree_state():
+    y0 = {"a": jnp.full(4, 0.03), "b": jnp.full(4, 0.03)}
+    from attnflow.deeplinear import factor_field
+
+    tr = af.integrate(factor_field, y0, 10.0, args={"s": S, "tau": 1.0}, spacing="log", n_save=50, rtol=1e-10, atol=1e-13)
+    assert tr.names == ("a", "b") and tr.ts[0] == 0 and tr.ts[-1] == 10.0
+    assert np.all(np.diff(np.log(np.asarray(tr.ts[1:]))) == pytest.approx(np.log(1e6) / 48))
+    # balanced factors: u = a b follows the closed form with u0 = 0.03^2
+    np.testing.assert_allclose(tr["a"] * tr["b"], mode_strength(tr.ts[:, None], S, 0.03**2), rtol=1e-8)
+
+
+def test_integrate_event_terminates_at_threshold():
+    tr = af.integrate(mode_field, jnp.full(4, 1e-3), 50.0, args={"s": S, "tau": 1.0}, n_save=100,
+                      event=lambda t, u, a: u[3] - 0.25, rtol=1e-10, atol=1e-13)
+    # closed form: u(t*) = s/2 at t* = log(s/u0 - 1) / (2 s) for s = 0.5
+    t_star = np.log(0.5 / 1e-3 - 1) / (2 * 0.5)
+    assert float(tr.ts[-1]) == pytest.approx(t_star, rel=1e-8)
+    assert float(tr.final()["y"][3]) == pytest.approx(0.25, rel=1e-8)
+    assert np.all(np.diff(np.asarray(tr.ts)) >= 0)
+
+
+def test_integrate_max_steps_error_names_time():
+    with pytest.raises(af.MaxStepsError, match=r"max_steps=7 reached at t = [0-9.e-]+ before t1 = 100.*Increase max_steps"):
+        af.integrate(mode_field, jnp.full(4, 1e-3), 100.0, args={"s": S, "tau": 1.0}, max_steps=7)
+
+
+def test_integrate_divergence_is_an_error():
+    import diffrax
+
+    # fixed steps: the NaN propagates and is reported with its time
+    with pytest.raises(af.DivergenceError, match="non-finite at t = "):
+        af.integrate(lambda t, y, a: y**2, jnp.ones(1), 3.0, solver=diffrax.Euler(), dt0=0.1,
+                     stepsize_controller=diffrax.ConstantStepSize(), n_save=31, max_steps=100)
+    # adaptive: blow-up at t = 1 stalls the controller; the error says so
+    with pytest.raises((af.MaxStepsError, af.DivergenceError), match="t = 1"):
+        af.integrate(lambda t, y, a: y**2, jnp.ones(1), 3.0, max_steps=2000)
+    # inside jit the failure still stops the program
+    with pytest.raises(Exception, match="non-finite|solver failed"):
+        jax.jit(lambda y: af.integrate(lambda t, y, a: y**2, y, 3.0, solver=diffrax.Euler(), dt0=0.1,
+                                       stepsize_controller=diffrax.ConstantStepSize(), max_steps=100)["y"])(jnp.ones(1)).block_until_ready()
+
+
+def test_integrate_bad_input():
+    f = lambda t, y, a: -y
+    with pytest.raises(ValueError, match="y0.*finite.*nan"):
+        af.integrate(f, jnp.array([1.0, jnp.nan]), 1.0)
+    with pytest.raises(ValueError, match="t1 must be greater"):
+        af.integrate(f, jnp.ones(2), -1.0)
+    with pytest.raises(ValueError, match="rtol.*-1"):
+        af.integrate(f, jnp.ones(2), 1.0, rtol=-1.0)
+    with pytest.raises(ValueError, match="max_steps"):
+        af.integrate(f, jnp.ones(2), 1.0, max_steps=0)
+    with pytest.raises(ValueError, match="spacing"):
+        af.integrate(f, jnp.ones(2), 1.0, spacing="cubic")
+    with pytest.raises(ValueError, match="does not match the state"):
+        af.integrate(lambda t, y, a: jnp.ones(3), jnp.ones(2), 1.0)
+
+
+def test_integrate_requires_x64_or_explicit_dtype():
+    with jax.enable_x64(False):
+        with pytest.raises(RuntimeError, match="enable_x64"):
+            af.integrate(lambda t, y, a: -y, jnp.ones(2), 1.0)
+        tr = af.integrate(lambda t, y, a: -y, jnp.ones(2), 1.0, dtype=jnp.float32, rtol=1e-5, atol=1e-7)
+        assert tr["y"].dtype == jnp.float32
+        assert float(tr["y"][-1, 0]) == pytest.approx(np.exp(-1), rel=1e-4)
+
+
+def test_integrate_gradient_through_solution():
+    # d u(T)/d u0 of the closed form vs autodiff through the solver
+    def uT(u0):
+        return af.integrate(mode_field, jnp.full(4, u0), 2.0, args={"s": S, "tau": 1.0}, n_save=2, rtol=1e-11, atol=1e-14)["y"][-1, 0]
+
+    g = jax.grad(uT)(1e-2)
+    g_exact = jax.grad(lambda u0: mode_strength(2.0, S, u0)[0])(1e-2)
+    assert float(g) == pytest.approx(float(g_exact), rel=1e-6)
+
+
+# ----------------------------------------------------------------------------- simulate
+def _linear_problem():
+    teacher = Teacher(S, 8, 6, key=0)
+    model = TwoLayerLinear.random(1, 8, 4, 6, scale=0.1)
+    return teacher, model
+
+
+def test_simulate_online_sgd_tracks_population_loss():
+    teacher, model = _linear_problem()
+    loss = lambda m, batch: 0.5 * jnp.mean(jnp.sum((m(batch[0]) - batch[1]) ** 2, axis=1))
+    observe = lambda m: {"loss": population_loss(m.W1, m.W2, teacher.A)}
+    tr = af.simulate(loss, model, optax.sgd(0.01), 3000, mode=af.OnlineSGD(teacher.sample, 64), key=0,
+                     observe=observe, clock=0.01)
+    gd = af.simulate(lambda m, _: population_loss(m.W1, m.W2, teacher.A), model, optax.sgd(0.01), 3000, clock=0.01)
+    # same clock, same save steps; SGD noise is small at batch 64 (measured: < 2% while loss > 1e-2)
+    np.testing.assert_array_equal(tr.ts, gd.ts)
+    assert float(tr["loss"][-1]) < 1e-8 * float(tr["loss"][0])
+    big = gd["loss"] > 1e-2
+    rel = jnp.max(jnp.abs(tr["loss"] - gd["loss"])[big] / gd["loss"][big])
+    assert rel < 0.05, rel
+
+
+def test_simulate_minibatch_and_seeds_vmap():
+    teacher, model = _linear_problem()
+    x = jax.random.normal(jax.random.PRNGKey(5), (512, 8))
+    data = (x, x @ teacher.A.T)
+    loss = lambda m, batch: 0.5 * jnp.mean(jnp.sum((m(batch[0]) - batch[1]) ** 2, axis=1))
+    run = lambda seed: af.simulate(loss, model, optax.sgd(0.02), 500, mode=af.Minibatch(data, 32), key=seed,
+                                   observe=lambda m: {"loss": loss(m, data)}, n_save=10)["loss"]
+    many = jax.jit(jax.vmap(run))(jnp.arange(3))
+    assert many.shape[0] == 3
+    np.testing.assert_allclose(many[1], run(1), rtol=1e-10)
+    assert not np.allclose(many[0], many[1])  # different seeds, different batches
+    assert bool(jnp.all(many[:, -1] < 0.05 * many[:, 0]))
+
+
+def test_simulate_save_steps_are_log_spaced_and_exact():
+    s = af.save_steps(10_000, 30)
+    assert s[0] == 0 and s[-1] == 10_000 and np.all(np.diff(s) > 0)
+    teacher, model = _linear_problem()
+    loss = lambda m, _: population_loss(m.W1, m.W2, teacher.A)
+    tr = af.simulate(loss, model, optax.sgd(0.01), 10_000, n_save=30, clock=0.01)
+    np.testing.assert_allclose(tr.ts, 0.01 * s)
+
+
+def test_simulate_divergence_names_step():
+    teacher, model = _linear_problem()
+    loss = lambda m, _: population_loss(m.W1, m.W2, teacher.A)
+    with pytest.raises(af.DivergenceError, match=r"at step \d+ \(t = "):
+        af.simulate(loss, model, optax.sgd(5.0), 200)
+
+
+def test_simulate_bad_input():
+    teacher, model = _linear_problem()
+    loss = lambda m, _: population_loss(m.W1, m.W2, teacher.A)
+    with pytest.raises(ValueError, match="steps"):
+        af.simulate(loss, model, optax.sgd(0.1), 0)
+    with pytest.raises(ValueError, match="optimizer"):
+        af.simulate(loss, model, "sgd", 10)
+    with pytest.raises(ValueError, match="observe"):
+        af.simulate(loss, model, optax.sgd(0.1), 10, mode=af.OnlineSGD(teacher.sample, 4))
+    with pytest.raises(ValueError, match="batch_size"):
+        af.OnlineSGD(teacher.sample, 0)
+    with pytest.raises(ValueError, match="clock"):
+        af.simulate(loss, model, optax.sgd(0.1), 10, clock=-1.0)
+
+
+# ----------------------------------------------------------------------------- per-circuit
+def test_per_circuit_rates_vmap_compiles_once():
+    teacher, model = _linear_problem()
+    labels = af.label_by_path(model, {"W1": "in", "W2": "out"})
+    assert labels.W1 == "in" and labels.W2 == "out"
+    loss = lambda m, _: population_loss(m.W1, m.W2, teacher.A)
+    traces = []
+
+    def run(ratio):
+        traces.append(1)
+        opt = af.per_circuit(labels, {"in": 0.01 * ratio, "out": 0.01})
+        return af.simulate(loss, model, opt, 100, n_save=5, observe=lambda m: {"W1": m.W1, "W2": m.W2})
+
+    out = jax.jit(jax.vmap(run))(jnp.array([0.5, 1.0, 2.0]))
+    assert len(traces) == 1
+    # one step by hand: W1 moves with eta_in, W2 with eta_out
+    g = jax.grad(lambda m: loss(m, None))(model)
+    single = af.simulate(loss, model, af.per_circuit(labels, {"in": 0.02, "out": 0.01}), 1, n_save=2,
+                         observe=lambda m: {"W1": m.W1, "W2": m.W2})
+    np.testing.assert_allclose(single["W1"][-1], model.W1 - 0.02 * g.W1, rtol=1e-12)
+    np.testing.assert_allclose(single["W2"][-1], model.W2 - 0.01 * g.W2, rtol=1e-12)
+    np.testing.assert_allclose(out["W1"][2, -1], af.simulate(loss, model, af.per_circuit(labels, {"in": 0.02, "out": 0.01}),
+                                                              100, n_save=5, observe=lambda m: {"W1": m.W1})["W1"][-1], rtol=1e-12)
+
+
+def test_per_circuit_bad_input():
+    teacher, model = _linear_problem()
+    labels = af.label_by_path(model, {"W1": "qk", "W2": "ov"})
+    with pytest.raises(ValueError, match="circuit 'qk'.*-0.1"):
+        af.per_circuit(labels, {"qk": -0.1, "ov": 0.1})
+    with pytest.raises(ValueError, match=r"no learning rate.*\['ov'\]"):
+        af.per_circuit(labels, {"qk": 0.1})
+    with pytest.raises(ValueError, match="matches none"):
+        af.label_by_path(model, {"W1": "qk"})
+
+
+# ----------------------------------------------------------------------------- expectations
+def test_gaussian_bank_moments_and_antithetic():
+    bank = af.GaussianBank(0, 2**14, 3)
+    mean = jnp.array([0.5, -1.0, 2.0])
+    A = jnp.array([[1.0, 0.3, 0.0], [0.3, 2.0, -0.4], [0.0, -0.4, 0.5]])
+    # odd moments of z vanish exactly with antithetic pairs
+    assert float(jnp.max(jnp.abs(bank.expect(lambda x: x, cov=A)))) < 1e-15
+    m = bank.expect(lambda x: x, mean=mean, cov=A)
+    np.testing.assert_allclose(m, mean, atol=1e-14)
+    c = bank.expect(lambda x: jnp.outer(x - mean, x - mean), mean=mean, cov=A)
+    se = bank.stderr(lambda x: jnp.outer(x - mean, x - mean), mean=mean, cov=A)
+    assert float(jnp.max(jnp.abs(c - A) / se)) < 5.0
+    # E exp(a.x) = exp(a.mu + a^T A a / 2) within Monte Carlo error
+    a = jnp.array([0.2, -0.1, 0.3])
+    val = bank.expect(lambda x: jnp.exp(a @ x), mean=mean, cov=A)
+    err = bank.stderr(lambda x: jnp.exp(a @ x), mean=mean, cov=A)
+    exact = jnp.exp(a @ mean + 0.5 * a @ A @ a)
+    assert abs(float(val - exact)) < 4 * float(err)
+    with pytest.raises(ValueError, match="even"):
+        af.GaussianBank(0, 7, 2)
+
+
+def test_gauss_hermite_exact_for_closed_forms():
+    mean = jnp.array([0.5, -1.0])
+    A = jnp.array([[1.0, 0.3], [0.3, 0.5]])
+    a = jnp.array([0.4, -0.7])
+    val = af.gauss_hermite(lambda x: jnp.exp(a @ x), 30, mean, A)
+    assert float(val) == pytest.approx(float(jnp.exp(a @ mean + 0.5 * a @ A @ a)), rel=1e-12)
+    # fourth moment of a scalar Gaussian: 3 sigma^4, exact with 3 nodes
+    assert float(af.gauss_hermite(lambda x: x[0] ** 4, 3, 0.0, 2.0)) == pytest.approx(12.0, rel=1e-13)
+    # E[sigmoid-like] of N(0,1) symmetric function identity: E tanh(x) = 0
+    assert abs(float(af.gauss_hermite(lambda x: jnp.tanh(x[0]), 40, 0.0, 1.0))) < 1e-15
+    with pytest.raises(ValueError, match="cov must have shape"):
+        af.gauss_hermite(lambda x: x, 5, jnp.zeros(2), jnp.eye(3))
+
+
+def test_psd_sqrt_value_and_grads():
+    key = jax.random.PRNGKey(0)
+    B = jax.random.normal(key, (4, 4))
+    P = B @ B.T + 0.5 * jnp.eye(4)
+    R = af.psd_sqrt(P)
+    np.testing.assert_allclose(R @ R, P, atol=1e-12)
+    np.testing.assert_allclose(R, R.T, atol=1e-14)
+    check_grads(af.psd_sqrt, (P,), order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6)
+    # degenerate eigenvalues: the JVP stays finite (autodiff through eigh would be NaN)
+    J = jax.jacfwd(af.psd_sqrt)(jnp.eye(3))
+    assert bool(jnp.all(jnp.isfinite(J)))
+    dP = jnp.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    _, dR = jax.jvp(af.psd_sqrt, (jnp.eye(3),), (dP,))
+    np.testing.assert_allclose(dR, dP / 2, atol=1e-14)  # sqrt(I + e dP) = I + e dP / 2 + O(e^2)
+
+
+# ----------------------------------------------------------------------------- plot
+def test_overlay_figure(tmp_path):
+    ts = jnp.linspace(0, 1, 20)
+    theory = af.Trajectory(ts, {"u": jnp.stack([ts, ts**2], 1), "loss": jnp.exp(-ts)})
+    sims = jax.vmap(lambda c: af.Trajectory(ts[::4], {"u": c * jnp.stack([ts, ts**2], 1)[::4], "loss": jnp.exp(-ts[::4])}))(jnp.array([0.9, 1.1]))
+    fig = af.overlay(theory, sims, ["u", "loss"], log_y=("loss",), component_labels=["a", "b"])
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(axes) == 2 and axes[0].get_xlabel() == "t" and axes[1].get_yscale() == "log"
+    assert axes[0].get_ylabel() == "u"
+    path = af.save_figure(fig, tmp_path / "f.png")
+    assert path.stat().st_size > 5000

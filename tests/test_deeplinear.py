@@ -1,0 +1,111 @@
+"""Validation of the core on Saxe, McClelland & Ganguli (2014), items 1-5 and 7 of the issue."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import attnflow as af
+from attnflow.deeplinear import Teacher, TwoLayerLinear, conserved, factor_field, matrix_field, mode_field, mode_strength, population_loss
+from attnflow.deeplinear.experiments import gd_run
+
+S = jnp.array([3.0, 2.0, 1.0, 0.5])
+U0 = 1e-3
+
+
+def test_closed_form_solves_mode_ode():
+    # d/dt of the closed form equals the field, via autodiff, at many times
+    t = jnp.linspace(0.0, 10.0, 101)
+    u = mode_strength(t[:, None], S, U0)
+    du = jax.vmap(jax.jacfwd(lambda tt: mode_strength(tt, S, U0)))(t)
+    np.testing.assert_allclose(du, 2 * u * (S - u), rtol=1e-10, atol=1e-12)
+
+
+def test_integrate_matches_closed_form_1e8():
+    tr = af.integrate(mode_field, jnp.full(4, U0), 14.0, args={"s": S, "tau": 1.0}, n_save=300, rtol=1e-10, atol=1e-14)
+    exact = mode_strength(tr.ts[:, None], S, U0)
+    rel = jnp.max(jnp.abs(tr["y"] - exact) / exact)
+    assert rel < 1e-8, rel
+
+
+def test_integrate_tau_rescales_time():
+    tr = af.integrate(mode_field, jnp.full(4, U0), 28.0, args={"s": S, "tau": 2.0}, n_save=50, rtol=1e-10, atol=1e-14)
+    exact = mode_strength(tr.ts[:, None], S, U0, tau=2.0)
+    assert jnp.max(jnp.abs(tr["y"] - exact) / exact) < 1e-8
+
+
+def test_gd_matches_closed_form_error_linear_in_eta():
+    teacher = Teacher(S, 8, 6, key=0)
+    errs = []
+    for eta in (0.04, 0.02, 0.01, 0.005):
+        sim, _ = gd_run(teacher, U0, eta, 12.0)
+        exact = mode_strength(sim.ts[:, None], S, U0)
+        errs.append(float(jnp.max(jnp.abs(sim["u"] - exact))))
+    errs = np.array(errs)
+    ratios = errs[:-1] / errs[1:]
+    # halving eta halves the error: first-order (Euler) convergence to gradient flow
+    np.testing.assert_allclose(ratios, 2.0, rtol=0.08)
+    assert errs[-1] < 0.04
+
+
+def test_gd_time_clock_and_product_modes():
+    teacher = Teacher(S, 8, 6, key=1)
+    sim, model = gd_run(teacher, U0, 0.01, 5.0)
+    assert float(sim.ts[-1]) == pytest.approx(5.0)
+    # modes read back from the final product equal the recorded last observable
+    np.testing.assert_allclose(teacher.modes(model.product), sim["u"][-1], rtol=1e-12)
+
+
+def test_saddle_origin_factor_field():
+    y0 = {"a": jnp.zeros(4), "b": jnp.zeros(4)}
+    args = {"s": S, "tau": 1.0}
+    ystar = af.saddle.fixed_point(factor_field, {"a": jnp.full(4, 1e-3), "b": jnp.full(4, -1e-3)}, args)
+    # Newton from near the origin lands on a fixed point (a b = s or the origin)
+    res = factor_field(0.0, ystar, args)
+    assert max(float(jnp.max(jnp.abs(v))) for v in res.values()) < 1e-12
+    spec = af.saddle.spectrum(factor_field, y0, args)
+    np.testing.assert_allclose(np.sort(np.real(spec.values)), np.sort(np.concatenate([S, -S])), atol=1e-13)
+    lam, vecs = spec.unstable()
+    np.testing.assert_allclose(np.real(lam), S, atol=1e-13)
+    # the top unstable mode is a = b on the strongest mode
+    v = vecs[0]
+    assert abs(abs(float(v["a"][0])) - 2 ** -0.5) < 1e-12 and float(v["a"][0] * v["b"][0]) > 0
+    assert float(af.saddle.escape_time(spec.lambda_max, 1e-3)) == pytest.approx(np.log(1e3) / 3.0)
+
+
+def test_saddle_origin_full_matrix_flow():
+    teacher = Teacher(S, 5, 4, key=2)
+    hidden = 3
+    W = {"W1": jnp.zeros((hidden, 5)), "W2": jnp.zeros((4, hidden))}
+    spec = af.saddle.spectrum(matrix_field, W, {"A": teacher.A, "tau": 1.0})
+    ev = np.real(np.asarray(spec.values))
+    # +-s per mode with multiplicity = hidden width, zeros elsewhere
+    want = np.sort(np.concatenate([np.repeat(np.asarray(S), hidden), -np.repeat(np.asarray(S), hidden),
+                                   np.zeros(ev.size - 2 * hidden * 4)]))
+    np.testing.assert_allclose(np.sort(ev), want, atol=1e-12)
+
+
+def test_conserved_quantity_along_integrated_flow():
+    teacher = Teacher(S, 8, 6, key=3)
+    m = TwoLayerLinear.random(4, 8, 4, 6, scale=0.1)
+    tr = af.integrate(matrix_field, {"W1": m.W1, "W2": m.W2}, 12.0, args={"A": teacher.A, "tau": 1.0},
+                      rtol=1e-11, atol=1e-13, n_save=80,
+                      observe=lambda t, W, a: {"C": conserved(W["W1"], W["W2"]), "loss": population_loss(W["W1"], W["W2"], teacher.A)})
+    drift = float(jnp.max(jnp.abs(tr["C"] - tr["C"][0])))
+    assert drift < 1e-8, drift
+    assert float(tr["loss"][-1]) < 1e-6 * float(tr["loss"][0])
+    assert bool(jnp.all(jnp.diff(tr["loss"]) <= 1e-14))  # gradient flow never increases the loss
+
+
+def test_conserved_quantity_gd_drift_is_second_order():
+    teacher = Teacher(S, 8, 6, key=3)
+    m = TwoLayerLinear.random(4, 8, 4, 6, scale=0.1)
+    loss = lambda mm, _: population_loss(mm.W1, mm.W2, teacher.A)
+    drifts = []
+    for eta in (0.02, 0.01):
+        tr = af.simulate(loss, m, optax.sgd(eta), int(6.0 / eta), clock=eta, n_save=20,
+                         observe=lambda mm: {"C": conserved(mm.W1, mm.W2)})
+        drifts.append(float(jnp.max(jnp.abs(tr["C"] - tr["C"][0]))))
+    # per-step drift O(eta^2), over 1/eta steps: O(eta) total
+    assert 1.6 < drifts[0] / drifts[1] < 2.4, drifts
