@@ -23,7 +23,7 @@ import optimistix as optx
 from . import _validate as V
 from .trajectory import Trajectory
 
-__all__ = ["integrate", "save_times", "require_x64", "enable_x64", "DivergenceError", "MaxStepsError"]
+__all__ = ["integrate", "gradient_flow", "save_times", "require_x64", "enable_x64", "DivergenceError", "MaxStepsError"]
 
 
 class DivergenceError(FloatingPointError):
@@ -288,3 +288,50 @@ def _check_solution(field, args, result, t_end, y_end, out_ts, out_ys, max_steps
             "(diffrax.Kvaerno5()) if the problem is stiff."
         )
     raise RuntimeError(f"integrate: solver stopped at t = {t_end:.6g} with result {result}")
+
+
+def gradient_flow(
+    loss: Callable[[Any], Any],
+    model: Any,
+    t1: Any,
+    *,
+    rates: Mapping[str, Any] | None = None,
+    labels: Any = None,
+    rate: Any = 1.0,
+    filter_spec: Any = None,
+    observe: Callable[[Any], Mapping[str, Any]] | None = None,
+    **integrate_kwargs: Any,
+) -> Trajectory:
+    """Gradient flow ``d theta / dt = -eta_label grad L(theta)`` of a model, by `integrate`.
+
+    ``loss(model) -> scalar`` (a population loss); ``model`` an Equinox module or pytree,
+    whose leaves selected by ``filter_spec`` (default: inexact arrays) flow. Per-circuit
+    rates: ``labels`` (a pytree of labels, see `attnflow.label_by_path`) and ``rates``
+    (``{label: eta}``, arrays allowed); otherwise one ``rate``. ``observe(model)`` gives
+    the recorded observables (default: the loss). Remaining keywords go to `integrate`.
+    This is the exact flow whose Euler scheme `simulate` runs with ``FullBatch``.
+    """
+    import equinox as eqx  # local: keep module import light
+
+    filter_spec = eqx.is_inexact_array if filter_spec is None else filter_spec
+    params, static = eqx.partition(model, filter_spec)
+    if (rates is None) != (labels is None):
+        raise ValueError("give both labels and rates for per-circuit rates, or neither")
+    if rates is not None:
+        for name, r in rates.items():
+            V.positive(f"learning rate for circuit {name!r}", r)
+        used = set(jax.tree_util.tree_leaves(labels))
+        if used - set(rates):
+            raise ValueError(f"no rate given for circuit(s) {sorted(used - set(rates))}")
+    else:
+        V.positive("rate", rate)
+
+    def field(t, p, args):
+        g = jax.grad(lambda q: loss(eqx.combine(q, static)))(p)
+        if args["rates"] is None:
+            return jax.tree_util.tree_map(lambda x: -args["rate"] * x, g)
+        return jax.tree_util.tree_map(lambda x, lab: -args["rates"][lab] * x, g, labels)
+
+    obs = observe or (lambda m: {"loss": loss(m)})
+    return integrate(field, params, t1, args={"rates": rates, "rate": rate},
+                     observe=lambda t, p, a: dict(obs(eqx.combine(p, static))), **integrate_kwargs)

@@ -1,0 +1,133 @@
+"""Attention metrics of the QK/OV paper (spec `qkov.md` section 10)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _validate as V
+
+__all__ = ["DTAP_EDGES", "relevant_mass", "dtap", "separability", "attention_concentration",
+           "confident_concentration", "comprehensiveness_sufficiency", "rollout"]
+
+#: DTAP bin edges of the paper (section 10.2); the same edges on both axes by default.
+DTAP_EDGES = {
+    "synthetic": (0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+    "hatexplain": (0.0, 0.33, 0.66, 1.1),
+    "sva": (0.0, 0.1, 0.5, 1.1),
+    "squad": (0.0, 0.05, 0.1, 0.5, 1.001),
+}
+
+
+def relevant_mass(a: jax.Array, relevant: jax.Array) -> jax.Array:
+    """``A_rel = sum_{i in R} a_i`` per example (10.1)."""
+    return jnp.sum(jnp.where(relevant, a, 0.0), axis=-1)
+
+
+def _edges(e: Any) -> np.ndarray:
+    e = np.asarray(DTAP_EDGES[e] if isinstance(e, str) else e, dtype=float)
+    if e.ndim != 1 or e.size < 2 or np.any(np.diff(e) <= 0):
+        raise ValueError(f"bin edges must be increasing with at least two entries, got {e!r}")
+    return e
+
+
+def _bin(x: jax.Array, edges: np.ndarray) -> jax.Array:
+    """Bin index, left-closed bins with the last bin closed; -1 when out of range."""
+    e = jnp.asarray(edges)
+    i = jnp.searchsorted(e, x, side="right") - 1
+    i = jnp.where(x == e[-1], e.size - 2, i)
+    return jnp.where((x < e[0]) | (x > e[-1]) | (i > e.size - 2), -1, i)
+
+
+def dtap(a_rel: Any, p_true: Any, edges_attention: Any = "synthetic", edges_prob: Any = None) -> jax.Array:
+    """DTAP histogram (10.2): percent of examples per (attention bin, probability bin).
+
+    Rows: bins of ``A_rel``; columns: bins of ``p_true``. Bins are left-closed, the last
+    closed; out-of-range values are dropped (but still count in the denominator, as the
+    authors normalise by the number of examples). ``a_rel``/``p_true`` may carry a leading
+    seed axis: per-seed percentages are then averaged.
+    """
+    ea = _edges(edges_attention)
+    ep = _edges(edges_attention if edges_prob is None else edges_prob)
+    a_rel, p_true = jnp.asarray(a_rel), jnp.asarray(p_true)
+    if a_rel.shape != p_true.shape:
+        raise ValueError(f"a_rel and p_true must have the same shape, got {a_rel.shape} and {p_true.shape}")
+
+    def one(ar, pt):
+        ia, ip = _bin(ar, ea), _bin(pt, ep)
+        ok = (ia >= 0) & (ip >= 0)
+        flat = jnp.where(ok, ia * (ep.size - 1) + ip, 0)
+        counts = jnp.zeros((ea.size - 1) * (ep.size - 1)).at[flat].add(ok.astype(float))
+        return 100.0 * counts.reshape(ea.size - 1, ep.size - 1) / ar.shape[0]
+
+    if a_rel.ndim == 1:
+        return one(a_rel, p_true)
+    return jnp.mean(jax.vmap(one)(a_rel.reshape(-1, a_rel.shape[-1]), p_true.reshape(-1, p_true.shape[-1])), axis=0)
+
+
+def separability(a: jax.Array, relevant: jax.Array) -> jax.Array:
+    """Mean over examples of ``max_{i in R} a_i - min_{i not in R} a_i`` (10.3)."""
+    mx = jnp.max(jnp.where(relevant, a, -jnp.inf), axis=-1)
+    mn = jnp.min(jnp.where(relevant, jnp.inf, a), axis=-1)
+    return jnp.mean(mx - mn)
+
+
+def attention_concentration(a_rel: Any, tau_a: float = 0.1, strict: bool = False) -> jax.Array:
+    """AC: fraction of examples with ``A_rel >= tau_a`` (``>`` if strict) (10.6, default [open] form)."""
+    a_rel = jnp.asarray(a_rel)
+    return jnp.mean(a_rel > tau_a if strict else a_rel >= tau_a)
+
+
+def confident_concentration(a_rel: Any, confidence: Any, tau_a: float = 0.1, tau_p: float = 0.1,
+                            strict: bool = False) -> jax.Array:
+    """ACMC: fraction with ``A_rel >= tau_a`` and ``confidence >= tau_p`` (10.6).
+
+    ``confidence`` is what the option ``confidence`` selects: the true-class probability
+    (default), the predicted-class probability, or correctness (0/1 with ``tau_p`` in (0, 1])."""
+    a_rel, confidence = jnp.asarray(a_rel), jnp.asarray(confidence)
+    if strict:
+        return jnp.mean((a_rel > tau_a) & (confidence > tau_p))
+    return jnp.mean((a_rel >= tau_a) & (confidence >= tau_p))
+
+
+def rollout(attn: jax.Array, alpha_r: float = 1.0) -> jax.Array:
+    """Attention rollout (10.4) of per-layer attention ``(layers, B, L, L)`` (heads averaged):
+    ``A~ = alpha_r A + (1 - alpha_r) I`` row-normalised, last row of ``A~_L ... A~_1``."""
+    L = attn.shape[-1]
+    At = alpha_r * attn + (1 - alpha_r) * jnp.eye(L)
+    At = At / jnp.sum(At, axis=-1, keepdims=True)
+    out = At[0]
+    for layer in range(1, At.shape[0]):
+        out = At[layer] @ out
+    return out[..., -1, :]
+
+
+def comprehensiveness_sufficiency(model: Any, tokens: jax.Array, top_percent: float = 5.0,
+                                  lengths: jax.Array | None = None) -> dict[str, jax.Array]:
+    """ERASER comprehensiveness and sufficiency with top-k% deletion (10.5), one-layer model
+    (rollout = the attention row). ``k = ceil(top_percent/100 * len)`` tokens with the
+    largest attention; deletion keeps order (a masked key). ``y^`` = predicted class.
+
+    Returns means over examples: ``comprehensiveness`` = p(y^|x) - p(y^|x without top-k)
+    (higher is better) and ``sufficiency`` = p(y^|x) - p(y^|top-k only) (lower is better).
+    """
+    if not 0 < top_percent <= 100:
+        raise ValueError(f"top_percent must be in (0, 100], got {top_percent!r}")
+    z, a = model(tokens)
+    Lk = a.shape[-1]
+    n = jnp.full((a.shape[0],), Lk) if lengths is None else jnp.asarray(lengths)
+    k = jnp.ceil(top_percent / 100.0 * n).astype(int)
+    rank = jnp.argsort(jnp.argsort(-a, axis=-1), axis=-1)
+    top = rank < k[:, None]
+    p = jax.nn.softmax(z, axis=-1)
+    yhat = jnp.argmax(z, axis=-1)
+    p_full = jnp.take_along_axis(p, yhat[:, None], 1)[:, 0]
+    z_del, _ = model(tokens, key_mask=~top)
+    z_top, _ = model(tokens, key_mask=top)
+    p_del = jnp.take_along_axis(jax.nn.softmax(z_del, -1), yhat[:, None], 1)[:, 0]
+    p_top = jnp.take_along_axis(jax.nn.softmax(z_top, -1), yhat[:, None], 1)[:, 0]
+    return {"comprehensiveness": jnp.mean(p_full - p_del), "sufficiency": jnp.mean(p_full - p_top)}
