@@ -16,7 +16,7 @@ from . import expect, optim, plot, saddle
 from .expect import GaussianBank, gauss_hermite, psd_sqrt
 from .ode import DivergenceError, MaxStepsError, enable_x64, gradient_flow, integrate, save_times
 from .optim import label_by_path, per_circuit
-from .plot import heatmap, overlay, save_figure
+from .plot import family, heatmap, overlay, save_figure
 from .report import Report
 from .saddle import escape_time, fixed_point, jacobian, spectrum, unstable_subspace
 from .simulate import FullBatch, Minibatch, OnlineSGD, save_steps, simulate
@@ -24,7 +24,7 @@ from .sweep import SweepResult, sweep
 from .trajectory import Trajectory, compare
 
 __all__ = [
-    "DivergenceError", "FullBatch", "GaussianBank", "MaxStepsError", "Minibatch", "OnlineSGD", "Report",
+    "DivergenceError", "FullBatch", "family", "GaussianBank", "MaxStepsError", "Minibatch", "OnlineSGD", "Report",
     "SweepResult", "Trajectory", "compare", "enable_x64", "escape_time", "expect", "fixed_point",
     "gauss_hermite", "gradient_flow", "heatmap", "integrate", "jacobian", "label_by_path", "optim", "overlay",
     "per_circuit", "plot", "psd_sqrt", "saddle", "save_figure", "save_steps", "save_times",

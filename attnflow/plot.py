@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 
 from .trajectory import Trajectory
 
-__all__ = ["overlay", "heatmap", "save_figure"]
+__all__ = ["overlay", "family", "heatmap", "save_figure"]
 
 _COLORS = ["C0", "C1", "C2", "C3", "C4", "C5", "C6", "C7", "C8", "C9"]
 
@@ -58,11 +58,13 @@ def overlay(
     title: str | None = None,
     ncols: int = 2,
     figsize_per_panel: tuple[float, float] = (4.2, 3.2),
+    max_markers: int = 60,
 ) -> Figure:
     """Theory (lines) against simulations (markers or seed band), one panel per observable.
 
     ``simulations`` may be one `Trajectory`, a batched one (leading seed axes) or a list.
     Observables with feature axes draw one colour per component (``component_labels``).
+    At most ``max_markers`` simulation points are drawn per curve (evenly in save index).
     """
     runs = _as_runs(simulations)
     if names is None:
@@ -86,15 +88,19 @@ def overlay(
                     lab = f"{theory_label} {component_labels[j]}"
                 ax.plot(t, y[:, j], "-", color=_COLORS[j % 10], lw=1.8, label=lab)
         sim = [r for r in runs if name in r]
+        keep = None
+        if sim:
+            T = len(sim[0].ts)
+            keep = np.unique(np.linspace(0, T - 1, min(T, max_markers)).round().astype(int))
         if len(sim) == 1:
-            t = np.asarray(sim[0].ts)
-            y = _columns(np.asarray(sim[0][name]))
+            t = np.asarray(sim[0].ts)[keep]
+            y = _columns(np.asarray(sim[0][name]))[keep]
             for j in range(y.shape[1]):
                 ax.plot(t, y[:, j], "o", ms=3.5, mfc="none", color=_COLORS[j % 10], alpha=0.9,
                         label=simulation_label if j == 0 else None)
         elif len(sim) > 1:
-            t = np.asarray(sim[0].ts)
-            ys = np.stack([_columns(np.asarray(r[name])) for r in sim])  # (seed, T, comp)
+            t = np.asarray(sim[0].ts)[keep]
+            ys = np.stack([_columns(np.asarray(r[name]))[keep] for r in sim])  # (seed, T, comp)
             for j in range(ys.shape[2]):
                 c = _COLORS[j % 10]
                 ax.fill_between(t, ys[:, :, j].min(0), ys[:, :, j].max(0), color=c, alpha=0.18, lw=0)
@@ -108,6 +114,53 @@ def overlay(
         ax.set_ylabel(labels.get(name, name))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    for ax in axes[len(names):]:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def family(
+    trajectories: dict[str, Trajectory],
+    names: Sequence[str],
+    *,
+    time_transform: Any = None,
+    log_time: bool = False,
+    log_y: Sequence[str] = (),
+    labels: dict[str, str] | None = None,
+    time_label: str = "t",
+    legend_title: str | None = None,
+    title: str | None = None,
+    ncols: int = 2,
+    styles: dict[str, str] | None = None,
+    figsize_per_panel: tuple[float, float] = (4.2, 3.2),
+) -> Figure:
+    """A family of curves (one per labelled trajectory, e.g. one per learning-rate ratio),
+    one panel per observable. ``time_transform`` maps the time axis (e.g. ``log10(1 + t)``)."""
+    if not trajectories:
+        raise ValueError("family needs at least one trajectory")
+    names = list(names)
+    labels = labels or {}
+    styles = styles or {}
+    ncols = min(ncols, len(names))
+    nrows = int(np.ceil(len(names) / ncols))
+    fig = Figure(figsize=(figsize_per_panel[0] * ncols, figsize_per_panel[1] * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax, name in zip(axes, names):
+        for j, (lab, tr) in enumerate(trajectories.items()):
+            t = np.asarray(tr.ts)
+            if time_transform is not None:
+                t = time_transform(t)
+            ax.plot(t, np.asarray(tr[name]), styles.get(lab, "-"), color=_COLORS[j % 10], lw=1.6, label=lab)
+        if log_time:
+            ax.set_xscale("log")
+        if name in log_y:
+            ax.set_yscale("log")
+        ax.set_xlabel(time_label)
+        ax.set_ylabel(labels.get(name, name))
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, title=legend_title, title_fontsize=7)
     for ax in axes[len(names):]:
         ax.set_visible(False)
     if title:

@@ -112,6 +112,13 @@ class TheoryTask(eqx.Module):
         """Mean-embedding population loss of a `QKOVModel` (any parametrisation)."""
         return self.mean_embedding_loss(model.W_QK(), model.W_OV(), model.score_scale)
 
+    def monte_carlo_loss(self, model: Any, key: jax.Array, n_samples: int = 4096) -> jax.Array:
+        """Monte Carlo estimate of the exact population loss on sampled one-hot sequences
+        (the model must not attend to the query, as in the theory)."""
+        tokens, y, _ = self.sample(key, n_samples)
+        z, _ = model(tokens)
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(z, axis=-1), y[:, None], axis=1))
+
     def sample(self, key: jax.Array, batch_size: int) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Sequences ``(tokens (B, m + n + 1), labels (B,), relevant mask (B, m + n + 1))``.
 
@@ -163,7 +170,11 @@ class CodeGenerator(eqx.Module):
         """``(inputs (B, L_seq - 1), targets (B,), relevant mask (B, L_seq - 1))``."""
         k1, k2 = jax.random.split(key)
         k = jax.random.randint(k1, (batch_size,), 0, self.n_classes)
-        ctx = jax.random.categorical(k2, self.context_logits()[k][:, None, :], axis=-1,
-                                     shape=(batch_size, self.seq_len - 2))
+        # Inverse-CDF sampling: one uniform per token (Gumbel-max would need V per token,
+        # and the random bits dominate the step time on CPU).
+        cdf = jnp.cumsum(jax.nn.softmax(self.context_logits(), axis=-1), axis=-1)
+        u = jax.random.uniform(k2, (batch_size, self.seq_len - 2), dtype=cdf.dtype)
+        ctx = jax.vmap(lambda c, uu: jnp.searchsorted(c, uu, side="right"))(cdf[k], u)
+        ctx = jnp.minimum(ctx, self.vocab - 1)
         tokens = jnp.concatenate([ctx, (5 + k)[:, None]], axis=1)
         return tokens, 1 + k, tokens > 9
