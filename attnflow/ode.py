@@ -93,6 +93,13 @@ def _flatten_names(d: Mapping, prefix: str = "") -> dict:
     return out
 
 
+class _EventFn(eqx.Module):
+    fn: Callable = eqx.field(static=True)
+
+    def __call__(self, t, y, args, **kwargs):
+        return self.fn(t, y, args)
+
+
 def _ok(result) -> jax.Array:
     return (result == diffrax.RESULTS.successful) | (result == diffrax.RESULTS.event_occurred)
 
@@ -193,10 +200,9 @@ def integrate(
     if isinstance(event, diffrax.Event) or event is None:
         ev = event
     else:
-        ev = diffrax.Event(
-            cond_fn=lambda t, y, args, **kw: event(t, y, args),
-            root_finder=optx.Newton(rtol=1e-12, atol=1e-12),
-        )
+        # A module wrapper (equal when the user function is the same object) rather than a fresh
+        # lambda, so repeated calls with the same event hit the compilation cache.
+        ev = diffrax.Event(cond_fn=_EventFn(event), root_finder=optx.Newton(rtol=1e-12, atol=1e-12))
 
     traced = V.any_traced((y0, args, t0, t1, ts, rtol, atol))
     out_ts, out_ys, result, t_end, y_end = _solve(

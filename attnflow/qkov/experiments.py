@@ -224,3 +224,289 @@ def qkov_flow(cfg: dict, quiet: bool) -> Report:
     rep.trajectories["gd_CACO"] = gd
     del p
     return rep
+
+
+# =============================================================================== SGD helpers
+def _eval_observe(ev):
+    """Observables of a code-generator model on a fixed evaluation set."""
+    tokens, y, rel = ev
+
+    def observe(m):
+        z, a = m(tokens)
+        logp = jnp.take_along_axis(jax.nn.log_softmax(z, axis=-1), y[:, None], axis=1)[:, 0]
+        return {"loss": -jnp.mean(logp), "a_rel": jnp.mean(relevant_mass(a, rel)),
+                "accuracy": jnp.mean(jnp.argmax(z, -1) == y), "separability": separability(a, rel)}
+
+    return observe
+
+
+def _per_example(m, ev):
+    tokens, y, rel = ev
+    z, a = m(tokens)
+    p = jax.nn.softmax(z, axis=-1)
+    return {"a_rel": relevant_mass(a, rel), "p_true": jnp.take_along_axis(p, y[:, None], 1)[:, 0],
+            "p_pred": jnp.max(p, -1), "correct": (jnp.argmax(z, -1) == y).astype(z.dtype)}
+
+
+def _train(par, init, rates, steps, gen, seed, ev, n_save=30, ramp=None):
+    """SGD (batch 32, online) of one code-generator model; vmappable over seed and rates."""
+    model = make_model(par, gen.vocab, init=init, key=jax.random.PRNGKey(seed))
+    if ramp is not None:
+        from ..optim import linear_ramp
+
+        rates = {**rates, "qk": linear_ramp(rates["qk"], ramp, steps)}
+    opt = per_circuit(circuit_labels(model), rates)
+    return simulate(cross_entropy, model, opt, steps, mode=OnlineSGD(gen.sample, 32), key=seed + 10_000,
+                    observe=_eval_observe(ev), n_save=n_save, return_model=True)
+
+
+# =============================================================================== qkov-parametrisations
+PARAM_DEFAULTS = {
+    "scale": 1.0,
+    "steps_fafo": 275_000, "steps_faco": 625_000, "steps_cafo": 200_000, "steps_caco": 200_000, "steps_fafo_fast_qk": 100_000,
+    "seeds_multi": 5, "eval_examples": 6400, "seed": 1234,
+}
+
+_EPS_INIT = {
+    "FAFO": {"W_v": EpsIdentity(1e-6), "W_o": EpsIdentity(1e-6)},
+    "FACO": EpsIdentity(1e-6),
+    "CAFO": EpsIdentity(1e-6),
+    "CACO": "torch_default",
+}
+
+
+@register("qkov-parametrisations", defaults=PARAM_DEFAULTS,
+          description="SGD on the synthetic generator for FAFO, FACO, CAFO, CACO and FAFO with faster QK; DTAP heatmaps (Fig. 2)")
+def qkov_parametrisations(cfg: dict, quiet: bool) -> Report:
+    rep = Report("qkov-parametrisations", cfg)
+    runs = [  # name, parametrisation, init, rates, steps key, seq_len, multi-seed, ramp
+        ("FAFO r=1", "FAFO", _EPS_INIT["FAFO"], {"qk": 1e-2, "ov": 1e-2}, "steps_fafo", 64, False),
+        ("FACO r=1", "FACO", _EPS_INIT["FACO"], {"qk": 1e-2, "ov": 1e-2}, "steps_faco", 64, False),
+        ("CAFO r=1", "CAFO", _EPS_INIT["CAFO"], {"qk": 1e-2, "ov": 1e-2}, "steps_cafo", 64, True),
+        ("CACO r=5", "CACO", "torch_default", {"qk": 5e-2, "ov": 1e-2}, "steps_caco", 128, True),
+        ("FAFO r=20", "FAFO", "torch_default", {"qk": 0.2, "ov": 1e-2}, "steps_fafo_fast_qk", 64, True),
+    ]
+    edges = DTAP_EDGES["synthetic"]
+    summary_rows = {}
+    for name, par, init, rates, steps_key, seq_len, multi, in runs:
+        gen = CodeGenerator(seq_len)
+        steps = max(1, int(round(cfg[steps_key] * cfg["scale"])))
+        ev = gen.sample(jax.random.PRNGKey(7), 2000)
+        ev_big = gen.sample(jax.random.PRNGKey(8), cfg["eval_examples"])
+        seeds = np.arange(cfg["seed"], cfg["seed"] + (cfg["seeds_multi"] if multi else 1))
+        with Timer() as tm:
+            res = sweep(lambda seed: _train(par, init, rates, steps, gen, seed, ev), {"seed": seeds}, progress=False)
+            traj, models = res.values
+            per = jax.vmap(lambda m: _per_example(m, ev_big))(models)
+        rep.timings[f"{name}: {len(seeds)} seed(s) x {steps} steps"] = tm.seconds
+        H = dtap(per["a_rel"], per["p_true"], edges)
+        key = name.replace(" ", "_").replace("=", "")
+        bins = [f"[{a:g},{b:g}{']' if i == len(edges) - 2 else ')'}" for i, (a, b) in enumerate(zip(edges[:-1], edges[1:]))]
+        rep.figures[f"dtap_{key}"] = heatmap(
+            np.asarray(H).T, bins, bins,
+            xlabel="distinct-token attention mass A_rel", ylabel="true-class probability",
+            colorbar_label="% of examples", title=f"DTAP {name} ({steps} steps, {len(seeds)} seed(s))")
+        cs = jax.vmap(lambda m: comprehensiveness_sufficiency(m, ev_big[0][:2000]))(models)
+        row = {
+            "loss": float(jnp.mean(traj["loss"][:, -1])), "accuracy": float(jnp.mean(traj["accuracy"][:, -1])),
+            "mean A_rel": float(jnp.mean(per["a_rel"])), "separability": float(jnp.mean(traj["separability"][:, -1])),
+            "% A_rel in [0.8,1]": float(jnp.sum(H[-1])), "% A_rel in [0.6,0.8)": float(jnp.sum(H[-2])),
+            "% A_rel in [0.2,0.4)": float(jnp.sum(H[1])), "% A_rel in [0.4,0.6)": float(jnp.sum(H[2])),
+            "AC(0.6)": float(attention_concentration(per["a_rel"], 0.6)),
+            "ACMC(0.6, 0.8)": float(confident_concentration(per["a_rel"], per["p_true"], 0.6, 0.8)),
+            "comprehensiveness": float(jnp.mean(cs["comprehensiveness"])), "sufficiency": float(jnp.mean(cs["sufficiency"])),
+        }
+        summary_rows[name] = row
+        for k, v in row.items():
+            rep.summary[f"{name}: {k}"] = v
+        rep.trajectories[f"sgd_{key}"] = traj
+    rep.figures["a_rel_over_training"] = family(
+        {n: rep.trajectories[f"sgd_{n.replace(' ', '_').replace('=', '')}"].batch(0) for n in summary_rows},
+        ["loss", "a_rel", "accuracy", "separability"], log_time=True, log_y=("loss",), time_label="SGD step",
+        labels={"a_rel": "mean distinct-token attention A_rel"}, title="SGD on the synthetic generator (first seed)")
+    # The paper's claims (section 13): FACO concentrates where FAFO at equal rates does not,
+    # and faster QK pushes FAFO toward concentration.
+    top = {n: r["% A_rel in [0.8,1]"] + r["% A_rel in [0.6,0.8)"] for n, r in summary_rows.items()}
+    rep.summary["% A_rel >= 0.6: FAFO r=1 / FACO r=1 / FAFO r=20 / CACO r=5"] = [top["FAFO r=1"], top["FACO r=1"], top["FAFO r=20"], top["CACO r=5"]]
+    rep.check("FACO concentrates, FAFO at equal rates does not: shortfall of (FACO - FAFO) below 50 points of % with A_rel >= 0.6",
+              max(0.0, 50.0 - (top["FACO r=1"] - top["FAFO r=1"])), 0.0)
+    rep.check("faster QK sharpens FAFO: shortfall of (FAFO r=20 - FAFO r=1) below 20 points of % with A_rel >= 0.6",
+              max(0.0, 20.0 - (top["FAFO r=20"] - top["FAFO r=1"])), 0.0)
+    rep.notes.append(f"Step counts are the paper's protocol times scale = {cfg['scale']:g} (set scale=1 for the full protocol); "
+                     "FAFO r=1 runs a fixed number of steps instead of the authors' epoch-loss stopping rule.")
+    rep.notes.append("Paper (spec 14.3, full protocol): FAFO 64.1% in A_rel [0.2,0.4) and 35.7% in [0.4,0.6); FACO 94.6% in [0.8,1]; "
+                     "CACO r=5: 76.8% in [0.6,0.8), 20.8% in [0.8,1].")
+    return rep
+
+
+# =============================================================================== qkov-fixed-attention
+FIXED_DEFAULTS = {"alphas": [0.2, 0.4, 0.6, 0.8, 1.0], "steps": 125_000, "lr": 1e-2, "batch": 128, "seed": 1234,
+                  "eval_batches": 1000}
+_PAPER_FIXED = {"collapsed": [0.598, 0.158, 0.0645, 0.0346, 0.0216], "factorised": [0.00379, 0.00148, 0.00089, 0.00063, 0.00049]}
+
+
+def _fixed_attention_logits(W_ov, bias, tokens, rel, alpha):
+    """Attention fixed at ``alpha`` spread uniformly on distinct positions, ``1 - alpha`` on the rest."""
+    n_rel = jnp.maximum(jnp.sum(rel, -1, keepdims=True), 1)
+    n_oth = jnp.maximum(jnp.sum(~rel, -1, keepdims=True), 1)
+    a = jnp.where(rel, alpha / n_rel, (1 - alpha) / n_oth)
+    h = jnp.einsum("bl,blv->bv", a, jax.nn.one_hot(tokens, W_ov.shape[1], dtype=W_ov.dtype))
+    z = h @ W_ov.T
+    return z if bias is None else z + bias
+
+
+@register("qkov-fixed-attention", defaults=FIXED_DEFAULTS,
+          description="attention fixed at alpha, only OV trained: collapsed vs factorised OV (Fig. 3)")
+def qkov_fixed_attention(cfg: dict, quiet: bool) -> Report:
+    rep = Report("qkov-fixed-attention", cfg)
+    gen = CodeGenerator(64)
+    alphas = np.asarray(cfg["alphas"], dtype=float)
+    finals = {}
+    for kind in ("collapsed", "factorised"):
+        def run(alpha, kind=kind):
+            k1, k2 = jax.random.split(jax.random.PRNGKey(cfg["seed"]))
+            from .model import TorchDefault
+            if kind == "collapsed":
+                params = {"W_ov": TorchDefault()(k1, (50, 50)), "b": jax.random.uniform(k2, (50,), minval=-0.1414, maxval=0.1414)}
+                W = lambda p: (p["W_ov"], p["b"])  # noqa: E731
+            else:
+                params = {"W_o": TorchDefault()(k1, (50, 50)), "W_v": TorchDefault()(k2, (50, 50))}
+                W = lambda p: (p["W_o"] @ p["W_v"], None)  # noqa: E731
+            params = jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), params)
+
+            def loss_fn(p, batch):
+                Wov, b = W(p)
+                z = _fixed_attention_logits(Wov, b, batch[0][:, :], batch[2], alpha)
+                return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(z, -1), batch[1][:, None], 1))
+
+            ev = gen.sample(jax.random.PRNGKey(5), 2000)
+            traj, p = simulate(loss_fn, params, optax.sgd(cfg["lr"]), cfg["steps"], mode=OnlineSGD(gen.sample, cfg["batch"]),
+                               key=cfg["seed"], observe=lambda q: {"loss": loss_fn(q, ev)}, n_save=25, return_model=True)
+            # final loss on eval_batches fresh batches of `batch`
+            keys = jax.random.split(jax.random.PRNGKey(123), cfg["eval_batches"])
+            final = jnp.mean(jax.lax.map(lambda k: loss_fn(p, gen.sample(k, cfg["batch"])), keys))
+            return traj, final
+
+        with Timer() as tm:
+            res = sweep(run, {"alpha": alphas}, progress=False)
+        rep.timings[f"{kind} OV, {len(alphas)} alphas"] = tm.seconds
+        traj, final = res.values
+        finals[kind] = np.asarray(final)
+        rep.trajectories[f"fixed_{kind}"] = traj
+        rep.summary[f"{kind} OV final loss per alpha {list(map(float, alphas))}"] = [float(x) for x in final]
+        rep.summary[f"{kind} OV paper (alpha = 0.2..1.0)"] = _PAPER_FIXED[kind]
+    ratio = finals["collapsed"] / finals["factorised"]
+    rep.summary["collapsed / factorised final loss per alpha"] = [float(x) for x in ratio]
+    rep.check("factorised OV fits better than collapsed at every alpha (fraction of alphas where it does not)",
+              float(np.mean(ratio <= 1.0)), 0.0)
+    fig = Figure(figsize=(5.0, 3.6), layout="constrained")
+    ax = fig.subplots()
+    ax.semilogy(alphas, finals["collapsed"], "o-", label="collapsed OV (attnflow)")
+    ax.semilogy(alphas, finals["factorised"], "s-", label="factorised OV (attnflow)")
+    if len(alphas) == 5 and np.allclose(alphas, [0.2, 0.4, 0.6, 0.8, 1.0]):
+        ax.semilogy(alphas, _PAPER_FIXED["collapsed"], "o--", color="C0", alpha=0.5, mfc="none", label="collapsed OV (paper)")
+        ax.semilogy(alphas, _PAPER_FIXED["factorised"], "s--", color="C1", alpha=0.5, mfc="none", label="factorised OV (paper)")
+    ax.set_xlabel("fixed distinct-token attention alpha")
+    ax.set_ylabel("final cross-entropy")
+    ax.set_title("Only OV trained, attention fixed")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    rep.figures["fixed_attention_loss"] = fig
+    return rep
+
+
+# =============================================================================== qkov-ratio-sweep
+RATIO_DEFAULTS = {
+    "m": 5.0, "n": 50.0, "b": 50.0, "M": 20.0, "eta_ov": 1.0, "parametrisation": "CACO",
+    "common_correction": False, "n_common": 50.0,
+    "n_ratios": 101, "matched_losses": [0.1, 0.01, 0.001],
+    "sgd_ratios": 16, "sgd_seeds": 4, "sgd_ratio_min": 0.1, "sgd_ratio_max": 30.0, "sgd_eta_ov": 0.01,
+    "sgd_steps": 20_000, "sgd_matched_loss": 0.05,
+}
+
+
+def _at_matched_loss(loss_curve: np.ndarray, values: np.ndarray, target: float) -> float:
+    """``values`` interpolated (in log loss) at the first save where the loss reaches ``target``; NaN if never."""
+    below = np.flatnonzero(loss_curve <= target)
+    if below.size == 0:
+        return float("nan")
+    j = below[0]
+    if j == 0:
+        return float(values[0])
+    l0, l1 = np.log(loss_curve[j - 1]), np.log(loss_curve[j])
+    w = (np.log(target) - l0) / (l1 - l0) if l1 != l0 else 1.0
+    return float(values[j - 1] + w * (values[j] - values[j - 1]))
+
+
+@register("qkov-ratio-sweep", defaults=RATIO_DEFAULTS,
+          description="attention sharpness vs eta_QK/eta_OV: reduced ODE over 101 ratios and SGD (CACO, FAFO) over 16 ratios x 4 seeds, one compiled call each")
+def qkov_ratio_sweep(cfg: dict, quiet: bool) -> Report:
+    rep = Report("qkov-ratio-sweep", cfg)
+    ratios = np.geomspace(1e-2, 1e2, cfg["n_ratios"])
+    losses = np.asarray(cfg["matched_losses"], dtype=float)
+    with Timer() as tm:
+        red = sweep(lambda r, L: state_at_loss(L, _params(cfg, r)), {"r": ratios, "L": losses}, progress=not quiet)
+    rep.timings[f"reduced: fixed-loss state, {len(ratios)} ratios x {len(losses)} losses (one call)"] = tm.seconds
+    with Timer() as tm:
+        tend = sweep(lambda r: solve_reduced(_params(cfg, r), loss_target=float(losses.min()), n_save=2).ts[-1],
+                     {"r": ratios}, progress=not quiet)
+    rep.timings[f"reduced: adaptive solves to loss {losses.min():g}, {len(ratios)} ratios (one call)"] = tm.seconds
+    a = np.asarray(red.values["alpha"])
+    rep.check("reduced: alpha at matched loss strictly increasing in r (fraction of violations)", float(np.mean(np.diff(a, axis=0) <= 0)), 0.0)
+    for j, L in enumerate(losses):
+        rep.summary[f"reduced: alpha at loss {L:g}, r = 0.01 / 1 / 100"] = [float(a[0, j]), float(a[len(ratios) // 2, j]), float(a[-1, j])]
+    t_end = np.asarray(tend.values)
+    rep.summary[f"reduced: fastest ratio to loss {losses.min():g}"] = float(ratios[np.argmin(t_end)])
+
+    # SGD on the synthetic generator, 16 ratios x 4 seeds in one compiled call per parametrisation
+    sgd_r = np.geomspace(cfg["sgd_ratio_min"], cfg["sgd_ratio_max"], cfg["sgd_ratios"])
+    seeds = np.arange(cfg["sgd_seeds"])
+    gen = CodeGenerator(64)
+    ev = gen.sample(jax.random.PRNGKey(7), 1000)
+    sgd = {}
+    for par, init in (("CACO", "torch_default"), ("FAFO", "torch_default")):
+        eta = cfg["sgd_eta_ov"]
+        with Timer() as tm:
+            res = sweep(lambda r, seed: _train(par, init, {"qk": r * eta, "ov": eta}, cfg["sgd_steps"], gen, seed, ev, n_save=40)[0],
+                        {"r": sgd_r, "seed": seeds}, progress=not quiet)
+        rep.timings[f"SGD {par}: {len(sgd_r)} ratios x {len(seeds)} seeds x {cfg['sgd_steps']} steps (one call)"] = tm.seconds
+        tr = res.values
+        matched = np.array([[_at_matched_loss(np.asarray(tr["loss"][i, s]), np.asarray(tr["a_rel"][i, s]), cfg["sgd_matched_loss"])
+                             for s in range(len(seeds))] for i in range(len(sgd_r))])
+        sgd[par] = matched
+        rep.trajectories[f"sgd_{par}"] = tr
+        reached = np.isfinite(matched)
+        rep.summary[f"SGD {par}: runs reaching loss {cfg['sgd_matched_loss']:g}"] = f"{int(reached.sum())} / {reached.size}"
+        mean = np.nanmean(np.where(reached, matched, np.nan), axis=1)
+        rep.summary[f"SGD {par}: A_rel at matched loss, lowest / highest ratio"] = [float(mean[0]), float(mean[-1])]
+        ok = np.isfinite(mean)
+        if ok.sum() >= 3:
+            rho = np.corrcoef(np.log(sgd_r[ok]), mean[ok])[0, 1]
+            rep.summary[f"SGD {par}: correlation of A_rel at matched loss with log r"] = float(rho)
+            rep.check(f"SGD {par}: faster QK gives sharper attention at matched loss (1 - corr(log r, A_rel))", 1.0 - float(rho), 0.5)
+
+    fig = Figure(figsize=(10.5, 3.6), layout="constrained")
+    ax1, ax2, ax3 = fig.subplots(1, 3)
+    for j, L in enumerate(losses):
+        ax1.semilogx(ratios, a[:, j], "-", label=f"loss {L:g}")
+    ax1.set_xlabel("r = eta_QK / eta_OV")
+    ax1.set_ylabel("alpha at matched loss (reduced ODE)")
+    ax1.set_title(f"Reduced {cfg['parametrisation']}, {len(ratios)} ratios")
+    ax1.legend(fontsize=7)
+    ax2.loglog(ratios, t_end, "-")
+    ax2.set_xlabel("r = eta_QK / eta_OV")
+    ax2.set_ylabel(f"tau to reach loss {losses.min():g}")
+    ax2.set_title("Time to matched loss (reduced)")
+    for k, (par, m) in enumerate(sgd.items()):
+        mean = np.nanmean(m, axis=1)
+        std = np.nanstd(m, axis=1)
+        ax3.errorbar(sgd_r, mean, yerr=std, fmt="o-" if k == 0 else "s-", ms=4, capsize=2, label=f"SGD {par} (mean +- sd, {len(seeds)} seeds)")
+    ax3.set_xscale("log")
+    ax3.set_xlabel("r = eta_QK / eta_OV")
+    ax3.set_ylabel(f"A_rel at loss {cfg['sgd_matched_loss']:g}")
+    ax3.set_title("SGD on the synthetic generator")
+    ax3.legend(fontsize=7)
+    for ax in (ax1, ax2, ax3):
+        ax.grid(alpha=0.3, which="both")
+    rep.figures["sharpness_vs_ratio"] = fig
+    return rep

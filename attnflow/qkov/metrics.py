@@ -76,8 +76,14 @@ def separability(a: jax.Array, relevant: jax.Array) -> jax.Array:
     return jnp.mean(mx - mn)
 
 
+def _threshold(name: str, value: float) -> None:
+    if not V.any_traced(value) and not (0.0 <= float(value) <= 1.0):
+        raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")
+
+
 def attention_concentration(a_rel: Any, tau_a: float = 0.1, strict: bool = False) -> jax.Array:
     """AC: fraction of examples with ``A_rel >= tau_a`` (``>`` if strict) (10.6, default [open] form)."""
+    _threshold("tau_a", tau_a)
     a_rel = jnp.asarray(a_rel)
     return jnp.mean(a_rel > tau_a if strict else a_rel >= tau_a)
 
@@ -88,6 +94,8 @@ def confident_concentration(a_rel: Any, confidence: Any, tau_a: float = 0.1, tau
 
     ``confidence`` is what the option ``confidence`` selects: the true-class probability
     (default), the predicted-class probability, or correctness (0/1 with ``tau_p`` in (0, 1])."""
+    _threshold("tau_a", tau_a)
+    _threshold("tau_p", tau_p)
     a_rel, confidence = jnp.asarray(a_rel), jnp.asarray(confidence)
     if strict:
         return jnp.mean((a_rel > tau_a) & (confidence > tau_p))

@@ -266,20 +266,27 @@ def solve_reduced(
     if initial is None:
         initial = {"mu_ov": jnp.zeros((), dtype), "mu_qk": jnp.zeros((), dtype)}
     y0 = {k: jnp.asarray(v, dtype) for k, v in initial.items()}
-    scale = _tau_scale(params)
-
-    def field_tau(tau, y, p):
-        d = reduced_field(tau, y, p)
-        return {k: v / scale for k, v in d.items()}
-
     ts = save_times(0.0, horizon, n_save, "log", t_min=1e-2)
+    # module-level field, observe and event: repeated calls reuse one compilation
     return integrate(
-        field_tau, y0, horizon, args=params, ts=ts, rtol=rtol, atol=atol, max_steps=max_steps,
-        observe=lambda t, y, p: observables(y, p),
-        event=lambda t, y, p: loss(y, p) - loss_target,
-        progress=progress,
+        _field_tau, y0, horizon, args={"params": params, "target": jnp.asarray(loss_target, dtype)}, ts=ts,
+        rtol=rtol, atol=atol, max_steps=max_steps, observe=_observe_tau, event=_loss_event, progress=progress,
         meta={"clock": "tau = t * min(eta_ov, eta_qk)", "parametrisation": params.parametrisation},
     )
+
+
+def _field_tau(tau, y, args):
+    p = args["params"]
+    d = reduced_field(tau, y, p)
+    return {k: v / _tau_scale(p) for k, v in d.items()}
+
+
+def _observe_tau(tau, y, args):
+    return observables(y, args["params"])
+
+
+def _loss_event(tau, y, args):
+    return loss(y, args["params"]) - args["target"]
 
 
 def authors_rk4(
