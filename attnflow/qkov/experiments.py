@@ -332,7 +332,7 @@ def qkov_parametrisations(cfg: dict, quiet: bool) -> Report:
               max(0.0, 50.0 - (top["FACO r=1"] - top["FAFO r=1"])), 0.0)
     rep.check("faster QK sharpens FAFO: shortfall of (FAFO r=20 - FAFO r=1) below 20 points of % with A_rel >= 0.6",
               max(0.0, 20.0 - (top["FAFO r=20"] - top["FAFO r=1"])), 0.0)
-    rep.notes.append(f"Step counts are the paper's protocol times scale = {cfg['scale']:g} (set scale=1 for the full protocol); "
+    rep.notes.append(f"Step counts are the paper's protocol times scale = {cfg['scale']:g} (scale = 1 is the full protocol); "
                      "FAFO r=1 runs a fixed number of steps instead of the authors' epoch-loss stopping rule.")
     rep.notes.append("Paper (spec 14.3, full protocol): FAFO 64.1% in A_rel [0.2,0.4) and 35.7% in [0.4,0.6); FACO 94.6% in [0.8,1]; "
                      "CACO r=5: 76.8% in [0.6,0.8), 20.8% in [0.8,1].")

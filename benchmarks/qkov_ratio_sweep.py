@@ -1,0 +1,160 @@
+"""Reduced QK/OV ODE over 101 ratios in one compiled call vs the authors' NumPy RK4 and SciPy;
+and the vmapped SGD ratio sweep vs a sequential loop of jitted runs.
+
+Peers for the reduced ODE (m, n, b, M = 5, 50, 50, 20, eta_OV = 1, run to loss 1e-4):
+  (a) a NumPy fixed-step RK4 loop in the style of the authors' code (d tau = 10, exponentials
+      clipped at +-60, 1e-12 in denominators, mu clamped to [0, 1e6]); too slow to run for all
+      101 ratios on 2 cores, so it is timed on --rk4-ratios ratios and extrapolated by step count
+      (the step counts of all 101 ratios come from attnflow's compiled replica, which takes the
+      identical steps);
+  (b) a loop of scipy.integrate.solve_ivp (RK45 + terminal event), rtol=1e-10, atol=1e-12.
+Accuracy: the first-integral residual |Phi(mu_QK) - K Psi(mu_OV)| at the final state.
+Usage: python benchmarks/qkov_ratio_sweep.py [--sgd-steps 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+jax.config.update("jax_enable_x64", True)
+
+import attnflow as af  # noqa: E402
+from attnflow.qkov import QKOVParams, authors_rk4, first_integral, solve_reduced  # noqa: E402
+
+m, n, b, M = 5.0, 50.0, 50.0, 20.0
+TARGET = 1e-4
+
+
+def params(r):
+    return QKOVParams.create(m=m, n=n, b=b, M=M, eta_ov=1.0, ratio=r)
+
+
+def numpy_rk4(r, d_tau=10.0, horizon=5e7):
+    """The authors' integrator, step by step in NumPy."""
+    eta_ov, eta_qk = 1.0, r
+    scale = min(eta_ov, eta_qk)
+
+    def rates(y):
+        em = np.exp(np.clip(y[1], -60, 60))
+        a = m * em / (m * em + n + 1e-12)
+        E = np.exp(np.clip(a * y[0], -60, 60)) + M - 1 + 1e-12
+        return np.array([eta_ov * a / (b * E + 1e-12),
+                         eta_qk * (M - 1) * a * (1 - a) * y[0] / (M * b**2 * E + 1e-12)]) / scale
+
+    def loss(y):
+        em = np.exp(np.clip(y[1], -60, 60))
+        a = m * em / (m * em + n + 1e-12)
+        return np.log(1 + (M - 1) * np.exp(np.clip(-a * y[0], -60, 60)))
+
+    y = np.zeros(2)
+    k = 0
+    while loss(y) > TARGET and k * d_tau < horizon:
+        k1 = rates(y)
+        k2 = rates(y + 0.5 * d_tau * k1)
+        k3 = rates(y + 0.5 * d_tau * k2)
+        k4 = rates(y + d_tau * k3)
+        y = np.clip(y + d_tau / 6 * (k1 + 2 * k2 + 2 * k3 + k4), 0, 1e6)
+        k += 1
+    return y, k
+
+
+def scipy_one(r):
+    from scipy.integrate import solve_ivp
+
+    eta_ov, eta_qk = 1.0, r
+    scale = min(eta_ov, eta_qk)
+
+    def f(t, y):
+        a = 1 / (1 + n / (m * math.exp(y[1])))
+        invE = math.exp(-a * y[0]) / (1 + (M - 1) * math.exp(-a * y[0]))
+        return [eta_ov * a * invE / b / scale, eta_qk * (M - 1) * a * (1 - a) * y[0] * invE / (M * b**2) / scale]
+
+    def ev(t, y):
+        a = 1 / (1 + n / (m * math.exp(y[1])))
+        return math.log1p((M - 1) * math.exp(-a * y[0])) - TARGET
+
+    ev.terminal = True
+    sol = solve_ivp(f, (0, 5e7), [0.0, 0.0], method="RK45", rtol=1e-10, atol=1e-12, events=ev)
+    return sol.y[:, -1]
+
+
+def residual(y, r):
+    return abs(float(first_integral({"mu_ov": jnp.asarray(y[0]), "mu_qk": jnp.asarray(y[1])}, params(r))))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rk4-ratios", type=int, default=3)
+    ap.add_argument("--scipy-ratios", type=int, default=101)
+    ap.add_argument("--sgd-steps", type=int, default=2000)
+    args = ap.parse_args()
+    ratios = np.geomspace(1e-2, 1e2, 101)
+
+    fn = lambda r: solve_reduced(params(r), loss_target=TARGET, n_save=2).final()  # noqa: E731
+    t0 = time.perf_counter()
+    af.sweep(fn, {"r": ratios}, progress=False)
+    t_first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    res = af.sweep(fn, {"r": ratios}, progress=False)
+    t_sweep = time.perf_counter() - t0
+    res_sweep = max(residual((res.values["mu_ov"][i], res.values["mu_qk"][i]), r) for i, r in enumerate(ratios))
+
+    # step counts of the authors' scheme for all 101 ratios, from the compiled replica
+    rk = af.sweep(lambda r: authors_rk4(params(r), n_save=2).ts[-1], {"r": ratios}, progress=False)
+    steps_all = np.asarray(rk.values) / 10.0
+    sub = np.geomspace(1e-2, 1e2, args.rk4_ratios)
+    t0 = time.perf_counter()
+    outs = [numpy_rk4(r) for r in sub]
+    t_np_sub = time.perf_counter() - t0
+    steps_sub = sum(k for _, k in outs)
+    t_np_all = t_np_sub / steps_sub * steps_all.sum()
+    res_np = max(residual(y, r) for (y, _), r in zip(outs, sub))
+
+    sp_r = ratios[:: max(1, 101 // args.scipy_ratios)]
+    t0 = time.perf_counter()
+    ys = [scipy_one(r) for r in sp_r]
+    t_sp = (time.perf_counter() - t0) * len(ratios) / len(sp_r)
+    res_sp = max(residual(y, r) for y, r in zip(ys, sp_r))
+
+    print(f"Reduced CACO ODE, 101 ratios in [1e-2, 1e2], to loss {TARGET:g}; devices={jax.device_count()}")
+    print(f"{'method':52s} {'seconds':>10s} {'max FI residual':>16s}")
+    print(f"{'attnflow sweep (Tsit5 + event, one jit+vmap), warm':52s} {t_sweep:10.3f} {res_sweep:16.2e}")
+    print(f"{'  first call incl. compile':52s} {t_first:10.3f}")
+    print(f"{'NumPy RK4 loop, authors style (extrapolated)':52s} {t_np_all:10.1f} {res_np:16.2e}")
+    print(f"{'  measured on %d ratios, %d steps' % (len(sub), steps_sub):52s} {t_np_sub:10.1f}")
+    print(f"{'scipy solve_ivp loop (RK45, event)':52s} {t_sp:10.3f} {res_sp:16.2e}")
+    print(f"ratio vs NumPy RK4: {t_np_all / t_sweep:10.0f}x  (target >= 1000x)")
+    print(f"ratio vs SciPy:     {t_sp / t_sweep:10.1f}x  (target >= 100x)")
+
+    # SGD: 16 ratios x 4 seeds, one vmapped call vs a loop of jitted single runs
+    from attnflow.qkov.data import CodeGenerator
+    from attnflow.qkov.experiments import _train
+
+    gen = CodeGenerator(64)
+    ev = gen.sample(jax.random.PRNGKey(7), 500)
+    sgd_r = np.geomspace(0.1, 30, 16)
+    seeds = np.arange(4)
+    f = lambda r, seed: _train("CACO", "torch_default", {"qk": r * 0.01, "ov": 0.01}, args.sgd_steps, gen, seed, ev, n_save=10)[0]["loss"]  # noqa: E731
+    af.sweep(f, {"r": sgd_r, "seed": seeds}, progress=False)
+    t0 = time.perf_counter()
+    af.sweep(f, {"r": sgd_r, "seed": seeds}, progress=False)
+    t_v = time.perf_counter() - t0
+    single = jax.jit(f)
+    single(sgd_r[0], 0).block_until_ready()
+    t0 = time.perf_counter()
+    for r in sgd_r:
+        for s in seeds:
+            single(r, s).block_until_ready()
+    t_loop = time.perf_counter() - t0
+    print(f"SGD CACO, 16 ratios x 4 seeds x {args.sgd_steps} steps: vmapped {t_v:.2f} s, loop of jitted runs {t_loop:.2f} s, "
+          f"ratio {t_loop / t_v:.1f}x (target >= 3x)")
+
+
+if __name__ == "__main__":
+    main()
