@@ -131,6 +131,7 @@ class MarkovChain(eqx.Module):
 
         def step(x, uu):
             nxt = jnp.minimum(jax.vmap(lambda row, v: jnp.searchsorted(row, v, side="right"))(cdf[x], uu), self.d - 1)
+            nxt = nxt.astype(x.dtype)
             return nxt, nxt
 
         _, rest = jax.lax.scan(step, x0, u)
@@ -173,9 +174,11 @@ class MarkovChain(eqx.Module):
             np.add.at(uni, s, 1)
             if s.size > 1:
                 np.add.at(n, (s[:-1], s[1:]), 1)
-        P = (n + alpha) / (n.sum(axis=1, keepdims=True) + alpha * (K + 1))
         if alpha == 0 and np.any(n.sum(axis=1) == 0):
-            raise ValueError("a token never has a successor; use alpha > 0")
+            j = int(np.flatnonzero(n.sum(axis=1) == 0)[0])
+            name = (vocab + ["<other>"])[j]
+            raise ValueError(f"token {name!r} never has a successor, so its row of P is undefined; use alpha > 0")
+        P = (n + alpha) / (n.sum(axis=1, keepdims=True) + alpha * (K + 1))
         w, vl = np.linalg.eig(P.T)
         pi = np.real(vl[:, np.argmin(np.abs(w - 1))])
         pi = np.abs(pi) / np.abs(pi).sum()
