@@ -211,7 +211,9 @@ def _run(loss, params, static, optimizer, mode, key, observe, s_save, progress):
         batch = mode.batch(sub)
         value, grads = jax.value_and_grad(lambda q: loss(eqx.combine(q, static), batch))(p)
         updates, o_new = optimizer.update(grads, o, p)
-        p_new = eqx.apply_updates(p, updates)
+        # keep each parameter's dtype (a float64 learning rate must not promote float32 weights)
+        p_new = jax.tree_util.tree_map(lambda a, u: a if u is None else (a + u).astype(a.dtype), p, updates,
+                                       is_leaf=lambda x: x is None)
         finite = jnp.isfinite(value) & jnp.all(
             jnp.array([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(p_new)])
         )
