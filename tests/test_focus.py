@@ -187,3 +187,33 @@ def test_bad_input():
         MarkovChain.from_corpus("   ")
     with pytest.raises(ValueError, match="non-positive"):
         perturbed_pi(0.75, 4, 0.2)
+
+
+def test_stage_two_rate_from_critical_point(chain):
+    """Started on theta_c^1 with O(eps) attention weights, q+ = |a1^T (WQ + WK)|/sqrt2 grows at c (spec 5.2)."""
+    from attnflow.focus.metrics import redistribution
+
+    c1 = critical_point_c1(chain.pi, jnp.eye(4)[0])
+    th0 = init_theta(0, 4, m=4, mk=4)
+    theta = {"W0": c1["W0"], "W1": c1["W1"], "WQ": th0["WQ"], "WK": th0["WK"]}
+    ts = jnp.linspace(0, 60, 121)
+    tr = population_flow(theta, chain, 60.0, ts=ts, observe=lambda t, th, a: redistribution(th, chain.pi))
+    q = np.asarray(tr["q_plus"])
+    rate = growth_rate(tr.ts, q, 10 * q[0], 0.05)
+    assert rate == pytest.approx(float(attention_rate_lazy(chain.pi, 0.5, 1.0)), rel=0.01)
+    # the stable partner decays
+    assert float(tr["q_minus"][20]) < float(tr["q_minus"][0])
+
+
+def test_focus_cli_experiment_runs(tmp_path):
+    from attnflow.cli import main
+
+    rc = main(["run", "focus-rates", "--set", "lams=[0.5]", "--set", "taus=[1.0]", "--set", "m=4", "--set", "mk=4",
+               "--out", str(tmp_path), "--quiet"])
+    assert rc == 0
+    import json
+
+    summary = json.loads((tmp_path / "focus-rates" / "summary.json").read_text())
+    assert summary["passed"]
+    row = summary["summary"]["rows: lambda, tau, 2sigma predicted, 2sigma measured, c predicted (closed form), c measured from theta_c^1"][0]
+    assert abs(row[5] / row[4] - 1) < 0.01
