@@ -217,3 +217,29 @@ def test_focus_cli_experiment_runs(tmp_path):
     assert summary["passed"]
     row = summary["summary"]["rows: lambda, tau, 2sigma predicted, 2sigma measured, c predicted (closed form), c measured from theta_c^1"][0]
     assert abs(row[5] / row[4] - 1) < 0.01
+
+
+@pytest.mark.parametrize("delta", [0.0, 0.02])
+def test_degenerate_point_and_transverse_rate(delta):
+    """Spec 5.4: at delta = 0, G_M = G_Phi = 0 on the Stage IV plateau; at delta != 0, a full
+    jax.hessian reproduces mu_perp = s_max(G_M(theta_delta))."""
+    from jax.flatten_util import ravel_pytree
+
+    from attnflow.focus.theory import degenerate_point, gradient_blocks, rank_one_part, transverse_rate
+
+    ch = MarkovChain.lazy(perturbed_pi(0.75, 4, delta), 0.5)
+    tr = population_flow(init_theta(0, 4, 4, 4), ch, 600.0, ts=jnp.array([0.0, 600.0]), observe=lambda t, th, a: th)
+    y = degenerate_point(ch, warm_start=rank_one_part(jax.tree_util.tree_map(lambda x: x[-1], tr.ys)))
+    G_M, G_Phi = gradient_blocks(theta_from_reduced(y), ch, 1.0)
+    assert float(jnp.max(jnp.abs(G_Phi))) < 1e-12
+    mu = float(transverse_rate(G_M))
+    if delta == 0.0:
+        assert mu < 1e-12
+        return
+    assert mu > 1e-3
+    e = jnp.eye(2)[0]
+    full = {"W0": jnp.outer(y["gamma"], e), "W1": jnp.outer(e, y["beta"]), "WQ": y["lam_q"] * jnp.outer(e, e),
+            "WK": y["lam_k"] * jnp.outer(e, e)}
+    flat, unravel = ravel_pytree(full)
+    ev = np.linalg.eigvalsh(np.asarray(jax.hessian(lambda x: population_loss(unravel(x), ch))(flat)))
+    assert -ev[0] == pytest.approx(mu, rel=1e-8)

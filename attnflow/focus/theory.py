@@ -29,7 +29,8 @@ from .data import MarkovChain
 __all__ = [
     "init_theta", "composites", "attention", "population_loss", "population_grads", "flow_field", "population_flow",
     "reduced_field", "reduced_conserved", "conserved", "sigma", "attention_rate", "attention_rate_lazy",
-    "critical_point_c1", "centred_log_pi", "reduced_from_theta", "theta_from_reduced",
+    "critical_point_c1", "centred_log_pi", "reduced_from_theta", "theta_from_reduced", "transverse_rate",
+    "stage_predictions", "gradient_blocks", "reduced_loss", "rank_one_part", "degenerate_point",
 ]
 
 
@@ -198,3 +199,38 @@ def stage_predictions(chain: MarkovChain, tau: Any = 1.0, eps: float = 1e-3) -> 
     return {"log_d": float(np.log(chain.d)), "H_pi": float(chain.entropy()), "L_star": float(chain.bayes_floor()),
             "sigma": float(s), "c": float(c), "T_I": float(np.log(1 / eps) / s),
             "T_II": float(np.log(1 / eps) / c) if float(c) > 0 else float("inf")}
+
+
+def reduced_loss(y: dict, chain: Any, tau: Any = 1.0) -> jax.Array:
+    """Population loss of the rank-one (m = mk = 1) model."""
+    return population_loss(theta_from_reduced(y), chain, tau)
+
+
+def rank_one_part(theta: dict) -> dict:
+    """Project a full state on the rank-one manifold: ``a1 = v1(W0)``, ``gamma = W0 a1``,
+    ``beta = W1^T a1``, ``lambda_Q = a1^T WQ u``, ``lambda_K = a1^T WK u`` with ``u`` the top right
+    singular vector of ``WQ`` (sign chosen so that ``pi``-mass of gamma is positive is not needed here)."""
+    _, _, Vt = jnp.linalg.svd(theta["W0"], full_matrices=False)
+    a1 = Vt[0]
+    u = jnp.linalg.svd(theta["WQ"], full_matrices=False)[2][0]
+    return {"gamma": theta["W0"] @ a1, "beta": theta["W1"].T @ a1, "lam_q": a1 @ theta["WQ"] @ u,
+            "lam_k": a1 @ theta["WK"] @ u}
+
+
+def degenerate_point(chain: Any, tau: Any = 1.0, warm_start: dict | None = None, max_steps: int = 2000) -> dict:
+    """Critical point of the rank-one model (section 5.4): ``grad L_red = 0`` solved by
+    Levenberg-Marquardt on the gradient (a pseudo-inverse Newton method, robust to the
+    symmetry null directions), warm-started from ``warm_start`` (a reduced state, e.g. the
+    `rank_one_part` of a flowed state on the Stage IV plateau)."""
+    import optimistix as optx
+
+    if warm_start is None:
+        raise ValueError("degenerate_point needs a warm_start (e.g. rank_one_part of a state on the Stage IV plateau)")
+    y0 = jax.tree_util.tree_map(jnp.asarray, warm_start)
+    res = lambda y, a: jax.grad(reduced_loss)(y, chain, tau)  # noqa: E731
+    sol = optx.least_squares(res, optx.LevenbergMarquardt(rtol=1e-12, atol=1e-14), y0, max_steps=max_steps, throw=False)
+    g = res(sol.value, None)
+    size = max(float(jnp.max(jnp.abs(v))) for v in jax.tree_util.tree_leaves(g))
+    if not np.isfinite(size) or size > 1e-8:
+        raise RuntimeError(f"degenerate_point: Levenberg-Marquardt stopped with |grad L| = {size:.3g}; try another warm start")
+    return sol.value
