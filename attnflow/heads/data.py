@@ -1,0 +1,187 @@
+"""Priors and the single-location task (spec `heads.md` sections 1 and 8).
+
+A sample: location ``eps ~ Unif{1..L}``, amplitude ``theta ~ P_theta`` on ``R^F``,
+``x_l = xi_l + delta_{l eps} sum_f theta_f k*_f / sqrt(D)``, target ``y = x_eps``.
+Each prior samples ``theta`` and evaluates ``log Z(u) = log E_theta exp(theta.u - |theta|^2/2)``,
+the Bayes posterior partition function: ``P(eps = l | X) = softmax_l(log Z(chi*_l))``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _validate as V
+
+__all__ = ["Prior", "FlippedSpike", "AnisotropicGaussian", "Discrete", "PointMass", "SingleLocationTask", "bayes_risk"]
+
+
+class Prior(eqx.Module):
+    """A prior on the amplitudes ``theta`` in ``R^F``."""
+
+    @property
+    def F(self) -> int:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def sample(self, key: jax.Array, n: int) -> jax.Array:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def log_Z(self, u: jax.Array) -> jax.Array:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def sign_symmetric(self) -> bool:
+        return False
+
+
+class FlippedSpike(Prior):
+    """``F = 1``; ``theta = +s`` with probability ``p``, ``-s`` otherwise."""
+
+    s: jax.Array
+    p: jax.Array
+
+    def __init__(self, s: Any, p: Any = 0.5):
+        V.positive("s", s)
+        if not V.any_traced(p) and not 0.0 <= float(p) <= 1.0:
+            raise ValueError(f"p must be a probability in [0, 1], got {p!r}")
+        self.s, self.p = jnp.asarray(s, dtype=float), jnp.asarray(p, dtype=float)
+
+    @property
+    def F(self) -> int:
+        return 1
+
+    @property
+    def sign_symmetric(self) -> bool:
+        return bool(self.p == 0.5)
+
+    def sample(self, key, n):
+        sign = jnp.where(jax.random.uniform(key, (n, 1)) < self.p, 1.0, -1.0)
+        return sign * self.s
+
+    def log_Z(self, u):
+        u = u[..., 0]
+        return jnp.logaddexp(jnp.log(self.p) + self.s * u, jnp.log1p(-self.p) - self.s * u) - 0.5 * self.s**2
+
+
+class AnisotropicGaussian(Prior):
+    """``theta ~ N(mean, diag(variances))``, variances > 0 (canonical ``v_1 > v_2 > ...``)."""
+
+    mean: jax.Array
+    variances: jax.Array
+
+    def __init__(self, mean: Any, variances: Any):
+        mean, variances = np.asarray(mean, float), np.asarray(variances, float)
+        if mean.ndim != 1 or variances.shape != mean.shape:
+            raise ValueError(f"mean and variances must be 1-D of equal length, got {mean.shape} and {variances.shape}")
+        V.finite_tree("mean", mean)
+        V.positive("variances", variances)
+        self.mean, self.variances = jnp.asarray(mean), jnp.asarray(variances)
+
+    @property
+    def F(self) -> int:
+        return self.mean.shape[0]
+
+    @property
+    def sign_symmetric(self) -> bool:
+        return bool(jnp.all(self.mean == 0))
+
+    def sample(self, key, n):
+        return self.mean + jnp.sqrt(self.variances) * jax.random.normal(key, (n, self.F))
+
+    def log_Z(self, u):
+        v, mu = self.variances, self.mean
+        return jnp.sum(-0.5 * jnp.log1p(v) + (v * u**2 + 2 * mu * u - mu**2) / (2 * (1 + v)), axis=-1)
+
+
+class Discrete(Prior):
+    """``theta = points[j]`` with probability ``weights[j]`` (weights nonnegative, summing to 1)."""
+
+    points: jax.Array
+    weights: jax.Array
+
+    def __init__(self, points: Any, weights: Any = None):
+        points = np.atleast_2d(np.asarray(points, float))
+        J = points.shape[0]
+        weights = np.full(J, 1.0 / J) if weights is None else np.asarray(weights, float)
+        if weights.shape != (J,):
+            raise ValueError(f"weights must have shape ({J},), got {weights.shape}")
+        V.finite_tree("points", points)
+        bad = np.flatnonzero(~np.isfinite(weights) | (weights < 0))
+        if bad.size:
+            raise ValueError(f"weights must be nonnegative; weight {int(bad[0])} is {weights[bad[0]]!r}")
+        if abs(weights.sum() - 1.0) > 1e-12:
+            raise ValueError(f"weights must sum to 1, got {weights.sum()!r}")
+        self.points, self.weights = jnp.asarray(points), jnp.asarray(weights)
+
+    @property
+    def F(self) -> int:
+        return self.points.shape[1]
+
+    def sample(self, key, n):
+        j = jax.random.choice(key, self.points.shape[0], (n,), p=self.weights)
+        return self.points[j]
+
+    def log_Z(self, u):
+        logits = jnp.log(self.weights) + u @ self.points.T - 0.5 * jnp.sum(self.points**2, axis=1)
+        return jax.scipy.special.logsumexp(logits, axis=-1)
+
+
+def PointMass(mu: Any) -> Discrete:  # noqa: N802 - a constructor named as in the spec
+    """``theta = mu`` almost surely (a `Discrete` prior with one point)."""
+    return Discrete(np.atleast_2d(np.asarray(mu, float)), np.ones(1))
+
+
+class SingleLocationTask(eqx.Module):
+    """``L`` tokens in dimension ``D`` with ``F`` orthogonal spikes ``k*_f`` (``|k*_f|^2 = D``)."""
+
+    spikes: jax.Array
+    L: int = eqx.field(static=True)
+    prior: Prior
+
+    def __init__(self, D: int, L: int, prior: Prior, key: Any = 0):
+        D = V.positive_int("D", D, minimum=2)
+        self.L = V.positive_int("L", L, minimum=2)
+        if not isinstance(prior, Prior):
+            raise ValueError(f"prior must be a Prior, got {prior!r}")
+        if prior.F > D:
+            raise ValueError(f"need F <= D, got F = {prior.F}, D = {D}")
+        key = jax.random.PRNGKey(key) if isinstance(key, int) else key
+        q, _ = jnp.linalg.qr(jax.random.normal(key, (D, prior.F)))
+        self.spikes = jnp.sqrt(D) * q.T
+        self.prior = prior
+
+    @property
+    def D(self) -> int:
+        return self.spikes.shape[1]
+
+    def sample(self, key: jax.Array, batch_size: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """``(X (B, L, D), y (B, D), eps (B,))``."""
+        k1, k2, k3 = jax.random.split(key, 3)
+        eps = jax.random.randint(k1, (batch_size,), 0, self.L)
+        theta = self.prior.sample(k2, batch_size)
+        X = jax.random.normal(k3, (batch_size, self.L, self.D), dtype=self.spikes.dtype)
+        signal = (theta @ self.spikes) / jnp.sqrt(self.D)
+        X = X + jax.nn.one_hot(eps, self.L, dtype=X.dtype)[:, :, None] * signal[:, None, :]
+        y = jnp.take_along_axis(X, eps[:, None, None], axis=1)[:, 0]
+        return X, y, eps
+
+
+def bayes_posterior(prior: Prior, chi_star: jax.Array) -> jax.Array:
+    """Location posterior ``p_l = softmax_l(log Z(chi*_l))`` for projections ``chi* (..., L, F)``."""
+    return jax.nn.softmax(prior.log_Z(chi_star), axis=-1)
+
+
+def bayes_risk(prior: Prior, L: int, key: Any = 0, n: int = 200_000) -> tuple[jax.Array, jax.Array]:
+    """Monte Carlo Bayes risk ``E_Bayes = 1 - E[p_eps]`` (location 1 by exchangeability) and its standard error."""
+    V.positive_int("L", L, minimum=1)
+    key = jax.random.PRNGKey(key) if isinstance(key, int) else key
+    k1, k2 = jax.random.split(key)
+    theta = prior.sample(k1, n)
+    zeta = jax.random.normal(k2, (n, L, prior.F))
+    chi = zeta.at[:, 0].add(theta)
+    p1 = bayes_posterior(prior, chi)[:, 0]
+    return 1.0 - jnp.mean(p1), jnp.std(p1) / jnp.sqrt(n)
