@@ -106,19 +106,9 @@ def overlay(
                 ax.fill_between(t, ys[:, :, j].min(0), ys[:, :, j].max(0), color=c, alpha=0.18, lw=0)
                 ax.plot(t, ys[:, :, j].mean(0), "o", ms=3, mfc="none", color=c,
                         label=f"{simulation_label} (mean, min-max of {len(sim)})" if j == 0 else None)
-        if log_time:
-            ax.set_xscale("log")
-        if name in log_y:
-            ax.set_yscale("log")
-        ax.set_xlabel(time_label)
-        ax.set_ylabel(labels.get(name, name))
-        ax.grid(alpha=0.3)
+        _style_panel(ax, name, log_time, log_y, time_label, labels)
         ax.legend(fontsize=7)
-    for ax in axes[len(names):]:
-        ax.set_visible(False)
-    if title:
-        fig.suptitle(title)
-    return fig
+    return _finish(fig, axes, len(names), title)
 
 
 def family(
@@ -153,15 +143,23 @@ def family(
             if time_transform is not None:
                 t = time_transform(t)
             ax.plot(t, np.asarray(tr[name]), styles.get(lab, "-"), color=_COLORS[j % 10], lw=1.6, label=lab)
-        if log_time:
-            ax.set_xscale("log")
-        if name in log_y:
-            ax.set_yscale("log")
-        ax.set_xlabel(time_label)
-        ax.set_ylabel(labels.get(name, name))
-        ax.grid(alpha=0.3)
+        _style_panel(ax, name, log_time, log_y, time_label, labels)
     axes[0].legend(fontsize=7, title=legend_title, title_fontsize=7)
-    for ax in axes[len(names):]:
+    return _finish(fig, axes, len(names), title)
+
+
+def _style_panel(ax, name, log_time, log_y, time_label, labels) -> None:
+    if log_time:
+        ax.set_xscale("log")
+    if name in log_y:
+        ax.set_yscale("log")
+    ax.set_xlabel(time_label)
+    ax.set_ylabel(labels.get(name, name))
+    ax.grid(alpha=0.3)
+
+
+def _finish(fig: Figure, axes, n_used: int, title: str | None) -> Figure:
+    for ax in axes[n_used:]:
         ax.set_visible(False)
     if title:
         fig.suptitle(title)

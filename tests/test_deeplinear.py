@@ -108,4 +108,5 @@ def test_conserved_quantity_gd_drift_is_second_order():
                          observe=lambda mm: {"C": conserved(mm.W1, mm.W2)})
         drifts.append(float(jnp.max(jnp.abs(tr["C"] - tr["C"][0]))))
     # per-step drift O(eta^2), over 1/eta steps: O(eta) total
-    assert 1.6 < drifts[0] / drifts[1] < 2.4, drifts
+    ratio = drifts[0] / drifts[1]
+    assert 1.6 < ratio < 2.4, drifts
