@@ -15,7 +15,7 @@ from ..report import Report, Timer, register
 from ..simulate import OnlineSGD, simulate
 from ..sweep import sweep
 from .data import MarkovChain, perturbed_pi
-from .metrics import detect_plateaus, growth_rate, observables, token_entropy
+from .metrics import detect_plateaus, embedding_pca, growth_rate, observables, token_entropy
 from .theory import attention, attention_rate_lazy, population_loss
 from .model import OneLayerAttention, empirical_attention, next_token_loss
 from .theory import conserved, critical_point_c1, init_theta, population_flow, sigma, stage_predictions
@@ -93,7 +93,26 @@ def focus_cycle(cfg: dict, quiet: bool) -> Report:
                                          "cos_W0_pi", "cos_W1_ell", "cos_Phi_pipi")
     rep.figures["cycle"] = _cycle_figure(tr, pred, rates, cfg)
     rep.figures["attention_snapshots"] = _snapshots(tr, chain)
+    rep.figures["embedding_pca"] = _pca_figure(tr, chain)
     return rep
+
+
+def _pca_figure(tr, chain) -> Figure:
+    """Embedding rows of W0 over time on the first two principal axes (spec section 6)."""
+    ts = np.asarray(tr.ts)
+    pcs = embedding_pca(np.asarray(tr["W0"]))  # (T, d, 2)
+    fig = Figure(figsize=(5.4, 4.4), layout="constrained")
+    ax = fig.subplots()
+    for k in range(chain.d):
+        ax.plot(pcs[:, k, 0], pcs[:, k, 1], "-", color=f"C{k}", lw=1, alpha=0.7)
+        sc = ax.scatter(pcs[:, k, 0], pcs[:, k, 1], c=np.log10(ts + 1e-2), cmap="viridis", s=8)
+        ax.annotate(f"token {k} (pi={float(chain.pi[k]):.2f})", pcs[-1, k], fontsize=7)
+    fig.colorbar(sc, ax=ax, label="log10 t")
+    ax.set_xlabel("PC1 of embedding rows")
+    ax.set_ylabel("PC2 of embedding rows")
+    ax.set_title("Embedding rows of W0 over time", fontsize=10)
+    ax.grid(alpha=0.3)
+    return fig
 
 
 def _cycle_figure(tr, pred, rates, cfg) -> Figure:
