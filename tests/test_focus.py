@@ -243,3 +243,24 @@ def test_degenerate_point_and_transverse_rate(delta):
     flat, unravel = ravel_pytree(full)
     ev = np.linalg.eigvalsh(np.asarray(jax.hessian(lambda x: population_loss(unravel(x), ch))(flat)))
     assert -ev[0] == pytest.approx(mu, rel=1e-8)
+
+
+def test_jacobian_blocks_at_critical_point(chain):
+    """At theta_c^1 the Jacobian is block-diagonal; the attention block has eigenvalues +-c
+    (multiplicity mk) and the outer block is negative semidefinite (spec 5.2)."""
+    from attnflow.focus.theory import jacobian_blocks, refine_critical_point
+
+    m = mk = 3
+    c1 = critical_point_c1(chain.pi, jnp.eye(m)[0])
+    theta = {"W0": c1["W0"], "W1": c1["W1"], "WQ": jnp.zeros((m, mk)), "WK": jnp.zeros((m, mk))}
+    refined = refine_critical_point(theta, chain)
+    for k in theta:
+        np.testing.assert_allclose(refined[k], theta[k], atol=1e-10)  # the closed form is already critical
+    B = jacobian_blocks(theta, chain)
+    assert float(jnp.max(jnp.abs(B["coupling"]))) < 1e-12
+    att = np.sort(np.linalg.eigvals(np.asarray(B["attention"])).real)
+    c = float(attention_rate_lazy(chain.pi, 0.5, 1.0))
+    np.testing.assert_allclose(att[-mk:], c, rtol=1e-8)
+    np.testing.assert_allclose(att[:mk], -c, rtol=1e-8)
+    outer = np.linalg.eigvalsh(0.5 * np.asarray(B["outer"] + B["outer"].T))
+    assert outer.max() < 1e-10

@@ -30,7 +30,8 @@ __all__ = [
     "init_theta", "composites", "attention", "population_loss", "population_grads", "flow_field", "population_flow",
     "reduced_field", "reduced_conserved", "conserved", "sigma", "attention_rate", "attention_rate_lazy",
     "critical_point_c1", "centred_log_pi", "reduced_from_theta", "theta_from_reduced", "transverse_rate",
-    "stage_predictions", "gradient_blocks", "reduced_loss", "rank_one_part", "degenerate_point",
+    "stage_predictions", "gradient_blocks", "reduced_loss", "rank_one_part", "degenerate_point", "refine_critical_point",
+    "jacobian_blocks",
 ]
 
 
@@ -234,3 +235,24 @@ def degenerate_point(chain: Any, tau: Any = 1.0, warm_start: dict | None = None,
     if not np.isfinite(size) or size > 1e-8:
         raise RuntimeError(f"degenerate_point: Levenberg-Marquardt stopped with |grad L| = {size:.3g}; try another warm start")
     return sol.value
+
+
+def refine_critical_point(theta: dict, chain: Any, tau: Any = 1.0, max_steps: int = 200) -> dict:
+    """Refine an approximate critical point of the population flow by a Levenberg-Marquardt root
+    find on the gradient (core `attnflow.fixed_point`; robust to the rotation symmetries)."""
+    import optimistix as optx
+
+    from ..saddle import fixed_point
+
+    return fixed_point(flow_field, theta, {"chain": chain, "tau": tau},
+                       solver=optx.LevenbergMarquardt(rtol=1e-12, atol=1e-14), max_steps=max_steps)
+
+
+def jacobian_blocks(theta: dict, chain: Any, tau: Any = 1.0) -> dict:
+    """Jacobian of the flow at ``theta`` split into the outer ``(W0, W1)`` block, the attention
+    ``(WQ, WK)`` block and the coupling between them (section 5.2: block-diagonal at theta_c^1)."""
+    from ..saddle import jacobian
+
+    J = jacobian(flow_field, theta, {"chain": chain, "tau": tau})
+    n_outer = theta["W0"].size + theta["W1"].size
+    return {"outer": J[:n_outer, :n_outer], "attention": J[n_outer:, n_outer:], "coupling": J[:n_outer, n_outer:], "full": J}
