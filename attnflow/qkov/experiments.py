@@ -421,7 +421,7 @@ RATIO_DEFAULTS = {
     "common_correction": False, "n_common": 50.0,
     "n_ratios": 101, "matched_losses": [0.1, 0.01, 0.001],
     "sgd_ratios": 16, "sgd_seeds": 4, "sgd_ratio_min": 0.3, "sgd_ratio_max": 10.0,
-    "sgd_eta_ov_caco": 0.1, "sgd_eta_ov_fafo": 0.01, "sgd_steps": 15_000,
+    "sgd_eta_ov_caco": 0.1, "sgd_eta_ov_fafo": 0.01, "sgd_steps": 20_000,
     "sgd_matched_loss_caco": 0.3, "sgd_matched_loss_fafo": 0.05,
 }
 
