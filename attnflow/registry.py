@@ -13,6 +13,7 @@ EXPERIMENT_MODULES = (
     "attnflow.deeplinear.experiments",
     "attnflow.qkov.experiments",
     "attnflow.focus.experiments",
+    "attnflow.heads.experiments",
 )
 
 
