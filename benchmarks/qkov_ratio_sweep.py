@@ -93,13 +93,13 @@ def main():
     ap.add_argument("--rk4-ratios", type=int, default=3)
     ap.add_argument("--scipy-ratios", type=int, default=101)
     ap.add_argument("--sgd-steps", type=int, default=2000)
-    ap.add_argument("--rtol", type=float, default=1e-13, help="sweep tolerance (1e-13 matches the RK4 first-integral residual)")
-    ap.add_argument("--atol", type=float, default=1e-15)
+    ap.add_argument("--rtol", type=float, default=1e-14, help="sweep tolerance (1e-14: first-integral residual at or below the RK4 one)")
+    ap.add_argument("--atol", type=float, default=1e-16)
     args = ap.parse_args()
     ratios = np.geomspace(1e-2, 1e2, 101)
 
     fn = lambda r: solve_reduced(params(r), loss_target=TARGET, n_save=2, rtol=args.rtol, atol=args.atol,  # noqa: E731
-                                 max_steps=2_000_000).final()
+                                 max_steps=4_000_000).final()
     t0 = time.perf_counter()
     af.sweep(fn, {"r": ratios}, progress=False)
     t_first = time.perf_counter() - t0
