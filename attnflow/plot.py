@@ -74,10 +74,7 @@ def overlay(
     if not names:
         raise ValueError("overlay needs at least one observable name")
     labels = labels or {}
-    ncols = min(ncols, len(names))
-    nrows = int(np.ceil(len(names) / ncols))
-    fig = Figure(figsize=(figsize_per_panel[0] * ncols, figsize_per_panel[1] * nrows), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    fig, axes = _panels(len(names), ncols, figsize_per_panel)
     for ax, name in zip(axes, names):
         if theory is not None and name in theory:
             t = np.asarray(theory.ts)
@@ -133,10 +130,7 @@ def family(
     names = list(names)
     labels = labels or {}
     styles = styles or {}
-    ncols = min(ncols, len(names))
-    nrows = int(np.ceil(len(names) / ncols))
-    fig = Figure(figsize=(figsize_per_panel[0] * ncols, figsize_per_panel[1] * nrows), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    fig, axes = _panels(len(names), ncols, figsize_per_panel)
     for ax, name in zip(axes, names):
         for j, (lab, tr) in enumerate(trajectories.items()):
             t = np.asarray(tr.ts)
@@ -146,6 +140,13 @@ def family(
         _style_panel(ax, name, log_time, log_y, time_label, labels)
     axes[0].legend(fontsize=7, title=legend_title, title_fontsize=7)
     return _finish(fig, axes, len(names), title)
+
+
+def _panels(n: int, ncols: int, figsize_per_panel: tuple[float, float]):
+    ncols = min(ncols, n)
+    nrows = int(np.ceil(n / ncols))
+    fig = Figure(figsize=(figsize_per_panel[0] * ncols, figsize_per_panel[1] * nrows), layout="constrained")
+    return fig, fig.subplots(nrows, ncols, squeeze=False).ravel()
 
 
 def _style_panel(ax, name, log_time, log_y, time_label, labels) -> None:

@@ -12,7 +12,7 @@ from attnflow.qkov import (QKOVParams, alpha, asymptotics, authors_rk4, balanced
 from attnflow.qkov.data import CodeGenerator, TheoryTask
 from attnflow.qkov.metrics import (attention_concentration, comprehensiveness_sufficiency, confident_concentration, dtap,
                                    relevant_mass, separability)
-from attnflow.qkov.model import circuit_labels, cross_entropy, make_aligned, make_model
+from attnflow.qkov.model import circuit_labels, make_aligned, make_model
 from attnflow.qkov.observe import readouts
 
 PAPER = dict(m=5, n=50, b=50, M=20, eta_ov=1.0)

@@ -17,7 +17,7 @@ from ..sweep import sweep
 from .data import MarkovChain, perturbed_pi
 from .metrics import detect_plateaus, embedding_pca, growth_rate, observables, token_entropy
 from .theory import attention, attention_rate_lazy, population_loss
-from .model import OneLayerAttention, empirical_attention, next_token_loss
+from .model import OneLayerAttention, next_token_loss
 from .theory import conserved, critical_point_c1, init_theta, population_flow, sigma, stage_predictions
 
 CYCLE_DEFAULTS = {"pi": [0.75, 0.19, 0.05, 0.01], "lam": 0.5, "tau": 1.0, "m": 16, "mk": 16, "eps": 1e-3,

@@ -92,7 +92,7 @@ def gradient_blocks(theta: dict, chain: MarkovChain, tau: Any = 1.0) -> tuple[ja
 
 
 def flow_field(t: Any, theta: dict, args: dict) -> dict:
-    """Population gradient flow ``d theta/dt = -grad L`` (closed form, or autodiff if ``args["autodiff"]``)."""
+    """Population gradient flow ``d theta/dt = -grad L`` with the closed-form gradients (4.2)."""
     chain, tau = args["chain"], args["tau"]
     g = population_grads(theta, chain, tau)
     return jax.tree_util.tree_map(lambda x: -x, g)
@@ -210,7 +210,7 @@ def reduced_loss(y: dict, chain: Any, tau: Any = 1.0) -> jax.Array:
 def rank_one_part(theta: dict) -> dict:
     """Project a full state on the rank-one manifold: ``a1 = v1(W0)``, ``gamma = W0 a1``,
     ``beta = W1^T a1``, ``lambda_Q = a1^T WQ u``, ``lambda_K = a1^T WK u`` with ``u`` the top right
-    singular vector of ``WQ`` (sign chosen so that ``pi``-mass of gamma is positive is not needed here)."""
+    singular vector of ``WQ``."""
     _, _, Vt = jnp.linalg.svd(theta["W0"], full_matrices=False)
     a1 = Vt[0]
     u = jnp.linalg.svd(theta["WQ"], full_matrices=False)[2][0]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +20,7 @@ from .data import CodeGenerator, TheoryTask
 from .metrics import DTAP_EDGES, attention_concentration, comprehensiveness_sufficiency, confident_concentration, dtap, relevant_mass, separability
 from .model import EpsIdentity, circuit_labels, cross_entropy, make_aligned, make_model
 from .observe import readouts
-from .theory import (QKOVParams, authors_rk4, balance_diagnostic, factor_conserved, first_integral, invariant, loss,
+from .theory import (QKOVParams, authors_rk4, balance_diagnostic, factor_conserved, first_integral, loss,
                      reduced_field, solve_reduced, state_at_loss)
 
 _log1p10 = lambda t: np.log10(1.0 + t)  # noqa: E731  the authors' time axis, log10(1 + tau)
@@ -222,7 +221,6 @@ def qkov_flow(cfg: dict, quiet: bool) -> Report:
         rep.summary[f"CACO GD step {h:g}: max error / max |mu| vs reduced ODE"] = gd_err[-1]
     rep.check("CACO GD error halves with the step (|ratio - 2|)", abs(gd_err[0] / gd_err[1] - 2.0), 0.2)
     rep.trajectories["gd_CACO"] = gd
-    del p
     return rep
 
 
