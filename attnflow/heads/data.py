@@ -37,6 +37,10 @@ class Prior(eqx.Module):
     def sign_symmetric(self) -> bool:
         return False
 
+    def support(self) -> tuple[jax.Array, jax.Array] | None:
+        """``(points (J, F), weights (J,))`` for a prior with finite support, else ``None``."""
+        return None
+
 
 class FlippedSpike(Prior):
     """``F = 1``; ``theta = +s`` with probability ``p``, ``-s`` otherwise."""
@@ -57,6 +61,9 @@ class FlippedSpike(Prior):
     @property
     def sign_symmetric(self) -> bool:
         return bool(self.p == 0.5)
+
+    def support(self):
+        return jnp.stack([self.s, -self.s])[:, None], jnp.stack([self.p, 1.0 - self.p])
 
     def sample(self, key, n):
         sign = jnp.where(jax.random.uniform(key, (n, 1)) < self.p, 1.0, -1.0)
@@ -121,6 +128,18 @@ class Discrete(Prior):
     def F(self) -> int:
         return self.points.shape[1]
 
+    def support(self):
+        return self.points, self.weights
+
+    @property
+    def sign_symmetric(self) -> bool:
+        pts, w = np.asarray(self.points), np.asarray(self.weights)
+        for j in range(pts.shape[0]):  # each point's mirror image must carry the same weight
+            k = np.flatnonzero(np.all(np.isclose(pts, -pts[j]), axis=1))
+            if k.size == 0 or not np.isclose(w[k].sum(), w[j]):
+                return False
+        return True
+
     def sample(self, key, n):
         j = jax.random.choice(key, self.points.shape[0], (n,), p=self.weights)
         return self.points[j]
@@ -136,13 +155,16 @@ def PointMass(mu: Any) -> Discrete:  # noqa: N802 - a constructor named as in th
 
 
 class SingleLocationTask(eqx.Module):
-    """``L`` tokens in dimension ``D`` with ``F`` orthogonal spikes ``k*_f`` (``|k*_f|^2 = D``)."""
+    """``L`` tokens in dimension ``D`` with ``F`` orthogonal spikes ``k*_f`` (``|k*_f|^2 = D``, exact QR).
+
+    ``location=None`` draws the signal location uniformly per sample; an index fixes it."""
 
     spikes: jax.Array
     L: int = eqx.field(static=True)
     prior: Prior
+    location: int | None = eqx.field(static=True)
 
-    def __init__(self, D: int, L: int, prior: Prior, key: Any = 0):
+    def __init__(self, D: int, L: int, prior: Prior, key: Any = 0, location: int | None = None):
         D = V.positive_int("D", D, minimum=2)
         self.L = V.positive_int("L", L, minimum=2)
         if not isinstance(prior, Prior):
@@ -153,6 +175,9 @@ class SingleLocationTask(eqx.Module):
         q, _ = jnp.linalg.qr(jax.random.normal(key, (D, prior.F)))
         self.spikes = jnp.sqrt(D) * q.T
         self.prior = prior
+        if location is not None and not 0 <= int(location) < self.L:
+            raise ValueError(f"location must be None (random) or an index in [0, {self.L}), got {location!r}")
+        self.location = None if location is None else int(location)
 
     @property
     def D(self) -> int:
@@ -161,7 +186,10 @@ class SingleLocationTask(eqx.Module):
     def sample(self, key: jax.Array, batch_size: int) -> tuple[jax.Array, jax.Array, jax.Array]:
         """``(X (B, L, D), y (B, D), eps (B,))``."""
         k1, k2, k3 = jax.random.split(key, 3)
-        eps = jax.random.randint(k1, (batch_size,), 0, self.L)
+        if self.location is None:
+            eps = jax.random.randint(k1, (batch_size,), 0, self.L)
+        else:
+            eps = jnp.full((batch_size,), self.location)
         theta = self.prior.sample(k2, batch_size)
         X = jax.random.normal(k3, (batch_size, self.L, self.D), dtype=self.spikes.dtype)
         signal = (theta @ self.spikes) / jnp.sqrt(self.D)

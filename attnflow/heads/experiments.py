@@ -1,46 +1,81 @@
-"""Registered experiments of `attnflow.heads` (partial: ODE against SGD)."""
+"""Registered experiments of `attnflow.heads` (spec `heads.md` section 11)."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
+import optimistix as optx
 from matplotlib.figure import Figure
 
 from ..report import Report, Timer, register
-from ..simulate import OnlineSGD, simulate
-from .data import FlippedSpike, SingleLocationTask
-from .theory import FieldBank, MultiHead, Softmax, overlaps, sample_loss, solve_order_parameters
+from ..sweep import sweep
+from .data import AnisotropicGaussian, Discrete, FlippedSpike, SingleLocationTask, bayes_risk
+from .theory import (BayesSoftmax, FieldBank, HeadsDynamics, MultiHead, Softmax, Softmax1, feature_escape_times, from_finite_D,
+                     online_sgd, oracle_config, overlaps, prune, risk, softmax_floor, solve_order_parameters,
+                     specialisation_spectrum, unspecialised_point)
 
-ODE_SGD_DEFAULTS = {"Ds": [500, 1000, 2000, 4000], "L": 4, "H": 2, "s": 2.0, "p": 0.5, "eta": 0.5, "sigma0": 0.5,
+ACTIVATIONS = ("softmax", "softmax-1", "bayes-softmax")
+
+
+def make_activation(name: str, H: int, per_head: bool = False):
+    """Default activations of the experiments: softmax; softmax-1 with learned ``b, c`` from 0, 1
+    (global, or per head with ``per_head``); Bayes-softmax with learned per-head ``b_h`` from 0."""
+    if name == "softmax":
+        return Softmax()
+    if name == "softmax-1":
+        return Softmax1(per_head=H if per_head else None)
+    if name == "bayes-softmax":
+        return BayesSoftmax(jnp.zeros(H))
+    raise ValueError(f"activation must be one of {ACTIVATIONS}, got {name!r}")
+
+
+def _grid(axes):
+    for ax in np.ravel(axes):
+        ax.grid(alpha=0.3, which="both")
+
+
+def _first_crossing(ts, values, threshold):
+    hit = np.flatnonzero(np.asarray(values) >= threshold)
+    return float(np.asarray(ts)[hit[0]]) if hit.size else np.nan
+
+
+# =============================================================================== heads-ode-vs-sgd
+ODE_SGD_DEFAULTS = {"Ds": [500, 1000, 2000, 4000], "seeds": 4, "L": 4, "H": 2, "s": 2.0, "p": 0.5, "eta": 0.5, "sigma0": 0.5,
                     "t_end": 8.0, "bank": 4096, "seed": 0}
 
 
 @register("heads-ode-vs-sgd", defaults=ODE_SGD_DEFAULTS,
-          description="order-parameter ODE vs online SGD at several D (softmax heads, flipped-spike prior): the gap shrinks with D")
+          description="order-parameter ODE vs online SGD at several D and seeds (softmax heads, flipped spike): the gap shrinks with D")
 def heads_ode_vs_sgd(cfg: dict, quiet: bool) -> Report:
     rep = Report("heads-ode-vs-sgd", cfg)
     prior = FlippedSpike(cfg["s"], cfg["p"])
     bank = FieldBank(prior, cfg["L"], cfg["H"], n=cfg["bank"], key=cfg["seed"] + 7)
+    seeds = np.arange(cfg["seed"], cfg["seed"] + cfg["seeds"])
     gaps, runs = [], {}
     for D in cfg["Ds"]:
         task = SingleLocationTask(D, cfg["L"], prior, key=cfg["seed"] + 1)
-        model = MultiHead.init(cfg["seed"] + 2, cfg["H"], D, Softmax(), sigma0=cfg["sigma0"])
-        ov = overlaps(model.K, task.spikes)  # the ODE starts from the same finite-D draw
-        steps = int(round(cfg["t_end"] * D))
+
+        def one(seed, D=D, task=task):
+            model = MultiHead.init(jax.random.PRNGKey(seed + 100), cfg["H"], D, Softmax(), sigma0=cfg["sigma0"])
+            return online_sgd(task, model, cfg["eta"], cfg["t_end"], key=seed + 1000, n_save=17), overlaps(model.K, task.spikes)
+
         with Timer() as tm:
-            sim = simulate(sample_loss, model, optax.sgd(cfg["eta"]), steps, mode=OnlineSGD(task.sample, 1), key=cfg["seed"] + 3,
-                           clock=1.0 / D, observe=lambda m, task=task: overlaps(m.K, task.spikes), n_save=17, spacing="linear")
-        rep.timings[f"SGD D={D} ({steps} steps)"] = tm.seconds
+            sims, ov0 = sweep(one, {"seed": seeds}, progress=not quiet).values
+        rep.timings[f"SGD D={D} ({len(seeds)} seeds x {int(cfg['t_end'] * D)} steps, vmapped)"] = tm.seconds
+        per_seed, odes = [], []
         with Timer() as tm:
-            ode = solve_order_parameters(ov["M"], ov["Q"], Softmax(), bank, cfg["eta"], cfg["t_end"], ts=sim.ts)
-        rep.timings[f"ODE D={D}"] = tm.seconds
-        gap = max(float(jnp.max(jnp.abs(sim[k] - ode[k]))) for k in ("M", "Q"))
+            for i in range(len(seeds)):  # each seed's ODE starts from that seed's finite-D draw
+                ode = solve_order_parameters(ov0["M"][i], ov0["Q"][i], Softmax(), bank, cfg["eta"], cfg["t_end"], ts=sims.ts[i])
+                odes.append(ode)
+                per_seed.append(max(float(jnp.max(jnp.abs(sims[k][i] - ode[k]))) for k in ("M", "Q")))
+        rep.timings[f"ODE D={D} ({len(seeds)} solves)"] = tm.seconds
+        gap = float(np.mean(per_seed))
         gaps.append(gap)
-        runs[D] = (sim, ode)
-        rep.summary[f"D={D}: max |SGD - ODE| over M and Q"] = gap
-        rep.trajectories[f"sgd_D{D}"] = sim
-        rep.trajectories[f"ode_D{D}"] = ode
+        runs[D] = (sims, odes)
+        rep.summary[f"D={D}: max |SGD - ODE| over M and Q (mean over {len(seeds)} seeds; spread)"] = (
+            f"{gap:.4f} (min {min(per_seed):.4f}, max {max(per_seed):.4f})")
+        rep.trajectories[f"ode_D{D}_seed0"] = odes[0]
     Ds = np.asarray(cfg["Ds"], dtype=float)
     slope = float(np.polyfit(np.log(Ds), np.log(gaps), 1)[0])
     rep.summary["gap ~ D^p: fitted p (finite-size theory: -1/2)"] = slope
@@ -48,23 +83,386 @@ def heads_ode_vs_sgd(cfg: dict, quiet: bool) -> Report:
     fig = Figure(figsize=(10.5, 3.8), layout="constrained")
     a1, a2, a3 = fig.subplots(1, 3)
     for j, D in enumerate(cfg["Ds"]):
-        sim, ode = runs[D]
-        a1.plot(np.asarray(ode.ts), np.asarray(ode["M"][:, 0, 0]), "-", color=f"C{j}", label=f"ODE, D={D}")
-        a1.plot(np.asarray(sim.ts), np.asarray(sim["M"][:, 0, 0]), "o", mfc="none", ms=4, color=f"C{j}", label=f"SGD, D={D}")
-        a2.plot(np.asarray(ode.ts), np.asarray(ode["Q"][:, 0, 0]), "-", color=f"C{j}")
-        a2.plot(np.asarray(sim.ts), np.asarray(sim["Q"][:, 0, 0]), "o", mfc="none", ms=4, color=f"C{j}")
-    a1.set_xlabel("t = n / D")
-    a1.set_ylabel("m_11")
+        sims, odes = runs[D]
+        a1.plot(np.asarray(odes[0].ts), np.asarray(odes[0]["M"][:, 0, 0]), "-", color=f"C{j}", label=f"ODE, D={D}")
+        a1.plot(np.asarray(sims.ts[0]), np.asarray(sims["M"][0, :, 0, 0]), "o", mfc="none", ms=4, color=f"C{j}", label=f"SGD, D={D}")
+        a2.plot(np.asarray(odes[0].ts), np.asarray(odes[0]["Q"][:, 0, 1]), "-", color=f"C{j}")
+        a2.plot(np.asarray(sims.ts[0]), np.asarray(sims["Q"][0, :, 0, 1]), "o", mfc="none", ms=4, color=f"C{j}")
+    a1.set(xlabel="t = n / D", ylabel="m_11 (seed 0)")
     a1.legend(fontsize=6, ncol=2)
-    a2.set_xlabel("t = n / D")
-    a2.set_ylabel("q_11")
-    a3.loglog(Ds, gaps, "o-", label="max |SGD - ODE|")
+    a2.set(xlabel="t = n / D", ylabel="q_12 (seed 0)")
+    a3.loglog(Ds, gaps, "o-", label=f"max |SGD - ODE|, mean of {len(seeds)} seeds")
     a3.loglog(Ds, gaps[0] * np.sqrt(Ds[0] / Ds), "k--", lw=1, label="D^-1/2")
-    a3.set_xlabel("D")
-    a3.set_ylabel("gap")
+    a3.set(xlabel="D", ylabel="gap")
     a3.legend(fontsize=7)
-    for ax in (a1, a2, a3):
-        ax.grid(alpha=0.3, which="both")
+    _grid((a1, a2, a3))
     fig.suptitle(f"Order-parameter ODE (lines) vs online SGD (markers): softmax, H={cfg['H']}, L={cfg['L']}, flipped spike s={cfg['s']}")
     rep.figures["ode_vs_sgd"] = fig
+    return rep
+
+
+# =============================================================================== heads-specialisation-time
+SPEC_TIME_DEFAULTS = {"L": 4, "H": 2, "s": 3.0, "p": 0.5, "eta": 1.0, "sigma0": 0.45, "threshold": 0.5, "bank": 2048,
+                      "ode_Ds": [1e3, 1e4, 1e5, 1e6, 1e7], "ode_seeds": 4, "sgd_Ds": [500, 1000, 2000, 4000], "sgd_seeds": 4,
+                      "t_end": 40.0, "seed": 0}
+
+
+@register("heads-specialisation-time", defaults=SPEC_TIME_DEFAULTS,
+          description="specialisation time against ln D (seeded ODE and SGD) with the slope 1/(2 lambda) from the Jacobian")
+def heads_specialisation_time(cfg: dict, quiet: bool) -> Report:
+    rep = Report("heads-specialisation-time", cfg)
+    H, L, thr = cfg["H"], cfg["L"], cfg["threshold"]
+    prior = FlippedSpike(cfg["s"], cfg["p"])
+    bank = FieldBank(prior, L, H, n=cfg["bank"], key=cfg["seed"] + 7)
+    dyn = HeadsDynamics(Softmax(), bank, cfg["eta"])
+    with Timer() as tm:
+        y_star = unspecialised_point(dyn, dyn.state(jnp.zeros((H, 1)), cfg["sigma0"] ** 2 * jnp.eye(H)))
+        spec = specialisation_spectrum(dyn, y_star)
+    rep.timings["fixed point and antisymmetric Jacobian"] = tm.seconds
+    lam = float(spec.rate)
+    rep.summary["unspecialised fixed point: M = 0, q_hh, q_hh'"] = (float(y_star["Q"][0, 0]), float(y_star["Q"][0, 1]))
+    rep.summary["escape rate lambda (leading antisymmetric eigenvalue)"] = lam
+    rep.summary["predicted slope dt_spec / d ln D = 1 / (2 lambda)"] = 1 / (2 * lam)
+    # ODE: seeds are finite-D draws, so their antisymmetric part is O(D^-1/2)
+    ode_t, ode_ln = [], []
+    example = {}
+    with Timer() as tm:
+        for D in cfg["ode_Ds"]:
+            for k in range(cfg["ode_seeds"]):
+                M0, Q0 = from_finite_D(int(D), H, 1, cfg["sigma0"], key=cfg["seed"] + 31 * k + 1)
+                tr = solve_order_parameters(M0, Q0, Softmax(), bank, cfg["eta"], cfg["t_end"], escape=thr, n_save=200)
+                if tr.meta["escape_time"] is not None:
+                    ode_t.append(tr.meta["escape_time"])
+                    ode_ln.append(np.log(D))
+                if k == 0:
+                    example[D] = solve_order_parameters(M0, Q0, Softmax(), bank, cfg["eta"], cfg["t_end"], n_save=200)
+    rep.timings[f"ODE: {len(cfg['ode_Ds'])} D x {cfg['ode_seeds']} seeds"] = tm.seconds
+    ode_slope, ode_icpt = np.polyfit(ode_ln, ode_t, 1)
+    rep.summary["ODE: escaped runs / total"] = f"{len(ode_t)} / {len(cfg['ode_Ds']) * cfg['ode_seeds']}"
+    rep.summary["ODE: fitted slope of t_spec against ln D"] = float(ode_slope)
+    rep.check("ODE slope against 1/(2 lambda) (relative error)", abs(ode_slope * 2 * lam - 1), 0.15)
+    # SGD: the noise re-seeds the unstable mode; the slope is the same, the offset O(1)
+    sgd_t, sgd_ln, sgd_mean = [], [], {}
+    seeds = np.arange(cfg["seed"], cfg["seed"] + cfg["sgd_seeds"])
+    for D in cfg["sgd_Ds"]:
+        task = SingleLocationTask(D, L, prior, key=cfg["seed"] + 1)
+
+        def one(seed, D=D, task=task):
+            model = MultiHead.init(jax.random.PRNGKey(seed + 100), H, D, Softmax(), sigma0=cfg["sigma0"])
+            return online_sgd(task, model, cfg["eta"], cfg["t_end"], key=seed + 1000, n_save=241)
+
+        with Timer() as tm:
+            sims = sweep(one, {"seed": seeds}, progress=not quiet).values
+        rep.timings[f"SGD D={D}: {len(seeds)} seeds x {int(cfg['t_end'] * D)} steps (vmapped)"] = tm.seconds
+        ts_D = [_first_crossing(sims.ts[i], sims["specialisation"][i], thr) for i in range(len(seeds))]
+        ok = [t for t in ts_D if np.isfinite(t)]
+        sgd_t += ok
+        sgd_ln += [np.log(D)] * len(ok)
+        sgd_mean[D] = (float(np.mean(ok)) if ok else np.nan, float(np.std(ok)) if ok else np.nan, len(ok))
+        rep.summary[f"SGD D={D}: t_spec mean, std (escaped/seeds)"] = f"{sgd_mean[D][0]:.2f}, {sgd_mean[D][1]:.2f} ({len(ok)}/{len(seeds)})"
+    sgd_slope, sgd_icpt = np.polyfit(sgd_ln, sgd_t, 1)
+    rep.summary["SGD: fitted slope of t_spec against ln D"] = float(sgd_slope)
+    rep.check("SGD slope against 1/(2 lambda) (relative error; D spans one factor 8 only)", abs(sgd_slope * 2 * lam - 1), 0.5)
+
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    a1, a2 = fig.subplots(1, 2)
+    x = np.linspace(min(sgd_ln + ode_ln) - 0.3, max(sgd_ln + ode_ln) + 0.3, 50)
+    a1.plot(ode_ln, ode_t, "s", mfc="none", color="C0", label="ODE, finite-D seeds")
+    a1.plot(sgd_ln, sgd_t, "o", ms=4, alpha=0.6, color="C1", label="online SGD")
+    a1.plot(x, np.mean(ode_t) + (x - np.mean(ode_ln)) / (2 * lam), "k-", lw=1,
+            label=f"slope 1/(2 lambda) = {1 / (2 * lam):.2f}")
+    a1.plot(x, sgd_icpt + sgd_slope * x, "C1--", lw=1, label=f"SGD fit, slope {sgd_slope:.2f}")
+    a1.set(xlabel="ln D", ylabel=f"specialisation time t_spec (|(I - 11^T/H) M| = {thr})")
+    a1.legend(fontsize=7)
+    for j, (D, tr) in enumerate(example.items()):
+        a2.semilogy(np.asarray(tr.ts), np.asarray(tr["specialisation"]), color=f"C{j}", label=f"ODE, D = {D:.0e}")
+    a2.axhline(thr, color="k", lw=0.8, ls=":")
+    a2.set(xlabel="t = n / D", ylabel="|(I - 11^T/H) M|_F")
+    a2.legend(fontsize=7)
+    _grid((a1, a2))
+    fig.suptitle(f"Specialisation at n = Theta(D ln D): softmax, H={H}, L={L}, flipped spike s={cfg['s']}, eta={cfg['eta']}")
+    rep.figures["specialisation_time"] = fig
+    return rep
+
+
+# =============================================================================== heads-staged
+STAGED_DEFAULTS = {"L": 4, "H": 4, "variances": [9.0, 4.0], "eta": 1.0, "sigma0": 0.4, "t_end": 300.0, "bank": 1024,
+                   "D_init": 2000, "sgd_D": 1000, "threshold": 0.5, "seed": 1}
+
+
+@register("heads-staged", defaults=STAGED_DEFAULTS,
+          description="anisotropic Gaussian prior: heads specialise feature by feature, in order of decreasing variance")
+def heads_staged(cfg: dict, quiet: bool) -> Report:
+    rep = Report("heads-staged", cfg)
+    H, L, F = cfg["H"], cfg["L"], len(cfg["variances"])
+    prior = AnisotropicGaussian(np.zeros(F), cfg["variances"])
+    bank = FieldBank(prior, L, H, n=cfg["bank"], key=cfg["seed"] + 7)
+    dyn = HeadsDynamics(Softmax(), bank, cfg["eta"])
+    with Timer() as tm:
+        y0 = unspecialised_point(dyn, dyn.state(jnp.zeros((H, F)), cfg["sigma0"] ** 2 * jnp.eye(H)))
+        spec = specialisation_spectrum(dyn, y0)
+    rep.timings["linearisation at M = 0"] = tm.seconds
+    # per feature: the leading antisymmetric eigenvalue whose eigenvector lives on that feature's column of M
+    rates = np.full(F, -np.inf)
+    for val, vec in zip(np.real(np.asarray(spec.values)), spec.vectors):
+        col = np.sum(np.asarray(vec["M"]) ** 2, axis=0)
+        f = int(np.argmax(col))
+        if col[f] > 0.5 * np.sum(col) and val > rates[f]:
+            rates[f] = val
+    for f in range(F):
+        rep.summary[f"feature {f + 1} (Var = {cfg['variances'][f]}): linear escape rate at M = 0"] = float(rates[f])
+    M0, Q0 = from_finite_D(cfg["D_init"], H, F, cfg["sigma0"], key=cfg["seed"])
+    with Timer() as tm:
+        ode = solve_order_parameters(M0, Q0, Softmax(), bank, cfg["eta"], cfg["t_end"], n_save=301)
+    rep.timings["ODE"] = tm.seconds
+    t_ode = feature_escape_times(ode, cfg["threshold"])
+    task = SingleLocationTask(cfg["sgd_D"], L, prior, key=cfg["seed"] + 1)
+    model = MultiHead.init(cfg["seed"] + 2, H, cfg["sgd_D"], Softmax(), sigma0=cfg["sigma0"])
+    with Timer() as tm:
+        sgd = online_sgd(task, model, cfg["eta"], cfg["t_end"], key=cfg["seed"] + 3, n_save=151, progress=not quiet)
+    rep.timings[f"SGD D={cfg['sgd_D']} ({int(cfg['t_end'] * cfg['sgd_D'])} steps)"] = tm.seconds
+    t_sgd = feature_escape_times(sgd, cfg["threshold"])
+    for f in range(F):
+        rep.summary[f"feature {f + 1}: specialisation time, ODE (D_init={cfg['D_init']}) / SGD (D={cfg['sgd_D']})"] = (
+            float(t_ode[f]), float(t_sgd[f]))
+    order = np.argsort(-np.asarray(cfg["variances"]))
+    rep.check("ODE learns features in order of decreasing variance (number of inversions)",
+              float(np.sum(np.diff(t_ode[order]) <= 0)), 0.0)
+    rep.check("SGD learns features in order of decreasing variance (number of inversions)",
+              float(np.sum(np.diff(t_sgd[order]) <= 0)), 0.0)
+    rep.check("linear escape rates ordered by variance (number of inversions)", float(np.sum(np.diff(rates[order]) >= 0)), 0.0)
+    rep.trajectories["ode"] = ode
+    rep.trajectories["sgd"] = sgd
+    fig = Figure(figsize=(11, 3.8), layout="constrained")
+    axes = fig.subplots(1, F + 1)
+    for f in range(F):
+        for h in range(H):
+            axes[f].plot(np.asarray(ode.ts), np.asarray(ode["M"][:, h, f]), color=f"C{h}", label=f"head {h + 1}, ODE")
+            axes[f].plot(np.asarray(sgd.ts), np.asarray(sgd["M"][:, h, f]), ".", ms=2.5, color=f"C{h}", alpha=0.6)
+        axes[f].axvline(t_ode[f], color="k", lw=0.8, ls=":")
+        axes[f].set(xlabel="t = n / D", ylabel=f"m_h{f + 1}", title=f"feature {f + 1}, Var theta = {cfg['variances'][f]}")
+    axes[0].legend(fontsize=6)
+    axes[F].plot(np.asarray(ode.ts), np.asarray(ode["error"]), "k-", label="ODE")
+    axes[F].set(xlabel="t = n / D", ylabel="generalisation error E", title="error")
+    _grid(axes)
+    fig.suptitle(f"Staged specialisation: H={H}, zero-mean Gaussian prior, variances {cfg['variances']}; lines ODE, dots SGD (D={cfg['sgd_D']})")
+    rep.figures["staged"] = fig
+    return rep
+
+
+# =============================================================================== heads-excursion
+EXCURSION_DEFAULTS = {"L": 4, "s": 2.0, "eta": 1.0, "m_init": [0.4, 0.3, 0.2, -0.3], "noise_var": 0.16, "t_end": 400.0,
+                      "bank": 1024, "sgd_D": 1000, "seed": 0}
+
+
+@register("heads-excursion", defaults=EXCURSION_DEFAULTS,
+          description="a 3:1 split of four softmax heads rebalances to 2:2 through an excursion of one majority head")
+def heads_excursion(cfg: dict, quiet: bool) -> Report:
+    rep = Report("heads-excursion", cfg)
+    L = cfg["L"]
+    m0 = np.asarray(cfg["m_init"], float)[:, None]
+    H = m0.shape[0]
+    prior = FlippedSpike(cfg["s"], 0.5)
+    bank = FieldBank(prior, L, H, n=cfg["bank"], key=cfg["seed"] + 7)
+    M0 = jnp.asarray(m0)
+    Q0 = M0 @ M0.T + cfg["noise_var"] * jnp.eye(H)
+    with Timer() as tm:
+        ode = solve_order_parameters(M0, Q0, Softmax(), bank, cfg["eta"], cfg["t_end"], n_save=200, spacing="log", t_min=0.5)
+    rep.timings["ODE"] = tm.seconds
+    # the same initial overlaps at finite D: keys = m0 along the spike plus an orthogonal part of norm^2 noise_var
+    D = cfg["sgd_D"]
+    task = SingleLocationTask(D, L, prior, key=cfg["seed"] + 1)
+    u = task.spikes[0] / np.sqrt(D)
+    Z = jax.random.normal(jax.random.PRNGKey(cfg["seed"] + 2), (H, D))
+    Z = Z - (Z @ u)[:, None] * u[None]
+    Zq, _ = jnp.linalg.qr(Z.T)  # orthonormal, orthogonal to the spike
+    K = jnp.sqrt(D) * (M0 * u[None] + np.sqrt(cfg["noise_var"]) * Zq.T)
+    with Timer() as tm:
+        sgd = online_sgd(task, MultiHead(K, Softmax()), cfg["eta"], cfg["t_end"], key=cfg["seed"] + 3, n_save=200,
+                         spacing="log", progress=not quiet)
+    rep.timings[f"SGD D={D} ({int(cfg['t_end'] * D)} steps)"] = tm.seconds
+    rep.trajectories["ode"] = ode
+    rep.trajectories["sgd"] = sgd
+    out = {}
+    for name, tr in (("ODE", ode), ("SGD", sgd)):
+        m = np.asarray(tr["M"][:, :, 0])
+        n_plus = np.sum(m > 0, axis=1)
+        crossed = [h for h in range(H) if m[0, h] > 0 and m[-1, h] < 0]
+        split0 = np.abs(np.mean(m[0]))
+        peak = float(np.max(np.abs(np.mean(m, axis=1))))
+        t_cross = float(np.asarray(tr.ts)[np.flatnonzero(n_plus == H // 2)[0]]) if np.any(n_plus == H // 2) else np.nan
+        out[name] = (crossed, t_cross)
+        rep.summary[f"{name}: heads with m > 0 at start / end"] = f"{int(n_plus[0])} / {int(n_plus[-1])}"
+        rep.summary[f"{name}: majority head(s) that crossed; time of crossing"] = f"{crossed}; t = {t_cross:.1f}"
+        rep.summary[f"{name}: imbalance |mean_h m_h|: start, peak, end"] = (float(split0), peak, float(np.abs(np.mean(m[-1]))))
+        rep.summary[f"{name}: error at start / end"] = (float(tr["error"][0]), float(tr["error"][-1])) if "error" in tr.ys else "-"
+        rep.check(f"{name}: ends at the even split (|#plus - H/2|)", float(abs(n_plus[-1] - H // 2)), 0.0)
+        rep.check(f"{name}: the imbalance grows before rebalancing (start - peak, must be < 0)", float(split0 - peak), 0.0)
+    rep.summary["softmax floor, even split (s -> inf)"] = softmax_floor(L)
+    rep.summary["softmax floor, 3:1 split (s -> inf)"] = softmax_floor(L, 0.5, n_plus=3, H=4) if H == 4 else "-"
+    fig = Figure(figsize=(10.5, 3.8), layout="constrained")
+    a1, a2 = fig.subplots(1, 2)
+    for h in range(H):
+        a1.semilogx(np.asarray(ode.ts), np.asarray(ode["M"][:, h, 0]), color=f"C{h}", label=f"head {h + 1}, ODE")
+        a1.semilogx(np.asarray(sgd.ts), np.asarray(sgd["M"][:, h, 0]), ".", ms=2.5, color=f"C{h}", alpha=0.6)
+    a1.axhline(0, color="k", lw=0.6)
+    a1.set(xlabel="t = n / D", ylabel="m_h (overlap with the spike)")
+    a1.legend(fontsize=7)
+    a2.semilogx(np.asarray(ode.ts), np.abs(np.mean(np.asarray(ode["M"][:, :, 0]), axis=1)), "k-", label="imbalance |mean_h m_h|, ODE")
+    a2.semilogx(np.asarray(sgd.ts), np.abs(np.mean(np.asarray(sgd["M"][:, :, 0]), axis=1)), "k.", ms=2.5, label="SGD")
+    a2b = a2.twinx()
+    a2b.semilogx(np.asarray(ode.ts), np.asarray(ode["error"]), "C3-", lw=1)
+    a2b.set_ylabel("generalisation error E (ODE)", color="C3")
+    a2.set(xlabel="t = n / D", ylabel="|mean_h m_h|")
+    a2.legend(fontsize=7, loc="upper left")
+    _grid((a1, a2))
+    fig.suptitle(f"Excursion: 3:1 split rebalancing, softmax H={H}, flipped spike s={cfg['s']}; lines ODE, dots SGD (D={D})")
+    rep.figures["excursion"] = fig
+    return rep
+
+
+# =============================================================================== heads-activations
+ACT_DEFAULTS = {"L": 4, "H": 2, "signals": [0.5, 1.0, 2.0, 3.0, 4.0, 6.0], "p": 0.5, "eta": 1.0, "sigma0": 0.3, "t_end": 200.0,
+                "bank": 1024, "D_init": 1000, "bayes_samples": 200_000, "seed": 0}
+
+
+def _oracle_errors(prior, L, H, bank):
+    """Best errors at structured ("oracle") configurations: heads at the support points, one free scale
+    (softmax), scale and (b, c) (softmax-1), and the exact Bayes-softmax oracle."""
+    Th, _ = prior.support()
+    M1 = jnp.concatenate([Th] * (H // Th.shape[0]))
+
+    def err_softmax(z):
+        M = jnp.exp(z[0]) * M1
+        return 2 * risk(M, M @ M.T, Softmax(), bank)
+
+    def err_softmax1(z):
+        M = jnp.exp(z[0]) * M1
+        return 2 * risk(M, M @ M.T, Softmax1(z[1], jnp.exp(z[2])), bank)
+
+    out = {}
+    for name, fn, z0 in (("softmax", err_softmax, jnp.zeros(1)), ("softmax-1", err_softmax1, jnp.array([0.0, 0.0, 0.0]))):
+        best = None
+        for start in (-1.0, 0.0, 1.0):  # a few starts of the log-scale: the objective is not convex
+            sol = optx.minimise(lambda z, _: fn(z), optx.BFGS(rtol=1e-7, atol=1e-9), z0.at[0].set(start), throw=False, max_steps=300)
+            val = float(fn(sol.value))
+            best = val if best is None else min(best, val)
+        out[name] = best
+    M, Q, b = oracle_config(prior)
+    Mr = jnp.concatenate([M] * (H // M.shape[0]))
+    br = jnp.concatenate([b - jnp.log(H // M.shape[0])] * (H // M.shape[0]))  # duplicated heads share their weight
+    # the oracle error is a rare-event probability at large s: evaluate it on a 32x larger bank
+    big = FieldBank(prior, bank.zeta.shape[1], H, n=2**15, key=11, permutations="none")
+    out["bayes-softmax"] = float(2 * risk(Mr, Mr @ Mr.T, BayesSoftmax(br), big))
+    return out
+
+
+@register("heads-activations", defaults=ACT_DEFAULTS, headline=True,
+          description="error against signal strength: softmax, softmax-1, Bayes-softmax, trained and at oracle configurations, vs Bayes")
+def heads_activations(cfg: dict, quiet: bool) -> Report:
+    rep = Report("heads-activations", cfg)
+    H, L = cfg["H"], cfg["L"]
+    rows = {k: [] for k in ("bayes", "bayes_se") + tuple(f"trained {a}" for a in ACTIVATIONS) + tuple(f"oracle {a}" for a in ACTIVATIONS)}
+    M0, Q0 = from_finite_D(cfg["D_init"], H, 1, cfg["sigma0"], key=cfg["seed"])
+    finals = {}
+    for s in cfg["signals"]:
+        prior = FlippedSpike(s, cfg["p"])
+        bank = FieldBank(prior, L, H, n=cfg["bank"], key=cfg["seed"] + 7)
+        e, se = bayes_risk(prior, L, key=cfg["seed"] + 3, n=cfg["bayes_samples"])
+        rows["bayes"].append(float(e))
+        rows["bayes_se"].append(float(se))
+        with Timer() as tm:
+            for a in ACTIVATIONS:
+                tr = solve_order_parameters(M0, Q0, make_activation(a, H), bank, cfg["eta"], cfg["t_end"], n_save=50, spacing="log",
+                                            t_min=0.1)
+                rows[f"trained {a}"].append(float(tr["error"][-1]))
+                finals[(s, a)] = tr
+            orc = _oracle_errors(prior, L, H, bank)
+        rep.timings[f"s={s}: three trained ODEs and oracles"] = tm.seconds
+        for a in ACTIVATIONS:
+            rows[f"oracle {a}"].append(orc[a])
+    S = np.asarray(cfg["signals"], dtype=float)
+    for k, v in rows.items():
+        if k != "bayes_se":
+            rep.summary[f"E at s = {[float(x) for x in S]}: {k}"] = [float(f"{x:.4g}") for x in v]
+    rep.summary["softmax floor L/(4(L-1)) (s -> inf, p = 1/2)"] = softmax_floor(L)
+    big = int(np.argmax(S))
+    rep.check("B-softmax at the oracle equals the Bayes risk (max |diff| - 4 standard errors over s; must be <= 0)",
+              max(abs(o - b) - 4 * (se + 0.5 / np.sqrt(cfg["bank"])) for o, b, se in
+                  zip(rows["oracle bayes-softmax"], rows["bayes"], rows["bayes_se"])), 0.0)
+    rep.summary["oracle B-softmax vs Bayes risk: max |diff| over s"] = max(
+        abs(o - b) for o, b in zip(rows["oracle bayes-softmax"], rows["bayes"]))
+    rep.check("softmax (best scale) stays above the floor at the largest s (floor - E, must be <= 0)",
+              softmax_floor(L) - rows["oracle softmax"][big], 0.0)
+    rep.check("trained softmax-1 beats trained softmax at the largest s (E_sm1 - E_sm, must be <= 0)",
+              rows["trained softmax-1"][big] - rows["trained softmax"][big], 0.0)
+    rep.check("trained B-softmax within 0.02 of the Bayes risk at the largest s",
+              abs(rows["trained bayes-softmax"][big] - rows["bayes"][big]), 0.02)
+    fig = Figure(figsize=(11, 4), layout="constrained")
+    a1, a2 = fig.subplots(1, 2)
+    a1.plot(S, rows["bayes"], "k-", lw=2, label="Bayes risk")
+    a1.axhline(softmax_floor(L), color="k", ls=":", lw=1, label="softmax floor L/(4(L-1))")
+    for j, a in enumerate(ACTIVATIONS):
+        a1.plot(S, rows[f"trained {a}"], "o-", color=f"C{j}", label=f"{a}, trained (ODE)")
+        a1.plot(S, rows[f"oracle {a}"], "x--", color=f"C{j}", label=f"{a}, oracle configuration")
+    a1.set(xlabel="signal strength s", ylabel="generalisation error E", yscale="log")
+    a1.legend(fontsize=7)
+    for j, a in enumerate(ACTIVATIONS):
+        tr = finals[(S[big], a)]
+        a2.semilogx(np.asarray(tr.ts), np.asarray(tr["error"]), color=f"C{j}", label=a)
+    a2.axhline(rows["bayes"][big], color="k", lw=2, label="Bayes risk")
+    a2.set(xlabel="t = n / D", ylabel="E", yscale="log", title=f"training curves at s = {S[big]}")
+    a2.legend(fontsize=7)
+    _grid((a1, a2))
+    fig.suptitle(f"Activations against the Bayes risk: H={H}, L={L}, flipped spike p={cfg['p']}")
+    rep.figures["activations"] = fig
+    return rep
+
+
+# =============================================================================== heads-pruning
+PRUNE_DEFAULTS = {"L": 4, "H": 6, "F": 3, "s": 3.0, "eta": 1.0, "sigma0": 0.3, "t_end": 300.0, "bank": 512, "D_init": 1000,
+                  "seed": 0}
+
+
+@register("heads-pruning", defaults=PRUNE_DEFAULTS,
+          description="error against heads removed (greedy) for trained softmax, softmax-1 and Bayes-softmax on a one-hot discrete prior")
+def heads_pruning(cfg: dict, quiet: bool) -> Report:
+    rep = Report("heads-pruning", cfg)
+    H, L, F = cfg["H"], cfg["L"], cfg["F"]
+    prior = Discrete(cfg["s"] * np.eye(F))
+    bank = FieldBank(prior, L, H, n=cfg["bank"], key=cfg["seed"] + 7)
+    M0, Q0 = from_finite_D(cfg["D_init"], H, F, cfg["sigma0"], key=cfg["seed"])
+    e_bayes, _ = bayes_risk(prior, L, key=cfg["seed"] + 3)
+    rep.summary["Bayes risk"] = float(e_bayes)
+    curves = {}
+    for a in ACTIVATIONS:
+        act = make_activation(a, H, per_head=True)  # a head can only be switched off with its own bias
+        with Timer() as tm:
+            tr = solve_order_parameters(M0, Q0, act, bank, cfg["eta"], cfg["t_end"], n_save=40, spacing="log", t_min=0.1)
+            trained = act.with_params({k: tr[k][-1] for k in act.learned})
+            res = prune(tr["M"][-1], tr["Q"][-1], trained, bank, order="greedy")
+        rep.timings[f"{a}: ODE training and greedy pruning"] = tm.seconds
+        curves[a] = res["error"]
+        rep.trajectories[a] = tr
+        rep.summary[f"{a}: E after removing 0..{H - 1} heads"] = [round(float(x), 4) for x in res["error"]]
+        rep.summary[f"{a}: removal order"] = res["removed"]
+        free = H - F
+        rep.summary[f"{a}: E increase after {free} removals (H - F) / after {free + 1}"] = (
+            float(res["error"][free] - res["error"][0]), float(res["error"][free + 1] - res["error"][0]))
+    for a in ("softmax-1", "bayes-softmax"):
+        c = curves[a]
+        rep.check(f"{a}: first H - F removals nearly free (increase <= 0.02)", float(c[H - F] - c[0]), 0.02)
+        rep.check(f"{a}: removing a needed head hurts (jump at H - F + 1 must exceed 0.05; value = 0.05 - jump)",
+                  0.05 - float(c[H - F + 1] - c[H - F]), 0.0)
+    fig = Figure(figsize=(6.5, 4.2), layout="constrained")
+    ax = fig.subplots()
+    for j, a in enumerate(ACTIVATIONS):
+        ax.plot(np.arange(H), curves[a], "o-", color=f"C{j}", label=a)
+    ax.axhline(float(e_bayes), color="k", lw=1.5, label="Bayes risk")
+    ax.axvline(H - F, color="k", ls=":", lw=0.8, label="H - |supp P_theta|")
+    ax.set(xlabel="heads removed (greedy)", ylabel="generalisation error E")
+    ax.legend(fontsize=8)
+    _grid(ax)
+    fig.suptitle(f"Pruning trained heads: H={H}, one-hot prior with F={F} features (s={cfg['s']}), L={L}")
+    rep.figures["pruning"] = fig
     return rep

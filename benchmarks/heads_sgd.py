@@ -1,0 +1,128 @@
+"""Online-SGD throughput of the multi-head single-location model, and the ODE right-hand side cost.
+
+Part 1, samples per second (one sample per step, softmax heads, H=4, L=8, float32), at
+D = 1024 and 4096, 8 seeds:
+  (a) attnflow: `simulate` (one `lax.scan`) vmapped over the 8 seeds with `attnflow.sweep`;
+  (b) a sequential Python loop of the same jitted single-seed run (compiled once);
+  (c) eager PyTorch (optional extra ``torch``), one seed after the other, the same model, loss and
+      sampler written step by step (the loop a user writes by hand).
+Compile time is excluded (warm timings, best of 2). PyTorch runs fewer steps and is reported
+per sample.
+
+Part 2, cost of one evaluation of the order-parameter field against the Monte Carlo bank size
+(H=4, L=8, cyclic permutation copies, float64).
+
+Usage: python benchmarks/heads_sgd.py [--steps 4000] [--torch-steps 500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import attnflow as af
+from attnflow.heads import FieldBank, FlippedSpike, HeadsDynamics, MultiHead, SingleLocationTask, Softmax, online_sgd
+from attnflow.heads.theory import order_parameter_field
+
+H, L, ETA, SEEDS = 4, 8, 0.5, 8
+
+
+def best_of(fn, repeat=2):
+    out, best = None, np.inf
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        jax.block_until_ready(jax.tree_util.tree_leaves(out))
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def jax_runs(D, steps):
+    task = SingleLocationTask(D, L, FlippedSpike(2.0), key=1)
+    t1 = steps / D
+
+    def one(seed):
+        model = MultiHead.init(jax.random.PRNGKey(seed), H, D, Softmax(), sigma0=0.5)
+        return online_sgd(task, model, ETA, t1, key=seed + 1000, n_save=5)
+
+    seeds = np.arange(SEEDS)
+    t0 = time.perf_counter()
+    af.sweep(one, {"seed": seeds}, progress=False)
+    compile_v = time.perf_counter() - t0
+    t_vmap, res = best_of(lambda: af.sweep(one, {"seed": seeds}, progress=False).values["M"])
+    single = jax.jit(lambda s: one(s)["M"])
+    single(0).block_until_ready()
+    t_loop, _ = best_of(lambda: [single(s) for s in seeds])
+    return t_vmap, t_loop, compile_v, res
+
+
+def torch_runs(D, steps):
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    g = torch.Generator().manual_seed(0)
+    spikes = torch.linalg.qr(torch.randn(D, 1, generator=g))[0].T * D**0.5
+    t0 = time.perf_counter()
+    for seed in range(SEEDS):
+        gen = torch.Generator().manual_seed(seed)
+        K = (0.5 * torch.randn(H, D, generator=gen)).requires_grad_(True)
+        for _ in range(steps):
+            eps = int(torch.randint(L, (1,), generator=gen))
+            theta = 2.0 if torch.rand(1, generator=gen).item() < 0.5 else -2.0
+            X = torch.randn(L, D, generator=gen)
+            X[eps] += theta * spikes[0] / D**0.5
+            y = X[eps]
+            chi = X @ K.T / D**0.5  # (L, H)
+            a = torch.softmax(chi.T, dim=-1).mean(0)
+            loss = ((y - a @ X) ** 2).sum() / (2 * D)
+            (gK,) = torch.autograd.grad(loss, K)
+            with torch.no_grad():
+                K -= ETA * gK
+    return time.perf_counter() - t0
+
+
+def field_cost(n):
+    prior = FlippedSpike(2.0)
+    bank = FieldBank(prior, L, H, n=n, key=0)
+    dyn = HeadsDynamics(Softmax(), bank, ETA)
+    M = 0.1 * jnp.arange(1, H + 1, dtype=float)[:, None]
+    y = dyn.state(M, M @ M.T + 0.2 * jnp.eye(H))
+    f = jax.jit(order_parameter_field)
+    jax.block_until_ready(f(0.0, y, dyn))
+    t, _ = best_of(lambda: [f(0.0, y, dyn) for _ in range(20)], repeat=3)
+    return t / 20, bank.size
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=4000, help="SGD steps per seed for the JAX runs")
+    ap.add_argument("--torch-steps", type=int, default=500, help="SGD steps per seed for eager PyTorch")
+    ap.add_argument("--Ds", type=int, nargs="+", default=[1024, 4096])
+    args = ap.parse_args()
+    print(f"online SGD, softmax, H={H}, L={L}, {SEEDS} seeds, float32; devices: {jax.devices()}")
+    print(f"{'D':>6} {'vmapped scan':>14} {'loop of jitted':>15} {'eager torch':>13} {'vmap/loop':>10} {'vmap/torch':>11}  (samples/s)")
+    for D in args.Ds:
+        steps = max(1, args.steps * 1024 // D)
+        t_vmap, t_loop, comp, _ = jax_runs(D, steps)
+        n = SEEDS * steps
+        r_vmap, r_loop = n / t_vmap, n / t_loop
+        t_torch = torch_runs(D, args.torch_steps)
+        r_torch = SEEDS * args.torch_steps / t_torch if t_torch else float("nan")
+        print(f"{D:>6} {r_vmap:>14.3g} {r_loop:>15.3g} {r_torch:>13.3g} {r_vmap / r_loop:>10.2f} {r_vmap / r_torch:>11.1f}"
+              f"   (compile {comp:.1f} s; {steps} steps/seed)")
+    jax.config.update("jax_enable_x64", True)
+    print("\norder-parameter field (expectation form, float64), one evaluation, H=4, L=8:")
+    print(f"{'base draws':>10} {'bank size':>10} {'time (ms)':>10} {'ns per draw':>12}")
+    for n in (256, 1024, 4096, 16384):
+        t, size = field_cost(n)
+        print(f"{n:>10} {size:>10} {1e3 * t:>10.3f} {1e9 * t / size:>12.1f}")
+
+
+if __name__ == "__main__":
+    main()
