@@ -15,7 +15,7 @@ from ..report import Report, Timer, register
 from ..simulate import OnlineSGD, simulate
 from ..sweep import sweep
 from .data import MarkovChain, perturbed_pi
-from .metrics import detect_plateaus, embedding_pca, growth_rate, observables, token_entropy
+from .metrics import detect_plateaus, embedding_pca, growth_rate, observables, stage_sequence, token_entropy
 from .theory import attention, attention_rate_lazy, population_loss
 from .model import OneLayerAttention, next_token_loss
 from .theory import conserved, critical_point_c1, init_theta, population_flow, sigma, stage_predictions
@@ -88,6 +88,11 @@ def focus_cycle(cfg: dict, quiet: bool) -> Report:
         float(ent[0]), float(ent[i_min]), float(tr.ts[i_min]), float(ent[i_max]), float(tr.ts[i_max]), float(ent[-1])]
     rep.summary["entropy cycle down-up-down observed"] = cycle
     rep.summary["plateaus (t_start, t_end, level)"] = [[round(p["t_start"], 3), round(p["t_end"], 3), round(p["level"], 5)] for p in plateaus]
+    # Stage I (|M| ~ e^{2 sigma t}) is the first transition; Stage II (q_+ ~ e^{c t}) the one holding its fit window
+    t2 = 0.5 * (rates["window"][0] + rates["window"][1])
+    k2 = sum(1 for p in plateaus if p["t_end"] <= t2)
+    rep.summary["stage sequence [stage, t_start, t_end, loss level, measured rate, predicted rate]"] = stage_sequence(
+        plateaus, float(tr.ts[-1]), {0: (rates["two_sigma"], 2 * pred["sigma"]), k2: (rates["c"], rates["c_path"])})
     rep.summary["predicted: log d, H(pi), L_*, sigma, c, T_I, T_II"] = [pred[k] for k in ("log_d", "H_pi", "L_star", "sigma", "c", "T_I", "T_II")]
     rep.trajectories["flow"] = tr.select("loss", "entropy", "norm_M", "q", "q_plus", "c_local", "D", "kappa", "sv_W0", "sv_W1", "sv_WQ", "sv_WK", "A",
                                          "cos_W0_pi", "cos_W1_ell", "cos_Phi_pipi")
