@@ -84,3 +84,12 @@ def finite_scalar(name: str, value: Any) -> float:
     if not math.isfinite(v):
         raise ValueError(f"{name} must be finite, got {value!r}")
     return v
+
+
+def prng_key(key: Any) -> Any:
+    """A PRNG key from an integer seed (possibly traced, for vmap over seeds) or a key (returned as is)."""
+    import jax.numpy as jnp
+
+    if np.ndim(key) == 0 and not jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
+        return jax.random.PRNGKey(key)
+    return key

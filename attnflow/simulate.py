@@ -170,8 +170,7 @@ def simulate(
         if s_save.ndim != 1 or np.any(np.diff(s_save) <= 0) or s_save[0] < 0 or s_save[-1] > steps:
             raise ValueError(f"steps_to_save must be increasing integers in [0, {steps}], got {steps_to_save!r}")
     observe = observe or mode.default_observe(loss)
-    if np.ndim(key) == 0 and not jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
-        key = jax.random.PRNGKey(key)  # an integer seed (possibly traced, for vmap over seeds)
+    key = V.prng_key(key)  # an integer seed (possibly traced, for vmap over seeds) or a key
     params, static = eqx.partition(model, filter_spec)
     V.finite_tree("model", params)
     traced = V.any_traced((params, key, clock, mode, optimizer))

@@ -30,7 +30,7 @@ class Teacher(eqx.Module):
         V.positive("mode strengths s", s)
         n_in = V.positive_int("n_in", n_in, minimum=s.size)
         n_out = V.positive_int("n_out", n_out, minimum=s.size)
-        key = jax.random.PRNGKey(key) if isinstance(key, int) else key
+        key = V.prng_key(key)
         k1, k2 = jax.random.split(key)
         U, _ = jnp.linalg.qr(jax.random.normal(k1, (n_out, s.size)))
         Vm, _ = jnp.linalg.qr(jax.random.normal(k2, (n_in, s.size)))

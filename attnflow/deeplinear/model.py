@@ -51,6 +51,6 @@ class TwoLayerLinear(eqx.Module):
     @classmethod
     def random(cls, key: Any, n_in: int, hidden: int, n_out: int, scale: float = 1e-3) -> "TwoLayerLinear":
         V.positive("scale", scale)
-        key = jax.random.PRNGKey(key) if isinstance(key, int) else key
+        key = V.prng_key(key)
         k1, k2 = jax.random.split(key)
         return cls(scale * jax.random.normal(k1, (hidden, n_in)), scale * jax.random.normal(k2, (n_out, hidden)))

@@ -38,7 +38,7 @@ __all__ = [
 def init_theta(key: Any, d: int, m: int = 16, mk: int = 16, eps: float = 1e-3) -> dict:
     """Gaussian initialisation ``N(0, eps^2)`` of all four matrices (spec section 3)."""
     V.positive("eps", eps)
-    key = jax.random.PRNGKey(key) if isinstance(key, int) else key
+    key = V.prng_key(key)
     k = jax.random.split(key, 4)
     f = jnp.result_type(float)
     return {"W0": eps * jax.random.normal(k[0], (d, m), f), "W1": eps * jax.random.normal(k[1], (m, d), f),

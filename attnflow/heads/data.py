@@ -171,7 +171,7 @@ class SingleLocationTask(eqx.Module):
             raise ValueError(f"prior must be a Prior, got {prior!r}")
         if prior.F > D:
             raise ValueError(f"need F <= D, got F = {prior.F}, D = {D}")
-        key = jax.random.PRNGKey(key) if isinstance(key, int) else key
+        key = V.prng_key(key)
         q, _ = jnp.linalg.qr(jax.random.normal(key, (D, prior.F)))
         self.spikes = jnp.sqrt(D) * q.T
         self.prior = prior
@@ -206,7 +206,7 @@ def bayes_posterior(prior: Prior, chi_star: jax.Array) -> jax.Array:
 def bayes_risk(prior: Prior, L: int, key: Any = 0, n: int = 200_000) -> tuple[jax.Array, jax.Array]:
     """Monte Carlo Bayes risk ``E_Bayes = 1 - E[p_eps]`` (location 1 by exchangeability) and its standard error."""
     V.positive_int("L", L, minimum=1)
-    key = jax.random.PRNGKey(key) if isinstance(key, int) else key
+    key = V.prng_key(key)
     k1, k2 = jax.random.split(key)
     theta = prior.sample(k1, n)
     zeta = jax.random.normal(k2, (n, L, prior.F))

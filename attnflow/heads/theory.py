@@ -36,7 +36,7 @@ from ..trajectory import Trajectory
 from .data import Prior
 
 __all__ = ["Activation", "Softmax", "Softmax1", "BayesSoftmax", "MultiHead", "FieldBank", "HeadsDynamics", "risk",
-           "order_parameter_field", "solve_order_parameters", "from_finite_D", "symmetric_seed", "specialisation",
+           "order_parameter_field", "solve_order_parameters", "from_finite_D", "keys_from_overlaps", "symmetric_seed", "specialisation",
            "symmetrise", "unspecialised_point", "specialisation_spectrum", "predicted_escape_time", "feature_escape_times",
            "prune", "oracle_config", "softmax_floor", "overlaps", "sample_loss", "sgd_optimizer", "online_sgd"]
 
@@ -171,7 +171,7 @@ class MultiHead(eqx.Module):
         """Keys ``k_h ~ N(0, sigma0^2 I_D)``."""
         H = V.positive_int("H", H)
         V.positive("sigma0", sigma0)
-        key = jax.random.PRNGKey(key) if isinstance(key, int) else key
+        key = V.prng_key(key)
         return cls(sigma0 * jax.random.normal(key, (H, D)), activation)
 
     def attention(self, X: jax.Array) -> jax.Array:
@@ -223,7 +223,7 @@ class FieldBank(eqx.Module):
         n = V.positive_int("n (bank size)", n)
         V.choice("permutations", permutations, ("cyclic", "full", "none"))
         self.sqrt = V.choice("sqrt", sqrt, ("symmetric", "cholesky"))
-        key = jax.random.PRNGKey(key) if isinstance(key, int) else key
+        key = V.prng_key(key)
         k1, k2, k3 = jax.random.split(key, 3)
         zeta = jax.random.normal(k2, (n, L, prior.F))
         w = jax.random.normal(k3, (n, L, H))
@@ -453,10 +453,27 @@ def from_finite_D(D: int, H: int, F: int, sigma0: float = 0.5, key: Any = 0) -> 
     V.positive("sigma0", sigma0)
     if F >= D:
         raise ValueError(f"need F < D, got F = {F}, D = {D}")
-    key = jax.random.PRNGKey(key) if isinstance(key, int) else key
+    key = V.prng_key(key)
     K = sigma0 * jax.random.normal(key, (H, D))  # coordinates in a basis whose first F vectors are the spikes / sqrt D
     M = K[:, :F] / jnp.sqrt(D)
     return M, K @ K.T / D
+
+
+def keys_from_overlaps(M: Any, Q: Any, spikes: Any, key: Any = 0) -> jax.Array:
+    """Keys ``K (H, D)`` with exactly ``K K*^T / D = M`` and ``K K^T / D = Q``: ``K = sqrt(D) (M U^T + P^{1/2} Z^T)``
+    with ``U = K*^T / sqrt(D)`` and ``Z`` a random orthonormal ``(D, H)`` frame orthogonal to the spikes.
+    Starts an SGD run from a chosen ODE initial condition (e.g. `symmetric_seed`)."""
+    M, Q, spikes = jnp.asarray(M, float), jnp.asarray(Q, float), jnp.asarray(spikes, float)
+    _check_psd("keys_from_overlaps", M, Q)
+    (H, F), D = M.shape, spikes.shape[1]
+    if spikes.shape[0] != F or D < F + H:
+        raise ValueError(f"spikes must be (F = {F}, D >= F + H = {F + H}), got {spikes.shape}")
+    key = V.prng_key(key)
+    U = spikes.T / jnp.sqrt(D)
+    Z = jax.random.normal(key, (D, H))
+    Z = Z - U @ (U.T @ Z)
+    Z, _ = jnp.linalg.qr(Z)
+    return jnp.sqrt(D) * (M @ U.T + psd_sqrt(Q - M @ M.T) @ Z.T)
 
 
 def symmetric_seed(M_bar: Any, Q_bar: Any, kappa: float, D: int, direction: Any = None) -> tuple[jax.Array, jax.Array]:

@@ -217,7 +217,7 @@ def make_model(
         inits = {k: _as_init(init.get(k, "torch_default")) for k in names}
     else:
         inits = {k: _as_init(init) for k in names}
-    key = jax.random.PRNGKey(key) if isinstance(key, int) else key
+    key = V.prng_key(key)
     keys = jax.random.split(key, len(names))
     mats = {k: inits[k](kk, shapes[k]).astype(dtype) for k, kk in zip(names, keys)}
     bias = jnp.zeros(n_out, dtype) if ov_bias else None
