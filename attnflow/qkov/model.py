@@ -94,15 +94,14 @@ class QKOVModel(eqx.Module):
 
     def scores(self, query: jax.Array, keys: jax.Array) -> jax.Array:
         """``x_T^T W_QK x_i`` for token ids ``query`` (B,) and ``keys`` (B, L)."""
+        # gathers, not one-hot matmuls: O(B L) work instead of O(B L V), and cheap under vmap
         W = self.W_QK()
-        qW = jax.nn.one_hot(query, W.shape[0], dtype=W.dtype) @ W
-        return jnp.einsum("bv,blv->bl", qW, jax.nn.one_hot(keys, W.shape[1], dtype=W.dtype))
+        return jnp.take_along_axis(W[query], keys, axis=1)
 
     def readout(self, keys: jax.Array, a: jax.Array) -> jax.Array:
         """``W_OV sum_i a_i x_i`` for key ids (B, L) and attention (B, L)."""
         W = self.W_OV()
-        h = jnp.einsum("bl,blv->bv", a, jax.nn.one_hot(keys, W.shape[1], dtype=W.dtype))
-        return h @ W.T
+        return jnp.einsum("bl,blo->bo", a, W.T[keys])
 
     @property
     def parametrisation(self) -> str:
