@@ -18,13 +18,13 @@ from .theory import (BayesSoftmax, FieldBank, HeadsDynamics, MultiHead, Softmax,
 ACTIVATIONS = ("softmax", "softmax-1", "bayes-softmax")
 
 
-def make_activation(name: str, H: int, per_head: bool = False):
-    """Default activations of the experiments: softmax; softmax-1 with learned ``b, c`` from 0, 1
-    (global, or per head with ``per_head``); Bayes-softmax with learned per-head ``b_h`` from 0."""
+def make_activation(name: str, H: int):
+    """Default activations of the experiments: softmax; softmax-1 with learned global ``b, c`` from
+    0, 1; Bayes-softmax with learned per-head ``b_h`` from 0."""
     if name == "softmax":
         return Softmax()
     if name == "softmax-1":
-        return Softmax1(per_head=H if per_head else None)
+        return Softmax1()
     if name == "bayes-softmax":
         return BayesSoftmax(jnp.zeros(H))
     raise ValueError(f"activation must be one of {ACTIVATIONS}, got {name!r}")
