@@ -71,7 +71,7 @@ def test_drift_forms_agree():
     same Monte Carlo risk), within MC error in Q; the Stein form within MC error; learned-parameter drift
     = -eta_b dR/db; and dR/dM passes check_grads."""
     prior = AnisotropicGaussian([0.8, 0.0], [1.0, 0.5])
-    bank = FieldBank(prior, 3, 2, n=50_000, key=3, permutations="none")
+    bank = FieldBank(prior, 3, 2, n=30_000, key=3, permutations="none")
     M = jnp.array([[0.4, 0.1], [0.2, -0.3]])
     Q = M @ M.T + jnp.array([[0.5, 0.1], [0.1, 0.4]])
     for act in (Softmax(), Softmax1(0.3, 1.2), BayesSoftmax(jnp.array([0.1, -0.2]))):
@@ -108,7 +108,7 @@ def test_symmetries_of_the_monte_carlo_field():
 def test_escape_time_linear_in_log_D_with_jacobian_slope():
     """Seeds kappa / sqrt(D) at the unspecialised fixed point: t_spec = t0 + ln D / (2 lambda) (section 9)."""
     prior = FlippedSpike(3.0, 0.5)
-    bank = FieldBank(prior, 4, 2, n=1024, key=7)
+    bank = FieldBank(prior, 4, 2, n=512, key=7)
     dyn = HeadsDynamics(Softmax(), bank, 1.0)
     y = unspecialised_point(dyn, dyn.state(jnp.zeros((2, 1)), 0.2 * jnp.eye(2)))
     f = order_parameter_field(0.0, y, dyn)
@@ -167,6 +167,19 @@ def test_pruning_rules():
                                rtol=1e-12)
     with pytest.raises(ValueError, match="order must list distinct"):
         prune(M2, M2 @ M2.T, BayesSoftmax(b2), bank, order=[0, 0])
+
+
+def test_sgd_held_out_error_matches_theory_error():
+    """The held-out SGD error at finite D equals E(M, Q) of the same keys within sampling error."""
+    prior, D = FlippedSpike(2.5, 0.5), 1000
+    task = SingleLocationTask(D, 4, prior, key=1)
+    M = jnp.array([[1.0], [-0.8]])
+    Q = M @ M.T + 0.1 * jnp.eye(2)
+    K = keys_from_overlaps(M, Q, task.spikes, key=2)
+    tr = online_sgd(task, MultiHead(K, Softmax()), 0.1, 0.01, key=0, n_save=2, eval_samples=2000)
+    e_theory = float(2 * risk(M, Q, Softmax(), FieldBank(prior, 4, 2, n=20000, key=5)))
+    assert abs(float(tr["error"][0]) - e_theory) < 0.03, (float(tr["error"][0]), e_theory)
+    assert 0.25 < float(tr["a_signal"][0]) < 1.0
 
 
 def test_sgd_learns_only_learned_parameters():

@@ -691,17 +691,28 @@ def sgd_optimizer(model: MultiHead, eta: Any, D: int, eta_b: Any = None) -> opta
 
 
 def online_sgd(task: Any, model: MultiHead, eta: Any, t1: float, key: Any = 0, *, eta_b: Any = None, n_save: int = 60,
-               spacing: str = "linear", minibatch: int = 1, progress: bool = False) -> Trajectory:
+               spacing: str = "linear", minibatch: int = 1, eval_samples: int = 0, eval_key: Any = 12345,
+               progress: bool = False) -> Trajectory:
     """Finite-``D`` online SGD of ``model`` on ``task`` up to ``t1 = n / D`` (``attnflow.simulate``), recording the
-    order parameters ``M``, ``Q``, `specialisation` and the learned activation parameters; vmappable over ``key``."""
+    order parameters ``M``, ``Q``, `specialisation` and the learned activation parameters; vmappable over ``key``.
+
+    With ``eval_samples > 0`` it also records, on one fixed held-out batch, ``error`` (``|y - y_hat|^2 / D``, the
+    finite-D estimate of ``E``) and ``a_signal`` (mean attention on the signal token, ``E[a_eps]``)."""
     from ..simulate import OnlineSGD, simulate
 
     D = task.D
     steps = max(1, int(round(t1 * D / minibatch)))
+    if eval_samples:
+        X_ev, y_ev, eps_ev = task.sample(V.prng_key(eval_key), V.positive_int("eval_samples", eval_samples))
 
     def observe(m):
         ov = overlaps(m.K, task.spikes)
-        return {**ov, "specialisation": specialisation(ov["M"]), **m.activation.params()}
+        out = {**ov, "specialisation": specialisation(ov["M"]), **m.activation.params()}
+        if eval_samples:
+            a = jax.vmap(m.attention)(X_ev)
+            out["error"] = 2 * sample_loss(m, (X_ev, y_ev))
+            out["a_signal"] = jnp.mean(jnp.take_along_axis(a, eps_ev[:, None], axis=1))
+        return out
 
     return simulate(sample_loss, model, sgd_optimizer(model, eta, D, eta_b), steps, mode=OnlineSGD(task.sample, minibatch),
                     key=key, clock=minibatch / D, observe=observe, n_save=n_save, spacing=spacing, progress=progress,
