@@ -182,6 +182,28 @@ def test_sgd_held_out_error_matches_theory_error():
     assert 0.25 < float(tr["a_signal"][0]) < 1.0
 
 
+def test_scalar_target_noise_term_matches_sgd():
+    """Scalar target with label noise (spec 5.3): same drift, different eta^2 term. SGD's Q follows the
+    scalar-target ODE and not the token-target one."""
+    prior, D = FlippedSpike(2.0, 0.5), 1000
+    task = SingleLocationTask(D, 4, prior, key=1, target="scalar", Delta=0.5)
+    model = MultiHead.init(100, 2, D, Softmax(), sigma0=0.5)
+    ov = overlaps(model.K, task.spikes)
+    sim = online_sgd(task, model, 1.0, 4.0, key=0, n_save=5, eval_samples=1000)
+    bank = FieldBank(prior, 4, 2, n=1024, key=7)
+    gap = {}
+    for target, Delta in (("scalar", 0.5), ("token", 0.0)):
+        ode = solve_order_parameters(ov["M"], ov["Q"], Softmax(), bank, 1.0, 4.0, ts=sim.ts, target=target, Delta=Delta)
+        gap[target] = float(jnp.max(jnp.abs(sim["Q"] - ode["Q"])))
+        if target == "scalar":
+            # E + Delta against 1000 held-out samples: (y - y_hat)^2 is ~ E chi^2_1, standard error E sqrt(2/1000)
+            se = float(jnp.max(ode["error"])) * np.sqrt(2 / 1000)
+            assert float(jnp.max(jnp.abs(sim["error"] - ode["error"]))) < 4 * se < 0.5
+    assert gap["scalar"] < 0.06 < 0.15 < gap["token"], gap
+    with pytest.raises(ValueError, match="Delta"):
+        SingleLocationTask(D, 4, prior, Delta=0.5)
+
+
 def test_sgd_learns_only_learned_parameters():
     task = SingleLocationTask(300, 4, FlippedSpike(2.0), key=1)
     model = MultiHead.init(2, 2, 300, Softmax1(0.0, 1.0, learn_b=True, learn_c=False, per_head=2))

@@ -157,14 +157,20 @@ def PointMass(mu: Any) -> Discrete:  # noqa: N802 - a constructor named as in th
 class SingleLocationTask(eqx.Module):
     """``L`` tokens in dimension ``D`` with ``F`` orthogonal spikes ``k*_f`` (``|k*_f|^2 = D``, exact QR).
 
-    ``location=None`` draws the signal location uniformly per sample; an index fixes it."""
+    ``location=None`` draws the signal location uniformly per sample; an index fixes it.
+    ``target="token"`` (default): ``y = x_eps``. ``target="scalar"`` (spec 5.3): ``y = z_eps + sqrt(Delta) xi_0``
+    with ``z_l = x_l . v* / sqrt(D)`` for a fixed ``v*`` orthogonal to the spikes, ``|v*|^2 = D``."""
 
     spikes: jax.Array
+    readout: jax.Array
+    Delta: jax.Array
     L: int = eqx.field(static=True)
     prior: Prior
     location: int | None = eqx.field(static=True)
+    target: str = eqx.field(static=True)
 
-    def __init__(self, D: int, L: int, prior: Prior, key: Any = 0, location: int | None = None):
+    def __init__(self, D: int, L: int, prior: Prior, key: Any = 0, location: int | None = None, target: str = "token",
+                 Delta: float = 0.0):
         D = V.positive_int("D", D, minimum=2)
         self.L = V.positive_int("L", L, minimum=2)
         if not isinstance(prior, Prior):
@@ -178,13 +184,21 @@ class SingleLocationTask(eqx.Module):
         if location is not None and not 0 <= int(location) < self.L:
             raise ValueError(f"location must be None (random) or an index in [0, {self.L}), got {location!r}")
         self.location = None if location is None else int(location)
+        self.target = V.choice("target", target, ("token", "scalar"))
+        V.nonnegative("Delta", Delta)
+        if target == "token" and Delta != 0:
+            raise ValueError(f"Delta (label noise) needs target='scalar', got Delta = {Delta!r} with the token target")
+        self.Delta = jnp.asarray(Delta, dtype=self.spikes.dtype)
+        v = jax.random.normal(jax.random.fold_in(key, 1), (D,), dtype=self.spikes.dtype)
+        v = v - self.spikes.T @ (self.spikes @ v) / D  # orthogonal to every spike
+        self.readout = jnp.sqrt(D) * v / jnp.linalg.norm(v)
 
     @property
     def D(self) -> int:
         return self.spikes.shape[1]
 
-    def sample(self, key: jax.Array, batch_size: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """``(X (B, L, D), y (B, D), eps (B,))``."""
+    def sample(self, key: jax.Array, batch_size: int) -> tuple:
+        """``(X (B, L, D), y (B, D), eps (B,))``; for the scalar target ``(X, y (B,), eps, z (B, L))``."""
         k1, k2, k3 = jax.random.split(key, 3)
         if self.location is None:
             eps = jax.random.randint(k1, (batch_size,), 0, self.L)
@@ -194,6 +208,11 @@ class SingleLocationTask(eqx.Module):
         X = jax.random.normal(k3, (batch_size, self.L, self.D), dtype=self.spikes.dtype)
         signal = (theta @ self.spikes) / jnp.sqrt(self.D)
         X = X + jax.nn.one_hot(eps, self.L, dtype=X.dtype)[:, :, None] * signal[:, None, :]
+        if self.target == "scalar":
+            z = X @ self.readout / jnp.sqrt(self.D)
+            xi0 = jax.random.normal(jax.random.fold_in(k1, 7), (batch_size,), dtype=X.dtype)
+            y = jnp.take_along_axis(z, eps[:, None], axis=1)[:, 0] + jnp.sqrt(self.Delta) * xi0
+            return X, y, eps, z
         y = jnp.take_along_axis(X, eps[:, None, None], axis=1)[:, 0]
         return X, y, eps
 

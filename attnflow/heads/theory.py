@@ -183,8 +183,12 @@ class MultiHead(eqx.Module):
 
 
 def sample_loss(model: MultiHead, batch: tuple) -> jax.Array:
-    """Mean over the batch of ``|y - y_hat|^2 / (2 D)``."""
+    """Mean over the batch of ``|y - y_hat|^2 / (2 D)`` (token target), or of ``(y - sum_l a_l z_l)^2 / 2`` for
+    the scalar target (batch ``(X, y (B,), eps, z (B, L))``, spec 5.3)."""
     X, y = batch[0], batch[1]
+    if y.ndim == 1:
+        a = jax.vmap(model.attention)(X)
+        return 0.5 * jnp.mean((y - jnp.sum(a * batch[3], axis=-1)) ** 2)
     yhat = jax.vmap(model)(X)
     return jnp.mean(jnp.sum((y - yhat) ** 2, axis=-1)) / (2 * X.shape[-1])
 
@@ -297,7 +301,9 @@ class HeadsDynamics(eqx.Module):
     ``noise`` is 1.0 (online SGD, the ``eta^2`` term on) or 0.0 (gradient flow); ``minibatch``
     divides the ``eta^2`` term; ``weight_decay`` adds ``-eta gamma M`` and ``-2 eta gamma Q``;
     learned activation parameters move at ``eta_b``. ``escape`` is the threshold of the
-    specialisation event (``inf``: no event)."""
+    specialisation event (``inf``: no event). ``target="scalar"`` with label noise ``Delta`` (spec 5.3)
+    keeps the drifts and replaces the ``eta^2`` term by
+    ``eta^2 E[(|r|^2 + Delta) <J^h, J^h'>_F + 2 sum_l G_hl G_h'l]``, ``J^h_{l'l} = d a_l' / d chi_hl``."""
 
     activation: Activation
     bank: FieldBank
@@ -307,10 +313,13 @@ class HeadsDynamics(eqx.Module):
     minibatch: jax.Array
     weight_decay: jax.Array
     escape: jax.Array
+    Delta: jax.Array
     form: str = eqx.field(static=True)
+    target: str = eqx.field(static=True)
 
     def __init__(self, activation: Activation, bank: FieldBank, eta: Any, *, eta_b: Any = None, sgd_noise: bool = True,
-                 minibatch: int = 1, weight_decay: Any = 0.0, escape: Any = None, form: str = "expectation"):
+                 minibatch: int = 1, weight_decay: Any = 0.0, escape: Any = None, form: str = "expectation",
+                 target: str = "token", Delta: Any = 0.0):
         if not isinstance(activation, Activation):
             raise ValueError(f"activation must be Softmax(), Softmax1(...) or BayesSoftmax(...), got {activation!r}")
         if not isinstance(bank, FieldBank):
@@ -329,6 +338,11 @@ class HeadsDynamics(eqx.Module):
             V.positive("escape threshold", escape)
         self.escape = jnp.asarray(jnp.inf if escape is None else escape, dtype=float)
         self.form = V.choice("form", form, ("expectation", "stein", "autodiff"))
+        self.target = V.choice("target", target, ("token", "scalar"))
+        V.nonnegative("Delta", Delta)
+        if target == "token" and not V.any_traced(Delta) and float(Delta) != 0:
+            raise ValueError(f"Delta (label noise) needs target='scalar', got Delta = {Delta!r} with the token target")
+        self.Delta = jnp.asarray(Delta, dtype=float)
 
     def state(self, M: Any, Q: Any) -> dict:
         """The ODE state ``{"M", "Q", "act"}`` (``act``: the learned activation parameters)."""
@@ -364,7 +378,15 @@ def order_parameter_field(t: Any, y: dict, dyn: HeadsDynamics) -> dict:
         S = gQ + gQ.T
         dM = -eta * (gM + S @ M)
         dQ = -eta * (gM @ M.T + M @ gM.T + S @ Q + Q @ S)
-    dQ = dQ + dyn.noise * eta**2 / dyn.minibatch * bank.mean(jnp.einsum("bhl,bgl->bhg", G, G))
+    GG = jnp.einsum("bhl,bgl->bhg", G, G)
+    if dyn.target == "scalar":  # E[e^2 z_i z_j] = (|r|^2 + Delta) delta_ij + 2 r_i r_j
+        def jj(c):
+            J = jax.jacfwd(act)(c)  # (L, H, L)
+            return 2 * _half_loss(act, c), jnp.einsum("ihl,igl->hg", J, J)
+
+        r2, JJ = jax.vmap(jj)(chi)
+        GG = (r2 + dyn.Delta)[:, None, None] * JJ + 2 * GG
+    dQ = dQ + dyn.noise * eta**2 / dyn.minibatch * bank.mean(GG)
     dM = dM - eta * dyn.weight_decay * M
     dQ = dQ - 2 * eta * dyn.weight_decay * Q
     dp = jax.tree_util.tree_map(lambda g: -dyn.eta_b * bank.mean(g), gp)
@@ -382,7 +404,7 @@ def _escape_cond(t, y, dyn):
 
 def _observe(t, y, dyn):
     M, Q = y["M"], y["Q"]
-    out = {"M": M, "Q": Q, "error": 2 * risk(M, Q, dyn.activation.with_params(y["act"]), dyn.bank),
+    out = {"M": M, "Q": Q, "error": 2 * risk(M, Q, dyn.activation.with_params(y["act"]), dyn.bank) + dyn.Delta,
            "specialisation": specialisation(M), "p_min": jnp.linalg.eigvalsh(0.5 * (Q + Q.T) - M @ M.T)[0]}
     out.update(y["act"])
     return out
@@ -403,13 +425,15 @@ def _check_psd(name: str, M: jax.Array, Q: jax.Array, tol: float = 1e-10) -> Non
 
 def solve_order_parameters(M0: Any, Q0: Any, activation: Activation, bank: FieldBank, eta: float, t1: float, *,
                            sgd_noise: bool = True, eta_b: Any = None, minibatch: int = 1, weight_decay: float = 0.0,
-                           form: str = "expectation", escape: float | None = None, ts: Any = None, n_save: int = 100,
+                           form: str = "expectation", target: str = "token", Delta: float = 0.0,
+                           escape: float | None = None, ts: Any = None, n_save: int = 100,
                            spacing: str = "linear", t_min: Any = None, rtol: float = 1e-6, atol: float = 1e-9, solver: Any = None,
                            dt0: Any = None, stepsize_controller: Any = None, max_steps: int = 100_000,
                            psd_tol: float | None = None, progress: bool = False) -> Trajectory:
     """Integrate the order-parameter ODE (5.1) from ``(M0, Q0)`` and the activation's initial parameters.
 
-    Observables: ``M``, ``Q``, ``error`` (``E = 2 R``), ``specialisation`` (`specialisation`),
+    ``target="scalar"`` with label noise ``Delta`` is the scalar-target variant (spec 5.3).
+    Observables: ``M``, ``Q``, ``error`` (``E = 2 R``, plus ``Delta`` for the scalar target), ``specialisation`` (`specialisation`),
     ``p_min`` (smallest eigenvalue of ``Q - M M^T``) and the learned parameters (``b``, ``c``).
     ``escape``: stop when ``specialisation`` reaches this threshold (the time is
     ``traj.meta["escape_time"]``, ``None`` when not reached). Raises `DivergenceError` when
@@ -418,7 +442,7 @@ def solve_order_parameters(M0: Any, Q0: Any, activation: Activation, bank: Field
     """
     _check_psd("initial condition", M0, Q0)
     dyn = HeadsDynamics(activation, bank, eta, eta_b=eta_b, sgd_noise=sgd_noise, minibatch=minibatch,
-                        weight_decay=weight_decay, escape=escape, form=form)
+                        weight_decay=weight_decay, escape=escape, form=form, target=target, Delta=Delta)
     y0 = dyn.state(M0, Q0)
     traj = integrate(order_parameter_field, y0, t1, args=dyn, ts=ts, n_save=n_save, spacing=spacing, t_min=t_min, rtol=rtol, atol=atol,
                      solver=solver, dt0=dt0, stepsize_controller=stepsize_controller, max_steps=max_steps,
@@ -703,14 +727,15 @@ def online_sgd(task: Any, model: MultiHead, eta: Any, t1: float, key: Any = 0, *
     D = task.D
     steps = max(1, int(round(t1 * D / minibatch)))
     if eval_samples:
-        X_ev, y_ev, eps_ev = task.sample(V.prng_key(eval_key), V.positive_int("eval_samples", eval_samples))
+        batch_ev = task.sample(V.prng_key(eval_key), V.positive_int("eval_samples", eval_samples))
+        X_ev, eps_ev = batch_ev[0], batch_ev[2]
 
     def observe(m):
         ov = overlaps(m.K, task.spikes)
         out = {**ov, "specialisation": specialisation(ov["M"]), **m.activation.params()}
         if eval_samples:
             a = jax.vmap(m.attention)(X_ev)
-            out["error"] = 2 * sample_loss(m, (X_ev, y_ev))
+            out["error"] = 2 * sample_loss(m, batch_ev)
             out["a_signal"] = jnp.mean(jnp.take_along_axis(a, eps_ev[:, None], axis=1))
         return out
 
