@@ -391,6 +391,8 @@ def focus_corpus(cfg: dict, quiet: bool) -> Report:
         pl_sgd = detect_plateaus(sim.ts, sim["population_loss"], rel_tol=2e-2)
         rep.summary[f"{name}: flow plateaus (t_start, t_end, level)"] = [[round(p["t_start"], 2), round(p["t_end"], 2), round(p["level"], 4)] for p in pl_flow]
         rep.summary[f"{name}: SGD plateaus of its population loss"] = [[round(p["t_start"], 2), round(p["t_end"], 2), round(p["level"], 4)] for p in pl_sgd]
+        rep.summary[f"{name}: stage sequence, flow [stage, t_start, t_end, loss level, -, -]"] = stage_sequence(pl_flow, float(flow.ts[-1]))
+        rep.summary[f"{name}: stage sequence, SGD"] = stage_sequence(pl_sgd, float(sim.ts[-1]))
         rep.summary[f"{name}: final held-out loss of SGD on real text vs population loss of the flow"] = [float(sim["loss"][-1]), float(flow["loss"][-1])]
         ent_gap = float(jnp.max(jnp.abs(sim["entropy"] - flow["entropy"])))
         rep.summary[f"{name}: max |entropy(SGD) - entropy(flow)|"] = ent_gap
