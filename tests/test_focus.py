@@ -272,4 +272,5 @@ def test_stage_sequence_alternates_transitions_and_plateaus():
     rows = stage_sequence([{"t_start": 1.0, "t_end": 3.0, "level": 0.9}, {"t_start": 5.0, "t_end": 8.0, "level": 0.5}], 10.0,
                           {0: (1.0, 1.1), 1: (2.0, 2.1)})
     assert [r[0] for r in rows] == ["transition 1", "plateau 1", "transition 2", "plateau 2", "transition 3"]
-    assert rows[2][1:3] == [3.0, 5.0] and rows[2][4:] == [2.0, 2.1] and rows[3][3] == 0.5
+    assert rows[2][1:3] == [3.0, 5.0] and rows[2][4:] == [None, None]
+    assert rows[1][4:] == [1.0, 1.1] and rows[3][3:] == [0.5, 2.0, 2.1]

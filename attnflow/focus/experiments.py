@@ -88,9 +88,10 @@ def focus_cycle(cfg: dict, quiet: bool) -> Report:
         float(ent[0]), float(ent[i_min]), float(tr.ts[i_min]), float(ent[i_max]), float(tr.ts[i_max]), float(ent[-1])]
     rep.summary["entropy cycle down-up-down observed"] = cycle
     rep.summary["plateaus (t_start, t_end, level)"] = [[round(p["t_start"], 3), round(p["t_end"], 3), round(p["level"], 5)] for p in plateaus]
-    # Stage I (|M| ~ e^{2 sigma t}) is the first transition; Stage II (q_+ ~ e^{c t}) the one holding its fit window
+    # Stage I (|M| ~ e^{2 sigma t}) grows on the first plateau (log d); Stage II (q_+ ~ e^{c t}) on the last
+    # plateau that starts before the middle of its fit window (the H(pi) plateau)
     t2 = 0.5 * (rates["window"][0] + rates["window"][1])
-    k2 = sum(1 for p in plateaus if p["t_end"] <= t2)
+    k2 = max(0, sum(1 for p in plateaus if p["t_start"] <= t2) - 1)
     rep.summary["stage sequence [stage, t_start, t_end, loss level, measured rate, predicted rate]"] = stage_sequence(
         plateaus, float(tr.ts[-1]), {0: (rates["two_sigma"], 2 * pred["sigma"]), k2: (rates["c"], rates["c_path"])})
     rep.summary["predicted: log d, H(pi), L_*, sigma, c, T_I, T_II"] = [pred[k] for k in ("log_d", "H_pi", "L_star", "sigma", "c", "T_I", "T_II")]

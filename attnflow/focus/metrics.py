@@ -158,16 +158,17 @@ def detect_plateaus(ts: Any, loss: Any, rel_tol: float = 1e-3, min_duration: flo
 
 def stage_sequence(plateaus: list[dict], t_end: float, rates: dict | None = None) -> list[list]:
     """Alternating transitions and plateaus ``[stage, t_start, t_end, loss level, measured rate,
-    predicted rate]`` from `detect_plateaus`; ``rates`` maps a transition index to its
-    ``(measured, predicted)`` growth rate (the rate in each stage printed beside the prediction)."""
+    predicted rate]`` from `detect_plateaus`. ``rates`` maps a plateau index to the ``(measured,
+    predicted)`` growth rate of the unstable mode that grows while the loss sits on that plateau
+    (the saddle's escape rate), printed beside each other."""
     rows, prev = [], 0.0
     rates = rates or {}
     for k, p in enumerate(plateaus + [{"t_start": t_end, "t_end": t_end, "level": None}]):
         if p["t_start"] > prev:
-            meas, pred = rates.get(k, (None, None))
-            rows.append([f"transition {k + 1}", round(prev, 4), round(p["t_start"], 4), None, meas, pred])
+            rows.append([f"transition {k + 1}", round(prev, 4), round(p["t_start"], 4), None, None, None])
         if p["level"] is not None:
-            rows.append([f"plateau {k + 1}", round(p["t_start"], 4), round(p["t_end"], 4), round(p["level"], 5), None, None])
+            meas, pred = rates.get(k, (None, None))
+            rows.append([f"plateau {k + 1}", round(p["t_start"], 4), round(p["t_end"], 4), round(p["level"], 5), meas, pred])
         prev = p["t_end"]
     return rows
 
