@@ -13,7 +13,7 @@ from attnflow.qkov.data import CodeGenerator, TheoryTask
 from attnflow.qkov.metrics import (attention_concentration, comprehensiveness_sufficiency, confident_concentration, dtap,
                                    relevant_mass, separability)
 from attnflow.qkov.model import circuit_labels, make_aligned, make_model
-from attnflow.qkov.observe import readouts
+from attnflow.qkov.observe import flow_readouts, readouts
 
 PAPER = dict(m=5, n=50, b=50, M=20, eta_ov=1.0)
 RATIOS = [0.01, 0.1, 1.0, 10.0, 100.0]
@@ -140,19 +140,14 @@ def test_full_matrix_flow_equals_reduced(par):
     model = make_aligned(task, par, mu0["mu_ov"], mu0["mu_qk"], eta_qk=eta_qk, eta_ov=eta_ov)
 
     def observe(m):
-        out = readouts(m.W_QK(), m.W_OV(), task)
-        if hasattr(m, "W_q"):
-            out["C_qk"] = factor_conserved(m.W_q.T, m.W_k, eta_qk, eta_qk)
-        if hasattr(m, "W_o"):
-            out["C_ov"] = factor_conserved(m.W_o, m.W_v, eta_ov, eta_ov)
-        return out
+        return flow_readouts(m, task, eta_qk, eta_ov)
 
     full = af.gradient_flow(task.population_loss, model, 600.0, labels=circuit_labels(model), rates={"qk": eta_qk, "ov": eta_ov},
                             ts=ts, rtol=1e-10, atol=1e-12, observe=observe)
     assert float(full["alpha"][-1]) > float(full["alpha"][0]) + 0.2  # attention really sharpens during the run
     err = af.compare(red, full, ["mu_ov", "mu_qk"], relative=True, floor=1e-3)
     assert max(err.values()) < (1e-6 if par[:2] == "CA" else 0.02), err
-    for k in ("C_qk", "C_ov"):
+    for k in ("conserved_qk", "conserved_ov"):
         if k in full:
             assert float(jnp.max(jnp.abs(full[k] - full[k][0]))) < 1e-8
 

@@ -520,19 +520,6 @@ def symmetric_seed(M_bar: Any, Q_bar: Any, kappa: float, D: int, direction: Any 
 
 
 # ----------------------------------------------------------------------------- phases (section 9)
-def symmetrise(y: dict) -> dict:
-    """Projection onto the permutation-invariant states: equal rows of ``M``, equal diagonal and
-    equal off-diagonal entries of ``Q``, equal per-head parameters."""
-    M, Q = y["M"], y["Q"]
-    H = M.shape[0]
-    Ms = jnp.broadcast_to(jnp.mean(M, axis=0, keepdims=True), M.shape)
-    d = jnp.mean(jnp.diag(Q))
-    off = (jnp.sum(Q) - jnp.trace(Q)) / max(H * (H - 1), 1)
-    Qs = off * jnp.ones((H, H)) + (d - off) * jnp.eye(H)
-    act = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(jnp.mean(x), x.shape) if x.ndim else x, y["act"])
-    return {"M": Ms, "Q": Qs, "act": act}
-
-
 def _symmetric_coords(y: dict) -> jax.Array:
     """Coordinates of a permutation-invariant state: row mean of ``M``, mean diagonal and mean
     off-diagonal of ``Q``, and the head-mean of each learned parameter."""
@@ -555,6 +542,12 @@ def _symmetric_state(z: jax.Array, like: dict) -> dict:
     leaves, tdef = jax.tree_util.tree_flatten(like["act"])
     vals = [jnp.broadcast_to(z[k + i], x.shape) for i, x in enumerate(leaves)]
     return {"M": M, "Q": Q, "act": jax.tree_util.tree_unflatten(tdef, vals)}
+
+
+def symmetrise(y: dict) -> dict:
+    """Projection onto the permutation-invariant states: equal rows of ``M``, equal diagonal and
+    equal off-diagonal entries of ``Q``, equal per-head parameters."""
+    return _symmetric_state(_symmetric_coords(y), y)
 
 
 def unspecialised_point(dyn: HeadsDynamics, y_guess: dict, max_steps: int = 256) -> dict:

@@ -19,8 +19,8 @@ from ..trajectory import Trajectory, compare
 from .data import CodeGenerator, TheoryTask
 from .metrics import DTAP_EDGES, attention_concentration, comprehensiveness_sufficiency, confident_concentration, dtap, relevant_mass, separability
 from .model import EpsIdentity, circuit_labels, cross_entropy, make_aligned, make_model
-from .observe import readouts
-from .theory import (QKOVParams, authors_rk4, balance_diagnostic, factor_conserved, first_integral, loss,
+from .observe import flow_readouts, readouts
+from .theory import (QKOVParams, authors_rk4, balance_diagnostic, first_integral, loss,
                      reduced_field, solve_reduced, state_at_loss)
 
 _log1p10 = lambda t: np.log10(1.0 + t)  # noqa: E731  the authors' time axis, log10(1 + tau)
@@ -175,11 +175,8 @@ def qkov_flow(cfg: dict, quiet: bool) -> Report:
         labels = circuit_labels(model)
 
         def observe(m):
-            out = readouts(m.W_QK(), m.W_OV(), task)
-            if hasattr(m, "W_q"):
-                out["conserved_qk"] = factor_conserved(m.W_q.T, m.W_k, eta_qk, eta_qk)
+            out = flow_readouts(m, task, eta_qk, eta_ov)
             if hasattr(m, "W_o"):
-                out["conserved_ov"] = factor_conserved(m.W_o, m.W_v, eta_ov, eta_ov)
                 out["imbalance_ov"] = balance_diagnostic(m.W_o, m.W_v)
             return out
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from .. import _validate as V
 from .data import TheoryTask
 
-__all__ = ["mu_ov", "mu_qk", "readouts"]
+__all__ = ["mu_ov", "mu_qk", "readouts", "flow_readouts"]
 
 
 def mu_ov(W_ov: jax.Array, task: TheoryTask, readout: str = "projection") -> jax.Array:
@@ -58,3 +58,16 @@ def readouts(W_qk: jax.Array, W_ov: jax.Array, task: TheoryTask, score_scale: An
         "alpha": jax.nn.sigmoid(mq + jnp.log(task.m / task.n)),
         "loss": task.mean_embedding_loss(W_qk, W_ov, score_scale),
     }
+
+
+def flow_readouts(model: Any, task: TheoryTask, eta_qk: Any, eta_ov: Any) -> dict[str, jax.Array]:
+    """`readouts` of a model plus, for each factorised circuit, its conserved quantity under
+    gradient flow with rates ``eta_qk``, ``eta_ov`` (``conserved_qk``, ``conserved_ov``)."""
+    from .theory import factor_conserved
+
+    out = readouts(model.W_QK(), model.W_OV(), task)
+    if hasattr(model, "W_q"):
+        out["conserved_qk"] = factor_conserved(model.W_q.T, model.W_k, eta_qk, eta_qk)
+    if hasattr(model, "W_o"):
+        out["conserved_ov"] = factor_conserved(model.W_o, model.W_v, eta_ov, eta_ov)
+    return out
