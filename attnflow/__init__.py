@@ -14,7 +14,7 @@ except PackageNotFoundError:  # running from a source tree without installation
 
 from . import expect, optim, plot, saddle
 from .expect import GaussianBank, gauss_hermite, psd_sqrt
-from .ode import DivergenceError, MaxStepsError, enable_x64, gradient_flow, integrate, save_times
+from .ode import DivergenceError, MaxStepsError, UnrolledTsit5, enable_x64, gradient_flow, integrate, save_times
 from .optim import label_by_path, per_circuit
 from .plot import family, heatmap, overlay, save_figure
 from .report import Report
@@ -28,5 +28,5 @@ __all__ = [
     "SweepResult", "Trajectory", "compare", "enable_x64", "escape_time", "expect", "fixed_point",
     "gauss_hermite", "gradient_flow", "heatmap", "integrate", "jacobian", "label_by_path", "optim", "overlay",
     "per_circuit", "plot", "psd_sqrt", "saddle", "save_figure", "save_steps", "save_times",
-    "simulate", "spectrum", "sweep", "unstable_subspace",
+    "simulate", "spectrum", "sweep", "unstable_subspace", "UnrolledTsit5",
 ]

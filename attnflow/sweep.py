@@ -1,9 +1,13 @@
 """`sweep`: a cartesian grid of named axes in one compiled, vmapped, sharded call.
 
 ``sweep(fn, {"eta": etas, "seed": seeds})`` evaluates ``fn(eta=..., seed=...)`` at every
-grid point. Points are flattened, cut into chunks that bound memory, and each chunk is
-one ``jit(vmap(fn))`` call whose batch axis is sharded over all devices with a
-``jax.sharding`` mesh. With ``out_dir`` every finished chunk is saved atomically, and a
+grid point. Points are cut into chunks that bound memory, and each chunk is one compiled
+call whose leading axis is sharded over all devices with a ``jax.sharding`` mesh.
+
+A grid of two or more axes is vectorised with one nested ``vmap`` per axis (chunks are
+blocks of the first axis): whatever ``fn`` computes from some axes only (the data of a
+seed, say) then stays unbatched along the others and is computed once, not once per grid
+point. A flat ``vmap`` over the list of points (``nest=False``) batches everything. With ``out_dir`` every finished chunk is saved atomically, and a
 rerun after an interruption loads finished chunks instead of recomputing them.
 """
 
@@ -88,26 +92,48 @@ def _grid(axes: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, np.ndarra
     return dims, coords, flat
 
 
-_CACHE: dict[tuple[Any, tuple], Any] = {}
+_CACHE: dict[tuple[Any, ...], Any] = {}
 
 
-def _compiled(fn: Callable[..., Any], devices: tuple) -> Any:
-    """One jitted, sharded ``vmap(fn)`` per (fn, devices), reused across calls.
+def _compiled(fn: Callable[..., Any], devices: tuple, nested_dims: tuple | None = None) -> Any:
+    """One jitted, sharded, vmapped ``fn`` per (fn, devices, layout), reused across calls.
 
+    Flat (``nested_dims=None``): ``vmap`` over a list of points, each axis an array of the
+    same length. Nested: one ``vmap`` per axis in ``nested_dims`` order, the first outermost;
+    inputs are the 1-D axis values and the output is flattened back to points in C order
+    (the order of the flat grid), so chunks of both layouts are stored alike.
     A new ``jax.jit`` per call would retrace and recompile every time; caching on the
     function object makes the second sweep of the same ``fn`` run at full speed.
     """
-    key = (fn, devices)
+    key = (fn, devices, nested_dims)
     if key not in _CACHE:
         mesh = Mesh(np.asarray(devices), ("points",))
         sharding = NamedSharding(mesh, PartitionSpec("points"))
 
-        def batched(point):
-            return jax.vmap(lambda p: fn(**p))(point)
+        if nested_dims is None:
+            def batched(point):
+                return jax.vmap(lambda p: fn(**p))(point)
+
+            in_shardings = (sharding,)
+        else:
+            def batched(point):
+                def over(i, fixed):
+                    if i == len(nested_dims):
+                        return fn(**fixed)
+                    d = nested_dims[i]
+                    return jax.vmap(lambda x: over(i + 1, {**fixed, d: x}))(point[d])
+
+                n_inner = math.prod(point[d].shape[0] for d in nested_dims[1:])
+                out = over(0, {})
+                return jax.tree_util.tree_map(lambda x: x.reshape((x.shape[0] * n_inner,) + x.shape[len(nested_dims):]), out)
+
+            # the first axis is split over devices; the others are whole on every device
+            replicated = NamedSharding(mesh, PartitionSpec())
+            in_shardings = ({d: sharding if i == 0 else replicated for i, d in enumerate(nested_dims)},)
 
         if len(_CACHE) > 64:
             _CACHE.pop(next(iter(_CACHE)))
-        _CACHE[key] = jax.jit(batched, in_shardings=(sharding,), out_shardings=sharding)
+        _CACHE[key] = jax.jit(batched, in_shardings=in_shardings, out_shardings=sharding)
     return _CACHE[key]
 
 
@@ -121,6 +147,7 @@ def sweep(
     progress: bool = True,
     on_chunk: Callable[[int, int], None] | None = None,
     meta: Mapping[str, Any] | None = None,
+    nest: bool | None = None,
 ) -> SweepResult:
     """Evaluate ``fn(**point)`` on the cartesian grid of ``axes``.
 
@@ -134,7 +161,8 @@ def sweep(
         ``{name: 1-D values}``; the grid is their cartesian product in this order.
     chunk_size:
         Points per compiled call (default: all points up to 4096), rounded up to a
-        multiple of the device count. Bounds memory for large grids.
+        multiple of the device count (nested: to whole rows of the first axis, a multiple
+        of the device count of them). Bounds memory for large grids.
     out_dir:
         If given, each finished chunk is saved there (``chunk_00000.npz``) with a
         ``sweep.json`` manifest; rerunning the same sweep loads finished chunks.
@@ -144,6 +172,13 @@ def sweep(
         tqdm progress bar over chunks.
     on_chunk:
         ``on_chunk(i, n_chunks)`` called after chunk ``i`` is computed (and saved).
+    nest:
+        ``True``: one nested ``vmap`` per axis, so work that depends on some axes only is
+        shared across the others (for SGD over ratios x seeds, each seed's samples are
+        drawn once for all ratios). ``False``: one ``vmap`` over the flat list of points.
+        Default ``None``: nested for grids of two or more axes, unless ``chunk_size`` is
+        smaller than one row (the product of the other axes' lengths). Both give the
+        same values up to floating-point reassociation.
     """
     dims, coords, flat = _grid(axes)
     n = len(next(iter(flat.values())))
@@ -153,21 +188,38 @@ def sweep(
         chunk_size = min(n, 4096)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
-    chunk_size = int(math.ceil(chunk_size / n_dev) * n_dev)
+    if nest not in (None, True, False):
+        raise ValueError(f"nest must be True, False or None, got {nest!r}")
+    n_inner = n // len(coords[dims[0]])  # points in one row of the first axis
+    if nest is None:
+        nest = len(dims) >= 2 and chunk_size >= n_inner
+    if nest:
+        rows = max(1, chunk_size // n_inner)
+        rows = int(math.ceil(rows / n_dev) * n_dev)
+        chunk_size = rows * n_inner
+    else:
+        chunk_size = int(math.ceil(chunk_size / n_dev) * n_dev)
     n_chunks = int(math.ceil(n / chunk_size))
 
     mesh = Mesh(np.asarray(devices), ("points",))
     sharding = NamedSharding(mesh, PartitionSpec("points"))
+    replicated = NamedSharding(mesh, PartitionSpec())
 
-    compiled = _compiled(fn, tuple(devices))
+    compiled = _compiled(fn, tuple(devices), dims if nest else None)
 
     def chunk_points(i):
+        if nest:
+            # a block of rows of the first axis (the last block padded by repetition) and the
+            # other axes whole
+            first = coords[dims[0]]
+            lo = i * rows
+            idx = np.minimum(np.arange(lo, lo + rows), len(first) - 1)
+            return {d: (first[idx] if j == 0 else coords[d]) for j, d in enumerate(dims)}
         lo = i * chunk_size
         idx = np.minimum(np.arange(lo, lo + chunk_size), n - 1)  # pad the last chunk by repetition
-        return {d: flat[d][idx] for d in dims}, min(chunk_size, n - lo)
+        return {d: flat[d][idx] for d in dims}
 
-    example = {d: jnp.asarray(flat[d][:chunk_size]) for d in dims}
-    example = {d: jnp.concatenate([v, jnp.repeat(v[-1:], chunk_size - v.shape[0])]) for d, v in example.items()}
+    example = {d: jnp.asarray(v) for d, v in chunk_points(0).items()}
     out_struct = compiled.eval_shape(example)
     leaves_struct, treedef = jax.tree_util.tree_flatten(out_struct)
 
@@ -189,8 +241,9 @@ def sweep(
         bar = tqdm(total=n_chunks, initial=n_chunks - len(todo), desc="sweep", unit="chunk")
     try:
         for i in todo:
-            pts, _ = chunk_points(i)
-            pts = {d: jax.device_put(jnp.asarray(v), sharding) for d, v in pts.items()}
+            pts = chunk_points(i)
+            pts = {d: jax.device_put(jnp.asarray(v), replicated if nest and j > 0 else sharding)
+                   for j, (d, v) in enumerate(pts.items())}
             out = compiled(pts)
             out_leaves = jax.tree_util.tree_leaves(out)
             if out_leaves:
@@ -214,6 +267,7 @@ def sweep(
         leaves.append(jnp.asarray(full.reshape(grid_shape + full.shape[1:])))
     values = jax.tree_util.tree_unflatten(treedef, leaves)
     info = {"n_points": n, "chunk_size": chunk_size, "n_chunks": n_chunks, "n_devices": n_dev, "devices_used": devices_used,
+            "nested": bool(nest),
             "computed_chunks": len(todo), **dict(meta or {})}
     return SweepResult(dims, coords, values, info)
 

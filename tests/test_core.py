@@ -84,6 +84,47 @@ def test_integrate_event_terminates_at_threshold():
     assert np.all(np.diff(np.asarray(tr.ts)) >= 0)
 
 
+def test_unrolled_tsit5_equals_diffrax_tsit5():
+    import diffrax
+
+    from attnflow.deeplinear import factor_field
+
+    y0 = {"a": jnp.full(4, 0.03), "b": jnp.full(4, 0.02)}
+    kw = dict(args={"s": S, "tau": 2.0}, n_save=60, spacing="log", rtol=1e-9, atol=1e-12)
+    ours = af.integrate(factor_field, y0, 40.0, **kw)
+    ref = af.integrate(factor_field, y0, 40.0, solver=diffrax.Tsit5(), **kw)
+    for k in ("a", "b"):  # same tableau, steps and dense output: equal to round-off
+        np.testing.assert_allclose(ours[k], ref[k], rtol=1e-12, atol=1e-15)
+
+    # same accepted/rejected steps, and the FSAL state survives a jump (jump_ts)
+    def steps(solver, **extra):
+        sol = diffrax.diffeqsolve(diffrax.ODETerm(mode_field), solver, 0.0, 30.0, None, jnp.full(4, 1e-3),
+                                  {"s": S, "tau": 1.0}, stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=1e-10, **extra))
+        return sol.ys[-1], int(sol.stats["num_steps"]), int(sol.stats["num_rejected_steps"])
+
+    for extra in ({}, {"jump_ts": jnp.array([3.3, 7.1])}):
+        (ya, na, ra), (yb, nb, rb) = steps(af.UnrolledTsit5(), **extra), steps(diffrax.Tsit5(), **extra)
+        assert (na, ra) == (nb, rb)
+        np.testing.assert_allclose(ya, yb, rtol=1e-12)
+        np.testing.assert_allclose(ya, mode_strength(30.0, S, 1e-3), rtol=1e-7)
+
+    # reverse-mode through the unrolled stages
+    check_grads(lambda u0: af.integrate(mode_field, jnp.full(4, u0), 2.0, args={"s": S, "tau": 1.0}, n_save=2,
+                                        rtol=1e-11, atol=1e-14)["y"][-1], (1e-2,), order=1, modes=["rev"], eps=1e-7)
+
+
+def test_integrate_endpoint_saves_match_the_save_loop():
+    # n_save=2 saves t0 and t1 outside the step loop; it must equal explicit ts=[t0, t1]
+    kw = dict(args={"s": S, "tau": 1.0}, rtol=1e-10, atol=1e-13)
+    a = af.integrate(mode_field, jnp.full(4, 1e-3), 20.0, n_save=2, **kw)
+    b = af.integrate(mode_field, jnp.full(4, 1e-3), 20.0, ts=jnp.array([0.0, 20.0]), **kw)
+    np.testing.assert_array_equal(a.ts, b.ts)
+    np.testing.assert_allclose(a["y"], b["y"], rtol=1e-14)
+    # with an event the last save is the event time
+    e = af.integrate(mode_field, jnp.full(4, 1e-3), 50.0, n_save=2, event=lambda t, u, a: u[3] - 0.25, **kw)
+    assert float(e.ts[-1]) == pytest.approx(np.log(0.5 / 1e-3 - 1) / (2 * 0.5), rel=1e-8)
+
+
 def test_integrate_max_steps_error_names_time():
     with pytest.raises(af.MaxStepsError, match=r"max_steps=7 reached at t = [0-9.e-]+ before t1 = 100.*Increase max_steps"):
         af.integrate(mode_field, jnp.full(4, 1e-3), 100.0, args={"s": S, "tau": 1.0}, max_steps=7)

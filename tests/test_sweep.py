@@ -53,8 +53,35 @@ def test_sweep_cartesian_grid_and_chunks():
     a, b = np.meshgrid(np.arange(5.0), [1.0, 10.0, 100.0], indexing="ij")
     np.testing.assert_array_equal(res["sum"], a + b)
     np.testing.assert_array_equal(res["prod"], (a * b)[..., None] * np.ones(3))
-    assert res.meta["n_chunks"] == 4
+    # chunk_size 4 rounds down to whole rows of the first axis (one row of 3): 5 nested chunks
+    assert res.meta["nested"] and res.meta["n_chunks"] == 5 and res.meta["chunk_size"] == 3
     np.testing.assert_array_equal(res.sel(b=10.0)["sum"], np.arange(5.0) + 10)
+    flat = af.sweep(f, {"a": np.arange(5.0), "b": np.array([1.0, 10.0, 100.0])}, chunk_size=4, nest=False, progress=False)
+    assert not flat.meta["nested"] and flat.meta["n_chunks"] == 4
+    np.testing.assert_array_equal(flat["prod"], res["prod"])
+    # a chunk smaller than one row cannot nest: the default falls back to the flat layout
+    assert not af.sweep(f, {"a": np.arange(5.0), "b": np.arange(3.0)}, chunk_size=2, progress=False).meta["nested"]
+
+
+def test_nested_sweep_shares_work_across_axes():
+    # A seed-only computation runs once per seed when nested, once per grid point when flat.
+    calls = []
+
+    def f(r, seed):
+        x = jax.random.normal(jax.random.PRNGKey(seed), (3,))
+        jax.debug.callback(lambda v: calls.append(1), x)
+        return {"y": r * x}
+
+    axes = {"r": np.geomspace(0.1, 10.0, 7), "seed": np.arange(4)}
+    nested = af.sweep(f, axes, progress=False)
+    n_nested = len(calls)
+    calls.clear()
+    flat = af.sweep(f, axes, nest=False, progress=False)
+    assert (n_nested, len(calls)) == (4, 28)
+    np.testing.assert_allclose(nested["y"], flat["y"], rtol=1e-15)
+    for i, r in enumerate(axes["r"]):
+        for j, seed in enumerate(axes["seed"]):
+            np.testing.assert_allclose(nested["y"][i, j], r * jax.random.normal(jax.random.PRNGKey(seed), (3,)), rtol=1e-15)
 
 
 def test_sweep_resumes_after_interruption(tmp_path):
@@ -90,6 +117,8 @@ def test_sweep_bad_input():
         af.sweep(lambda eta: eta, {"eta": np.array([1.0, np.nan])})
     with pytest.raises(ValueError, match="chunk_size"):
         af.sweep(lambda eta: eta, {"eta": np.ones(3)}, chunk_size=0)
+    with pytest.raises(ValueError, match="nest must be.*'yes'"):
+        af.sweep(lambda eta: eta, {"eta": np.ones(3)}, nest="yes")
 
 
 SCRIPT = textwrap.dedent(
@@ -105,7 +134,11 @@ SCRIPT = textwrap.dedent(
                                  n_save=8, rtol=1e-9, atol=1e-12)["y"]
     res = af.sweep(f, {"eta": etas}, chunk_size=32, progress=False)
     np.save(sys.argv[1], np.asarray(res.values))
-    print(json.dumps({"device_count": jax.device_count(), "devices_used": res.meta["devices_used"]}))
+    # a nested 2-D grid: blocks of the first axis split over the devices
+    g = af.sweep(lambda a, b: a * 10.0 + b, {"a": np.arange(6.0), "b": np.arange(3.0)}, chunk_size=7, progress=False)
+    ok = bool(np.all(np.asarray(g.values) == np.arange(6.0)[:, None] * 10 + np.arange(3.0)))
+    print(json.dumps({"device_count": jax.device_count(), "devices_used": res.meta["devices_used"],
+                      "nested_devices": g.meta["devices_used"], "nested_ok": ok}))
     """
 )
 
@@ -118,7 +151,7 @@ def test_sweep_shards_over_four_host_devices(tmp_path):
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     info = json.loads(out.stdout.strip().splitlines()[-1])
-    assert info == {"device_count": 4, "devices_used": 4}
+    assert info == {"device_count": 4, "devices_used": 4, "nested_devices": 4, "nested_ok": True}
     sharded = np.load(tmp_path / "y.npy")
     etas = np.geomspace(1e-3, 5e-2, 64)
     f = lambda eta: af.integrate(mode_field, jnp.full(4, 1e-3), 1500.0, args={"s": S, "tau": 1.0 / eta},

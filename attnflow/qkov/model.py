@@ -11,10 +11,14 @@ Tokens are one-hot in ``R^V``; only the last position's attention row is compute
 | `CAFO` | ``W_qk`` | ``W_o W_v`` |
 | `FAFO` | ``W_q^T W_k`` | ``W_o W_v`` |
 
-Token ids become one-hot matrices inside the forward pass, so every product is a dense
-matmul (gathers and their scatter-add gradients are much slower on CPU). Factorised
-circuits form their product first; for the vocabularies here (V ~ 50) that is cheaper
-than two batched contractions, and the gradient reaches each factor by the chain rule.
+Token ids become one-hot matrices inside the forward pass, so every contraction is a dense
+product: ``A = onehot(x_T) W_QK`` (a matmul), ``s_i = A . onehot(x_i)``, the attended token
+histogram ``h = sum_i a_i onehot(x_i)`` and ``z = W_OV h`` (a matmul). For V ~ 50 this is as
+fast as gathers for one run (0.37 vs 0.42 ms per SGD step) and, unlike gathers, whose
+batched scatter-add gradients XLA:CPU runs serially, it stays fast under ``vmap``: a sweep
+of 16 ratios x 4 seeds with shared samples runs 4.4x a loop of single runs, against 0.8x
+with gathers. Factorised circuits form their product first; the gradient reaches each
+factor by the chain rule.
 """
 
 from __future__ import annotations
@@ -94,14 +98,15 @@ class QKOVModel(eqx.Module):
 
     def scores(self, query: jax.Array, keys: jax.Array) -> jax.Array:
         """``x_T^T W_QK x_i`` for token ids ``query`` (B,) and ``keys`` (B, L)."""
-        # gathers, not one-hot matmuls: O(B L) work instead of O(B L V), and cheap under vmap
         W = self.W_QK()
-        return jnp.take_along_axis(W[query], keys, axis=1)
+        A = jax.nn.one_hot(query, W.shape[0], dtype=W.dtype) @ W  # row x_T^T W_QK, (B, V)
+        return jnp.einsum("blv,bv->bl", jax.nn.one_hot(keys, W.shape[1], dtype=W.dtype), A)
 
     def readout(self, keys: jax.Array, a: jax.Array) -> jax.Array:
         """``W_OV sum_i a_i x_i`` for key ids (B, L) and attention (B, L)."""
         W = self.W_OV()
-        return jnp.einsum("bl,blo->bo", a, W.T[keys])
+        h = jnp.einsum("bl,blv->bv", a, jax.nn.one_hot(keys, W.shape[1], dtype=a.dtype))  # attended histogram
+        return h @ W.T
 
     @property
     def parametrisation(self) -> str:
