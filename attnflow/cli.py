@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     from .registry import get_experiment, headline, load_all
 
     enable_x64()  # theory runs in float64: enabled here, at the entry point
+    from .rng import unroll_threefry_on_cpu
+
+    unroll_threefry_on_cpu()  # same random bits, faster CPU lowering (attnflow.rng)
     try:
         if args.command == "list":
             for e in load_all().values():

@@ -27,6 +27,7 @@ import numpy as np
 import optax
 
 from . import _validate as V
+from .rng import unroll_threefry_on_cpu
 from .ode import DivergenceError
 from .trajectory import Trajectory
 
@@ -157,6 +158,9 @@ def simulate(
     parameter stops the run with `DivergenceError` naming the step.
     """
     steps = V.positive_int("steps", steps)
+    # same random bits, hashed without JAX's rolled CPU loop (see attnflow.rng); this call
+    # may sit inside an outer jit, which lowers after tracing, so the outer program gains too
+    unroll_threefry_on_cpu()
     mode = FullBatch() if mode is None else mode
     if not isinstance(mode, TrainingMode):
         raise ValueError(f"mode must be FullBatch, OnlineSGD or Minibatch, got {mode!r}")

@@ -7,7 +7,8 @@ D = 1024 and 4096, 8 seeds:
   (c) eager PyTorch (optional extra ``torch``), one seed after the other, the same model, loss and
       sampler written step by step (the loop a user writes by hand).
 Compile time is excluded (warm timings, best of 2). PyTorch runs fewer steps and is reported
-per sample.
+per sample. A fourth column times the step's Gaussian draws alone (the bound on any sampler built
+on `jax.random`). attnflow lowers threefry unrolled on CPU (`attnflow.rng`, same bits).
 
 Part 2, cost of one evaluation of the order-parameter field against the Monte Carlo bank size
 (H=4, L=8, cyclic permutation copies, float64).
@@ -60,6 +61,25 @@ def jax_runs(D, steps):
     return t_vmap, t_loop, compile_v, res
 
 
+def gaussian_floor(D, steps):
+    """Samples/s if a step cost only its Gaussian draws: SEEDS x L x D normals per step, in a scan.
+
+    Online SGD needs a fresh (L, D) Gaussian token matrix per sample, so this bounds any
+    implementation that uses `jax.random.normal`, whatever the model costs.
+    """
+    af.unroll_threefry_on_cpu()
+
+    @jax.jit
+    def draws(key):
+        def body(c, i):
+            return c + jnp.sum(jax.random.normal(jax.random.fold_in(key, i), (SEEDS, L, D))), None
+        return jax.lax.scan(body, jnp.float32(0), jnp.arange(steps))[0]
+
+    draws(jax.random.PRNGKey(0)).block_until_ready()
+    t, _ = best_of(lambda: draws(jax.random.PRNGKey(1)))
+    return SEEDS * steps / t
+
+
 def torch_runs(D, steps):
     try:
         import torch
@@ -106,7 +126,8 @@ def main():
     ap.add_argument("--Ds", type=int, nargs="+", default=[1024, 4096])
     args = ap.parse_args()
     print(f"online SGD, softmax, H={H}, L={L}, {SEEDS} seeds, float32; devices: {jax.devices()}")
-    print(f"{'D':>6} {'vmapped scan':>14} {'loop of jitted':>15} {'eager torch':>13} {'vmap/loop':>10} {'vmap/torch':>11}  (samples/s)")
+    print(f"{'D':>6} {'vmapped scan':>14} {'loop of jitted':>15} {'eager torch':>13} {'draws only':>11} {'vmap/loop':>10} "
+          f"{'vmap/torch':>11} {'draws/torch':>12}  (samples/s)")
     for D in args.Ds:
         steps = max(1, args.steps * 1024 // D)
         t_vmap, t_loop, comp, _ = jax_runs(D, steps)
@@ -114,8 +135,11 @@ def main():
         r_vmap, r_loop = n / t_vmap, n / t_loop
         t_torch = torch_runs(D, args.torch_steps)
         r_torch = SEEDS * args.torch_steps / t_torch if t_torch else float("nan")
-        print(f"{D:>6} {r_vmap:>14.3g} {r_loop:>15.3g} {r_torch:>13.3g} {r_vmap / r_loop:>10.2f} {r_vmap / r_torch:>11.1f}"
-              f"   (compile {comp:.1f} s; {steps} steps/seed)")
+        r_floor = gaussian_floor(D, steps)
+        print(f"{D:>6} {r_vmap:>14.3g} {r_loop:>15.3g} {r_torch:>13.3g} {r_floor:>11.3g} {r_vmap / r_loop:>10.2f} "
+              f"{r_vmap / r_torch:>11.1f} {r_floor / r_torch:>12.1f}   (compile {comp:.1f} s; {steps} steps/seed)")
+    print("'draws only': a scan that only draws the step's Gaussians (SEEDS x L x D normals), the bound on any "
+          "jax.random sampler; 'draws/torch' is the largest ratio to PyTorch it allows")
     jax.config.update("jax_enable_x64", True)
     print("\norder-parameter field (expectation form, float64), one evaluation, H=4, L=8:")
     print(f"{'base draws':>10} {'bank size':>10} {'time (ms)':>10} {'ns per draw':>12}")

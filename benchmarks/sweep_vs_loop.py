@@ -90,6 +90,23 @@ def main():
     print(f"{'loop of jitted single solves, warm':38s} {t_loop:10.4f} {err_loop:12.2e}")
     print(f"{'  compile of the single solve':38s} {t_compile_single:10.4f}")
     print(f"{'loop of scipy solve_ivp (RK45)':38s} {t_scipy:10.4f} {err_scipy:12.2e}")
+    # where the time goes: accepted steps per solve, cost per step, call overhead
+    import diffrax
+
+    def n_steps(eta):
+        return diffrax.diffeqsolve(diffrax.ODETerm(mode_field), af.UnrolledTsit5(), 0.0, T, None, jnp.full(4, U0),
+                                   {"s": jnp.asarray(S), "tau": 1.0 / eta}, max_steps=100_000,
+                                   stepsize_controller=diffrax.PIDController(rtol=RTOL, atol=ATOL)).stats["num_steps"]
+
+    steps = np.asarray(jax.jit(jax.vmap(n_steps))(jnp.asarray(etas)))
+    trivial = jax.jit(lambda x: x + 1.0)
+    x = jnp.ones(4)
+    trivial(x).block_until_ready()
+    t_call, _ = best_of(lambda: [trivial(x).block_until_ready() for _ in range(1000)])
+    print(f"steps per solve: {steps.min()}..{steps.max()} (mean {steps.mean():.0f}); the vmapped sweep runs all lanes "
+          f"for the slowest one: {1e6 * t_sweep / steps.max():.1f} us per batched step of {args.n} lanes")
+    print(f"loop: {1e6 * t_loop / args.n:.1f} us per solve, of which {1e6 * t_call / 1000:.1f} us is the call of a "
+          f"trivial jitted function; 50x would need {1e9 * t_loop / args.n / 50 / steps.max():.0f} ns per lane-step in the sweep")
     print(f"ratio sweep vs jitted loop: {t_loop / t_sweep:8.1f}x   (target >= 50x)")
     print(f"ratio sweep vs scipy loop:  {t_scipy / t_sweep:8.1f}x   (target >= 200x)")
     print(f"ratio stacked state vs jitted loop: {t_loop / t_stacked:8.1f}x, vs scipy loop: {t_scipy / t_stacked:8.1f}x")

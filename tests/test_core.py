@@ -347,3 +347,35 @@ def test_overlay_figure(tmp_path):
     assert axes[0].get_ylabel() == "u"
     path = af.save_figure(fig, tmp_path / "f.png")
     assert path.stat().st_size > 5000
+
+
+# ----------------------------------------------------------------------------- rng
+_RNG_SCRIPT = """
+import sys, jax, jax.numpy as jnp, numpy as np
+if sys.argv[1] == "unrolled":
+    import attnflow as af
+    assert af.unroll_threefry_on_cpu()
+f = jax.jit(lambda k: (jax.random.normal(k, (4099,)), jax.random.bits(jax.random.split(k, 3)[2], (77,)),
+                       jax.random.uniform(jax.random.fold_in(k, 5), (3, 5), dtype=jnp.float64)))
+hlo = f.lower(jax.random.PRNGKey(11)).compile().as_text()
+np.savez(sys.argv[2], *[np.asarray(x) for x in f(jax.random.PRNGKey(11))], loops=np.array(hlo.count(" while(")))
+"""
+
+
+def test_unrolled_threefry_gives_identical_bits(tmp_path):
+    # JAX's own rolled CPU lowering (a fresh process without attnflow) vs the unrolled one
+    import subprocess
+    import sys
+
+    script = tmp_path / "rng.py"
+    script.write_text(_RNG_SCRIPT)
+    env = {**__import__("os").environ, "JAX_PLATFORMS": "cpu", "JAX_ENABLE_X64": "1"}
+    out = {}
+    for mode in ("rolled", "unrolled"):
+        p = subprocess.run([sys.executable, str(script), mode, str(tmp_path / f"{mode}.npz")], env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        out[mode] = np.load(tmp_path / f"{mode}.npz")
+    assert int(out["rolled"]["loops"]) >= 1 and int(out["unrolled"]["loops"]) == 0  # the hash loop is gone
+    for j in range(3):
+        np.testing.assert_array_equal(out["rolled"][f"arr_{j}"], out["unrolled"][f"arr_{j}"])
