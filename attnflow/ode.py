@@ -84,12 +84,11 @@ class UnrolledTsit5(diffrax.AbstractAdaptiveSolver):
 
 def _combine(weights, ks):
     """``sum_j w_j k_j`` over the non-zero tableau weights (trace-time constants)."""
-    terms = [float(w) * k for w, k in zip(weights, ks) if w != 0]
-    out = terms[0]
-    for t in terms[1:]:
-        out = out + t
+    parts = [float(w) * k for w, k in zip(weights, ks) if w != 0]
+    out = parts[0]
+    for part in parts[1:]:
+        out = out + part
     return out
-
 
 
 class DivergenceError(FloatingPointError):

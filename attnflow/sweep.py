@@ -7,8 +7,10 @@ call whose leading axis is sharded over all devices with a ``jax.sharding`` mesh
 A grid of two or more axes is vectorised with one nested ``vmap`` per axis (chunks are
 blocks of the first axis): whatever ``fn`` computes from some axes only (the data of a
 seed, say) then stays unbatched along the others and is computed once, not once per grid
-point. A flat ``vmap`` over the list of points (``nest=False``) batches everything. With ``out_dir`` every finished chunk is saved atomically, and a
-rerun after an interruption loads finished chunks instead of recomputing them.
+point. A flat ``vmap`` over the list of points (``nest=False``) batches everything.
+
+With ``out_dir`` every finished chunk is saved atomically, and a rerun after an
+interruption loads finished chunks instead of recomputing them.
 """
 
 from __future__ import annotations
