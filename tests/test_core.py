@@ -108,6 +108,18 @@ def test_unrolled_tsit5_equals_diffrax_tsit5():
         np.testing.assert_allclose(ya, yb, rtol=1e-12)
         np.testing.assert_allclose(ya, mode_strength(30.0, S, 1e-3), rtol=1e-7)
 
+    # the default: unrolled for a small field, Diffrax's rolled stage loop for a large one
+    assert ours.meta["integrator"] == "UnrolledTsit5"
+
+    def big_field(t, y, a):
+        for _ in range(af.ode.UNROLL_MAX_PRIMITIVES):
+            y = y * 1.0
+        return -y
+
+    big = af.integrate(big_field, jnp.ones(2), 1.0, n_save=2)
+    assert big.meta["integrator"] == "Tsit5"
+    np.testing.assert_allclose(big["y"][-1], np.exp(-1.0) * np.ones(2), rtol=1e-7)
+
     # reverse-mode through the unrolled stages
     check_grads(lambda u0: af.integrate(mode_field, jnp.full(4, u0), 2.0, args={"s": S, "tau": 1.0}, n_save=2,
                                         rtol=1e-11, atol=1e-14)["y"][-1], (1e-2,), order=1, modes=["rev"], eps=1e-7)
