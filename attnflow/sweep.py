@@ -97,7 +97,16 @@ def _grid(axes: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, np.ndarra
 _CACHE: dict[tuple[Any, ...], Any] = {}
 
 
-def _compiled(fn: Callable[..., Any], devices: tuple, nested_dims: tuple | None = None) -> Any:
+def _shardings(devices: tuple, dims: tuple, nested: bool) -> tuple[NamedSharding, dict[str, NamedSharding]]:
+    """The point-axis sharding over ``devices``, and each axis input's sharding: all split
+    (flat), or the first split and the others whole on every device (nested)."""
+    mesh = Mesh(np.asarray(devices), ("points",))
+    split = NamedSharding(mesh, PartitionSpec("points"))
+    whole = NamedSharding(mesh, PartitionSpec())
+    return split, {d: split if i == 0 or not nested else whole for i, d in enumerate(dims)}
+
+
+def _compiled(fn: Callable[..., Any], devices: tuple, dims: tuple, nested_dims: tuple | None = None) -> Any:
     """One jitted, sharded, vmapped ``fn`` per (fn, devices, layout), reused across calls.
 
     Flat (``nested_dims=None``): ``vmap`` over a list of points, each axis an array of the
@@ -107,16 +116,13 @@ def _compiled(fn: Callable[..., Any], devices: tuple, nested_dims: tuple | None 
     A new ``jax.jit`` per call would retrace and recompile every time; caching on the
     function object makes the second sweep of the same ``fn`` run at full speed.
     """
-    key = (fn, devices, nested_dims)
+    key = (fn, devices, dims, nested_dims)
     if key not in _CACHE:
-        mesh = Mesh(np.asarray(devices), ("points",))
-        sharding = NamedSharding(mesh, PartitionSpec("points"))
+        sharding, inputs = _shardings(devices, dims, nested_dims is not None)
 
         if nested_dims is None:
             def batched(point):
                 return jax.vmap(lambda p: fn(**p))(point)
-
-            in_shardings = (sharding,)
         else:
             def batched(point):
                 def over(i, fixed):
@@ -129,13 +135,9 @@ def _compiled(fn: Callable[..., Any], devices: tuple, nested_dims: tuple | None 
                 out = over(0, {})
                 return jax.tree_util.tree_map(lambda x: x.reshape((x.shape[0] * n_inner,) + x.shape[len(nested_dims):]), out)
 
-            # the first axis is split over devices; the others are whole on every device
-            replicated = NamedSharding(mesh, PartitionSpec())
-            in_shardings = ({d: sharding if i == 0 else replicated for i, d in enumerate(nested_dims)},)
-
         if len(_CACHE) > 64:
             _CACHE.pop(next(iter(_CACHE)))
-        _CACHE[key] = jax.jit(batched, in_shardings=in_shardings, out_shardings=sharding)
+        _CACHE[key] = jax.jit(batched, in_shardings=(inputs,), out_shardings=sharding)
     return _CACHE[key]
 
 
@@ -203,11 +205,8 @@ def sweep(
         chunk_size = int(math.ceil(chunk_size / n_dev) * n_dev)
     n_chunks = int(math.ceil(n / chunk_size))
 
-    mesh = Mesh(np.asarray(devices), ("points",))
-    sharding = NamedSharding(mesh, PartitionSpec("points"))
-    replicated = NamedSharding(mesh, PartitionSpec())
-
-    compiled = _compiled(fn, tuple(devices), dims if nest else None)
+    _, inputs = _shardings(tuple(devices), dims, nest)
+    compiled = _compiled(fn, tuple(devices), dims, dims if nest else None)
 
     def chunk_points(i):
         if nest:
@@ -244,8 +243,7 @@ def sweep(
     try:
         for i in todo:
             pts = chunk_points(i)
-            pts = {d: jax.device_put(jnp.asarray(v), replicated if nest and j > 0 else sharding)
-                   for j, (d, v) in enumerate(pts.items())}
+            pts = {d: jax.device_put(jnp.asarray(v), inputs[d]) for d, v in pts.items()}
             out = compiled(pts)
             out_leaves = jax.tree_util.tree_leaves(out)
             if out_leaves:
