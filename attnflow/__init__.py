@@ -21,7 +21,7 @@ from .report import Report
 from .rng import unroll_threefry_on_cpu
 from .saddle import escape_time, fixed_point, jacobian, spectrum, unstable_subspace
 from .simulate import FullBatch, Minibatch, OnlineSGD, save_steps, simulate
-from .sweep import SweepResult, sweep
+from .sweep import SweepResult, sweep, use_cpu_cores
 from .trajectory import Trajectory, compare
 
 __all__ = [
@@ -29,5 +29,5 @@ __all__ = [
     "SweepResult", "Trajectory", "compare", "enable_x64", "escape_time", "expect", "fixed_point",
     "gauss_hermite", "gradient_flow", "heatmap", "integrate", "jacobian", "label_by_path", "optim", "overlay",
     "per_circuit", "plot", "psd_sqrt", "saddle", "save_figure", "save_steps", "save_times",
-    "simulate", "spectrum", "sweep", "unstable_subspace", "UnrolledTsit5", "unroll_threefry_on_cpu", "rng",
+    "simulate", "spectrum", "sweep", "unstable_subspace", "use_cpu_cores", "UnrolledTsit5", "unroll_threefry_on_cpu", "rng",
 ]

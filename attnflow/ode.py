@@ -22,6 +22,7 @@ import numpy as np
 import optimistix as optx
 
 from . import _validate as V
+from ._jit import filter_jit
 from .trajectory import Trajectory
 
 __all__ = ["UnrolledTsit5", "integrate", "gradient_flow", "save_times", "require_x64", "enable_x64", "DivergenceError", "MaxStepsError"]
@@ -327,7 +328,7 @@ def integrate(
     return Trajectory(out_ts, out_ys, m)
 
 
-@eqx.filter_jit
+@filter_jit
 def _solve(field, y0, args, t0, t1, ts, observe, solver, controller, dt0, max_steps, event, progress, adjoint,
            endpoints=False):
     term = diffrax.ODETerm(field)

@@ -27,6 +27,7 @@ import numpy as np
 import optax
 
 from . import _validate as V
+from ._jit import filter_jit
 from .rng import unroll_threefry_on_cpu
 from .ode import DivergenceError
 from .trajectory import Trajectory
@@ -200,7 +201,7 @@ def simulate(
     return traj
 
 
-@eqx.filter_jit
+@filter_jit
 def _run(loss, params, static, optimizer, mode, key, observe, s_save, progress):
     opt_state = optimizer.init(params)
     lengths = jnp.asarray(np.diff(np.asarray(s_save)), dtype=jnp.int32)
@@ -217,9 +218,11 @@ def _run(loss, params, static, optimizer, mode, key, observe, s_save, progress):
         # keep each parameter's dtype (a float64 learning rate must not promote float32 weights)
         p_new = jax.tree_util.tree_map(lambda a, u: a if u is None else (a + u).astype(a.dtype), p, updates,
                                        is_leaf=lambda x: x is None)
-        finite = jnp.isfinite(value) & jnp.all(
-            jnp.array([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(p_new)])
-        )
+        # x * 0 is 0 for finite x and NaN for NaN or Inf, and a sum of zeros cannot overflow:
+        # one fast sum per leaf finds any non-finite entry (XLA:CPU lowers all(isfinite(x)) as an
+        # unfused boolean reduce-window, 5x slower on the heads-SGD weights)
+        probe = value * 0 + sum(jnp.sum(x * 0) for x in jax.tree_util.tree_leaves(p_new))
+        finite = probe == 0
         bad = jnp.where((bad < 0) & ~finite, i, bad)
         # Once diverged, freeze so the recorded observables stay finite up to the error.
         keep = bad < 0

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _validate as V
+from ..rng import normal
 
 __all__ = ["Prior", "FlippedSpike", "AnisotropicGaussian", "Discrete", "PointMass", "SingleLocationTask", "bayes_risk"]
 
@@ -158,6 +159,8 @@ class SingleLocationTask(eqx.Module):
     """``L`` tokens in dimension ``D`` with ``F`` orthogonal spikes ``k*_f`` (``|k*_f|^2 = D``, exact QR).
 
     ``location=None`` draws the signal location uniformly per sample; an index fixes it.
+    ``dtype``: of the tokens (default: JAX's default float, float64 with x64 on); float32 tokens
+    are drawn with `attnflow.rng.normal`, float64 ones with ``jax.random.normal``.
     ``target="token"`` (default): ``y = x_eps``. ``target="scalar"`` (spec 5.3): ``y = z_eps + sqrt(Delta) xi_0``
     with ``z_l = x_l . v* / sqrt(D)`` for a fixed ``v*`` orthogonal to the spikes, ``|v*|^2 = D``."""
 
@@ -170,7 +173,7 @@ class SingleLocationTask(eqx.Module):
     target: str = eqx.field(static=True)
 
     def __init__(self, D: int, L: int, prior: Prior, key: Any = 0, location: int | None = None, target: str = "token",
-                 Delta: float = 0.0):
+                 Delta: float = 0.0, dtype: Any = None):
         D = V.positive_int("D", D, minimum=2)
         self.L = V.positive_int("L", L, minimum=2)
         if not isinstance(prior, Prior):
@@ -179,7 +182,10 @@ class SingleLocationTask(eqx.Module):
             raise ValueError(f"need F <= D, got F = {prior.F}, D = {D}")
         key = V.prng_key(key)
         q, _ = jnp.linalg.qr(jax.random.normal(key, (D, prior.F)))
-        self.spikes = jnp.sqrt(D) * q.T
+        dtype = jnp.result_type(float) if dtype is None else jnp.dtype(dtype)
+        if not jnp.issubdtype(dtype, jnp.floating):
+            raise ValueError(f"dtype must be a floating type, got {dtype}")
+        self.spikes = (jnp.sqrt(D) * q.T).astype(dtype)
         self.prior = prior
         if location is not None and not 0 <= int(location) < self.L:
             raise ValueError(f"location must be None (random) or an index in [0, {self.L}), got {location!r}")
@@ -205,15 +211,19 @@ class SingleLocationTask(eqx.Module):
         else:
             eps = jnp.full((batch_size,), self.location)
         theta = self.prior.sample(k2, batch_size)
-        X = jax.random.normal(k3, (batch_size, self.L, self.D), dtype=self.spikes.dtype)
+        # float32 tokens: Box-Muller on both Threefry words (attnflow.rng.normal, ~2x jax.random.normal);
+        # float64: jax.random.normal
+        X = normal(k3, (batch_size, self.L, self.D), dtype=self.spikes.dtype)
         signal = (theta @ self.spikes) / jnp.sqrt(self.D)
-        X = X + jax.nn.one_hot(eps, self.L, dtype=X.dtype)[:, :, None] * signal[:, None, :]
+        rows = jnp.arange(batch_size)
+        # add the signal to the eps-th token only (a scatter, not a one-hot product over all L tokens)
+        X = X.at[rows, eps].add(signal.astype(X.dtype))
         if self.target == "scalar":
             z = X @ self.readout / jnp.sqrt(self.D)
             xi0 = jax.random.normal(jax.random.fold_in(k1, 7), (batch_size,), dtype=X.dtype)
             y = jnp.take_along_axis(z, eps[:, None], axis=1)[:, 0] + jnp.sqrt(self.Delta) * xi0
             return X, y, eps, z
-        y = jnp.take_along_axis(X, eps[:, None, None], axis=1)[:, 0]
+        y = X[rows, eps]
         return X, y, eps
 
 
