@@ -6,14 +6,17 @@ D = 1024 and 4096, 8 seeds:
   (b) a sequential Python loop of the same jitted single-seed run (compiled once);
   (c) eager PyTorch (optional extra ``torch``), one seed after the other, the same model, loss and
       sampler written step by step (the loop a user writes by hand).
-Compile time is excluded (warm timings, best of 2). PyTorch runs fewer steps and is reported
-per sample. A fourth column times the step's Gaussian draws alone (the bound on any sampler built
-on `jax.random`). attnflow lowers threefry unrolled on CPU (`attnflow.rng`, same bits).
+Compile time is excluded (warm timings, best of 2, PyTorch too, and PyTorch first). PyTorch runs
+fewer steps and is reported per sample. A fourth column times the step's Gaussian draws alone, swept over the seeds like the
+SGD run (roughly the most any model on this sampler can reach). The float32 tokens are drawn with
+`attnflow.rng.normal` (Box-Muller on both Threefry words; threefry unrolled on CPU). By default
+the script exposes one CPU device per core (`attnflow.use_cpu_cores`), so the sweep runs seeds
+side by side; `--devices 1` gives the single-device numbers.
 
 Part 2, cost of one evaluation of the order-parameter field against the Monte Carlo bank size
 (H=4, L=8, cyclic permutation copies, float64).
 
-Usage: python benchmarks/heads_sgd.py [--steps 4000] [--torch-steps 500]
+Usage: python benchmarks/heads_sgd.py [--steps 4000] [--torch-steps 500] [--devices N]
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import attnflow as af
+from attnflow._jit import cpu_compiler_options
 from attnflow.heads import FieldBank, FlippedSpike, HeadsDynamics, MultiHead, SingleLocationTask, Softmax, online_sgd
 from attnflow.heads.theory import order_parameter_field
 
@@ -55,28 +59,30 @@ def jax_runs(D, steps):
     af.sweep(one, {"seed": seeds}, progress=False)
     compile_v = time.perf_counter() - t0
     t_vmap, res = best_of(lambda: af.sweep(one, {"seed": seeds}, progress=False).values["M"])
-    single = jax.jit(lambda s: one(s)["M"])
+    single = jax.jit(lambda s: one(s)["M"], compiler_options=cpu_compiler_options())  # as sweep compiles
     single(0).block_until_ready()
     t_loop, _ = best_of(lambda: [single(s) for s in seeds])
     return t_vmap, t_loop, compile_v, res
 
 
 def gaussian_floor(D, steps):
-    """Samples/s if a step cost only its Gaussian draws: SEEDS x L x D normals per step, in a scan.
+    """Samples/s if a step cost only its Gaussian draws: L x D normals per seed and step, in a scan
+    per seed, swept over the seeds like the SGD run (same sampler, `attnflow.rng.normal`, same
+    devices and compiler options).
 
-    Online SGD needs a fresh (L, D) Gaussian token matrix per sample, so this bounds any
-    implementation that uses `jax.random.normal`, whatever the model costs.
+    Online SGD needs a fresh (L, D) Gaussian token matrix per sample, so this bounds the SGD
+    run, whatever the model costs.
     """
-    af.unroll_threefry_on_cpu()
+    def per_seed(seed):
+        key = jax.random.PRNGKey(seed)
 
-    @jax.jit
-    def draws(key):
         def body(c, i):
-            return c + jnp.sum(jax.random.normal(jax.random.fold_in(key, i), (SEEDS, L, D))), None
+            return c + jnp.sum(af.rng.normal(jax.random.fold_in(key, i), (L, D))), None
         return jax.lax.scan(body, jnp.float32(0), jnp.arange(steps))[0]
 
-    draws(jax.random.PRNGKey(0)).block_until_ready()
-    t, _ = best_of(lambda: draws(jax.random.PRNGKey(1)))
+    seeds = np.arange(SEEDS)
+    af.sweep(per_seed, {"seed": seeds}, progress=False)
+    t, _ = best_of(lambda: af.sweep(per_seed, {"seed": seeds}, progress=False).values)
     return SEEDS * steps / t
 
 
@@ -124,22 +130,30 @@ def main():
     ap.add_argument("--steps", type=int, default=4000, help="SGD steps per seed for the JAX runs")
     ap.add_argument("--torch-steps", type=int, default=500, help="SGD steps per seed for eager PyTorch")
     ap.add_argument("--Ds", type=int, nargs="+", default=[1024, 4096])
+    ap.add_argument("--devices", type=int, default=None,
+                    help="CPU devices for the sweep (default: one per core, attnflow.use_cpu_cores)")
     args = ap.parse_args()
+    af.use_cpu_cores(args.devices)  # before any JAX computation
     print(f"online SGD, softmax, H={H}, L={L}, {SEEDS} seeds, float32; devices: {jax.devices()}")
     print(f"{'D':>6} {'vmapped scan':>14} {'loop of jitted':>15} {'eager torch':>13} {'draws only':>11} {'vmap/loop':>10} "
           f"{'vmap/torch':>11} {'draws/torch':>12}  (samples/s)")
+    # PyTorch first, for every D: XLA's worker threads keep spinning for a while after a JAX
+    # call and slow an eager loop started right after it (up to 1.5x here)
+    t_torchs = {D: torch_runs(D, args.torch_steps) for D in args.Ds}
+    if all(t_torchs.values()):  # best of 2, as for the JAX runs
+        t_torchs = {D: min(t, torch_runs(D, args.torch_steps)) for D, t in t_torchs.items()}
     for D in args.Ds:
         steps = max(1, args.steps * 1024 // D)
+        t_torch = t_torchs[D]
         t_vmap, t_loop, comp, _ = jax_runs(D, steps)
         n = SEEDS * steps
         r_vmap, r_loop = n / t_vmap, n / t_loop
-        t_torch = torch_runs(D, args.torch_steps)
         r_torch = SEEDS * args.torch_steps / t_torch if t_torch else float("nan")
         r_floor = gaussian_floor(D, steps)
         print(f"{D:>6} {r_vmap:>14.3g} {r_loop:>15.3g} {r_torch:>13.3g} {r_floor:>11.3g} {r_vmap / r_loop:>10.2f} "
               f"{r_vmap / r_torch:>11.1f} {r_floor / r_torch:>12.1f}   (compile {comp:.1f} s; {steps} steps/seed)")
-    print("'draws only': a scan that only draws the step's Gaussians (SEEDS x L x D normals), the bound on any "
-          "jax.random sampler; 'draws/torch' is the largest ratio to PyTorch it allows")
+    print("'draws only': per seed, a scan that only draws its L x D Gaussians per step (attnflow.rng.normal), swept "
+          "like the SGD run: roughly the most any model on this sampler reaches; 'draws/torch': its ratio to PyTorch")
     jax.config.update("jax_enable_x64", True)
     print("\norder-parameter field (expectation form, float64), one evaluation, H=4, L=8:")
     print(f"{'base draws':>10} {'bank size':>10} {'time (ms)':>10} {'ns per draw':>12}")
