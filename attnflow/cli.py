@@ -31,10 +31,14 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override an option (JSON value)")
     r.add_argument("--out", default="attnflow-out", help="output folder (default: attnflow-out)")
     r.add_argument("--quiet", action="store_true", help="no progress output")
+    r.add_argument("--cpu-devices", type=int, default=None, metavar="N",
+                   help="split the CPU into N devices, over which sweeps shard their points (attnflow.use_cpu_cores)")
     rp = sub.add_parser("reproduce", help="run the headline experiment of each package")
     rp.add_argument("--all", action="store_true", help="run every registered experiment")
     rp.add_argument("--out", default="attnflow-out", help="output folder (default: attnflow-out)")
     rp.add_argument("--quiet", action="store_true", help="no progress output")
+    rp.add_argument("--cpu-devices", type=int, default=None, metavar="N",
+                    help="split the CPU into N devices, over which sweeps shard their points (attnflow.use_cpu_cores)")
     return p
 
 
@@ -52,6 +56,13 @@ def _run_one(exp, overrides, out: Path, quiet: bool) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if getattr(args, "cpu_devices", None) is not None:
+        if args.cpu_devices < 1:
+            print(f"attnflow: error: --cpu-devices must be a positive integer, got {args.cpu_devices}", file=sys.stderr)
+            return 2
+        from .sweep import use_cpu_cores
+
+        use_cpu_cores(args.cpu_devices)  # before any JAX computation
     from .ode import enable_x64
     from .registry import get_experiment, headline, load_all
 

@@ -37,6 +37,7 @@ def test_run_writes_outputs(tmp_path, capsys):
         (["run", "deep-linear", "--set", "oops"], "malformed --set 'oops'"),
         (["run", "deep-linear", "--set", "nope=1"], "has no option 'nope'"),
         (["run", "deep-linear", "--set", "u0=abc"], "option 'u0' of deep-linear expects float"),
+        (["run", "deep-linear", "--cpu-devices", "0"], "--cpu-devices must be a positive integer, got 0"),
     ],
 )
 def test_bad_arguments_one_line_error(argv, message, capsys, tmp_path):
