@@ -7,8 +7,8 @@ D = 1024 and 4096, 8 seeds:
   (c) eager PyTorch (optional extra ``torch``), one seed after the other, the same model, loss and
       sampler written step by step (the loop a user writes by hand).
 Compile time is excluded (warm timings, best of 2, PyTorch too, and PyTorch first). PyTorch runs
-fewer steps and is reported per sample. A fourth column times the step's Gaussian draws alone, swept over the seeds like the
-SGD run (roughly the most any model on this sampler can reach). The float32 tokens are drawn with
+fewer steps and is reported per sample. A fourth column times the step's Gaussian draws alone,
+swept over the seeds like the SGD run (roughly the most any model on this sampler can reach). The float32 tokens are drawn with
 `attnflow.rng.normal` (Box-Muller on both Threefry words; threefry unrolled on CPU). By default
 the script exposes one CPU device per core (`attnflow.use_cpu_cores`), so the sweep runs seeds
 side by side; `--devices 1` gives the single-device numbers.
@@ -70,8 +70,8 @@ def gaussian_floor(D, steps):
     per seed, swept over the seeds like the SGD run (same sampler, `attnflow.rng.normal`, same
     devices and compiler options).
 
-    Online SGD needs a fresh (L, D) Gaussian token matrix per sample, so this bounds the SGD
-    run, whatever the model costs.
+    Online SGD needs a fresh (L, D) Gaussian token matrix per sample, so this is roughly the
+    most the SGD run can reach, whatever the model costs (timing noise can put a run above it).
     """
     def per_seed(seed):
         key = jax.random.PRNGKey(seed)

@@ -17,8 +17,8 @@ histogram ``h = sum_i a_i onehot(x_i)`` and ``z = W_OV h`` (a matmul). For V ~ 5
 fast as gathers for one run (0.37 vs 0.42 ms per SGD step) and, unlike gathers, whose
 batched scatter-add gradients XLA:CPU runs serially, it stays fast under ``vmap``: the nested
 `attnflow.sweep` of 16 ratios x 4 seeds runs 3.7x a loop of single runs
-(``benchmarks/qkov_ratio_sweep.py``), against 0.8x with gathers. Factorised circuits form their product first; the gradient reaches each
-factor by the chain rule.
+(``benchmarks/qkov_ratio_sweep.py``), against 0.8x with gathers. Factorised circuits form
+their product first; the gradient reaches each factor by the chain rule.
 """
 
 from __future__ import annotations
