@@ -137,8 +137,13 @@ SCRIPT = textwrap.dedent(
     # a nested 2-D grid: blocks of the first axis split over the devices
     g = af.sweep(lambda a, b: a * 10.0 + b, {"a": np.arange(6.0), "b": np.arange(3.0)}, chunk_size=7, progress=False)
     ok = bool(np.all(np.asarray(g.values) == np.arange(6.0)[:, None] * 10 + np.arange(3.0)))
+    # each device runs its own adaptive loop: no cross-device op (the stopping test of the
+    # vmapped while loop would otherwise be an all-reduce at every step)
+    from attnflow.sweep import _CACHE
+    hlo = next(c for k, c in _CACHE.items() if k[0] is f).lower({"eta": jnp.asarray(etas[:32])}).compile().as_text()
+    collectives = sum(hlo.count(op + "(") for op in ("all-reduce", "all-gather", "collective-permute", "all-to-all"))
     print(json.dumps({"device_count": jax.device_count(), "devices_used": res.meta["devices_used"],
-                      "nested_devices": g.meta["devices_used"], "nested_ok": ok}))
+                      "nested_devices": g.meta["devices_used"], "nested_ok": ok, "collectives": collectives}))
     """
 )
 
@@ -151,7 +156,7 @@ def test_sweep_shards_over_four_host_devices(tmp_path):
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     info = json.loads(out.stdout.strip().splitlines()[-1])
-    assert info == {"device_count": 4, "devices_used": 4, "nested_devices": 4, "nested_ok": True}
+    assert info == {"device_count": 4, "devices_used": 4, "nested_devices": 4, "nested_ok": True, "collectives": 0}
     sharded = np.load(tmp_path / "y.npy")
     etas = np.geomspace(1e-3, 5e-2, 64)
     f = lambda eta: af.integrate(mode_field, jnp.full(4, 1e-3), 1500.0, args={"s": S, "tau": 1.0 / eta},
