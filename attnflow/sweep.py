@@ -2,7 +2,9 @@
 
 ``sweep(fn, {"eta": etas, "seed": seeds})`` evaluates ``fn(eta=..., seed=...)`` at every
 grid point. Points are cut into chunks that bound memory, and each chunk is one compiled
-call whose leading axis is sharded over all devices with a ``jax.sharding`` mesh.
+call whose leading axis is sharded over all devices with a ``jax.sharding`` mesh; through
+``shard_map`` each device runs its own copy of the vmapped ``fn`` on its block, with no
+communication between devices.
 
 A grid of two or more axes is vectorised with one nested ``vmap`` per axis (chunks are
 blocks of the first axis): whatever ``fn`` computes from some axes only (the data of a
@@ -18,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -91,7 +94,6 @@ def use_cpu_cores(n: int | None = None) -> int:
     nothing and warns. Returns the number of CPU devices requested (or in effect).
     """
     import os
-    import warnings
 
     if n is None:
         n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -144,7 +146,8 @@ def _shardings(devices: tuple, dims: tuple, nested: bool) -> tuple[NamedSharding
     return split, {d: split if i == 0 or not nested else whole for i, d in enumerate(dims)}
 
 
-def _compiled(fn: Callable[..., Any], devices: tuple, dims: tuple, nested_dims: tuple | None = None) -> Any:
+def _compiled(fn: Callable[..., Any], devices: tuple, dims: tuple, nested_dims: tuple | None = None,
+              local: bool = False) -> Any:
     """One jitted, sharded, vmapped ``fn`` per (fn, devices, layout), reused across calls.
 
     Flat (``nested_dims=None``): ``vmap`` over a list of points, each axis an array of the
@@ -153,8 +156,13 @@ def _compiled(fn: Callable[..., Any], devices: tuple, dims: tuple, nested_dims: 
     (the order of the flat grid), so chunks of both layouts are stored alike.
     A new ``jax.jit`` per call would retrace and recompile every time; caching on the
     function object makes the second sweep of the same ``fn`` run at full speed.
+
+    ``local``: wrap in ``shard_map``, so that each device runs its own copy of the batched
+    ``fn`` on its block of points, with no communication. Under plain jit sharding the SPMD
+    partitioner turns the stopping test of a vmapped adaptive solve (any lane not
+    finished) into an all-reduce across devices at every step.
     """
-    key = (fn, devices, dims, nested_dims)
+    key = (fn, devices, dims, nested_dims, local)
     if key not in _CACHE:
         sharding, inputs = _shardings(devices, dims, nested_dims is not None)
 
@@ -175,15 +183,23 @@ def _compiled(fn: Callable[..., Any], devices: tuple, dims: tuple, nested_dims: 
 
         if len(_CACHE) > 64:
             _CACHE.pop(next(iter(_CACHE)))
-        # shard_map: each device runs its own copy of ``batched`` on its block of points, with
-        # no communication. Under plain jit sharding, the SPMD partitioner turns the stopping
-        # test of a vmapped adaptive solve (any lane not finished) into an all-reduce across
-        # devices at every step.
-        local = jax.shard_map(batched, mesh=sharding.mesh, in_specs=({d: s.spec for d, s in inputs.items()},),
-                              out_specs=sharding.spec, check_vma=False)
-        _CACHE[key] = jax.jit(local, in_shardings=(inputs,), out_shardings=sharding,
+        body = batched
+        if local:
+            body = jax.shard_map(batched, mesh=sharding.mesh, in_specs=({d: s.spec for d, s in inputs.items()},),
+                                 out_specs=sharding.spec, check_vma=False)
+        _CACHE[key] = jax.jit(body, in_shardings=(inputs,), out_shardings=sharding,
                               compiler_options=cpu_compiler_options() if devices[0].platform == "cpu" else {})
     return _CACHE[key]
+
+
+def _out_struct(compiled: Any, example: dict) -> Any:
+    """``compiled.eval_shape(example)``, cached per compiled function and input shapes."""
+    key = (compiled, tuple((d, e.shape, e.dtype) for d, e in example.items()))
+    if key not in _STRUCT:
+        if len(_STRUCT) > 64:
+            _STRUCT.pop(next(iter(_STRUCT)))
+        _STRUCT[key] = compiled.eval_shape(example)
+    return _STRUCT[key]
 
 
 def sweep(
@@ -250,7 +266,11 @@ def sweep(
         chunk_size = int(math.ceil(chunk_size / n_dev) * n_dev)
     n_chunks = int(math.ceil(n / chunk_size))
 
-    compiled = _compiled(fn, tuple(devices), dims, dims if nest else None)
+    # more than one device: shard_map (no cross-device step), unless fn does not trace under
+    # it (equinox's closure conversion, used by Diffrax's event root find, compares
+    # shardings that shard_map changes); one device needs no shard_map
+    local = n_dev > 1
+    compiled = _compiled(fn, tuple(devices), dims, dims if nest else None, local)
 
     def chunk_points(i):
         if nest:
@@ -266,12 +286,18 @@ def sweep(
 
     example = {d: jax.ShapeDtypeStruct(v.shape, jax.dtypes.canonicalize_dtype(v.dtype))
                for d, v in chunk_points(0).items()}
-    struct_key = (compiled, tuple((d, e.shape, e.dtype) for d, e in example.items()))
-    if struct_key not in _STRUCT:
-        if len(_STRUCT) > 64:
-            _STRUCT.pop(next(iter(_STRUCT)))
-        _STRUCT[struct_key] = compiled.eval_shape(example)
-    out_struct = _STRUCT[struct_key]
+    try:
+        out_struct = _out_struct(compiled, example)
+    except Exception as err:
+        if not local:
+            raise
+        compiled = _compiled(fn, tuple(devices), dims, dims if nest else None, False)
+        out_struct = _out_struct(compiled, example)  # fn's own errors surface here
+        local = False
+        first = (str(err).strip().splitlines() or [""])[0][:160]
+        warnings.warn(f"sweep: fn does not trace under shard_map ({type(err).__name__}: {first}); using jit "
+                      "sharding instead, under which a vmapped adaptive solve synchronises the devices at every step",
+                      RuntimeWarning, stacklevel=2)
     leaves_struct, treedef = jax.tree_util.tree_flatten(out_struct)
 
     out_path = Path(out_dir) if out_dir is not None else None
@@ -317,7 +343,7 @@ def sweep(
         leaves.append(jnp.asarray(full.reshape(grid_shape + full.shape[1:])))
     values = jax.tree_util.tree_unflatten(treedef, leaves)
     info = {"n_points": n, "chunk_size": chunk_size, "n_chunks": n_chunks, "n_devices": n_dev, "devices_used": devices_used,
-            "nested": bool(nest),
+            "nested": bool(nest), "shard_map": bool(local),
             "computed_chunks": len(todo), **dict(meta or {})}
     return SweepResult(dims, coords, values, info)
 

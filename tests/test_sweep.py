@@ -137,13 +137,24 @@ SCRIPT = textwrap.dedent(
     # a nested 2-D grid: blocks of the first axis split over the devices
     g = af.sweep(lambda a, b: a * 10.0 + b, {"a": np.arange(6.0), "b": np.arange(3.0)}, chunk_size=7, progress=False)
     ok = bool(np.all(np.asarray(g.values) == np.arange(6.0)[:, None] * 10 + np.arange(3.0)))
+    # an integrate with a terminating event does not trace under shard_map (equinox's closure
+    # conversion in the event root find): the sweep falls back to jit sharding and says so
+    import warnings
+    ev = lambda eta: af.integrate(mode_field, jnp.full(4, 1e-3), 1500.0, args={"s": S, "tau": 1.0 / eta}, n_save=2,
+                                  event=lambda t, y, a: y[0] - 1.5).ts[-1]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        e = af.sweep(ev, {"eta": etas[:8]}, progress=False)
+    fallback = [str(w.message)[:40] for w in caught if "shard_map" in str(w.message)]
+    np.save(sys.argv[1].replace(".npy", "_event.npy"), np.asarray(e.values))
     # each device runs its own adaptive loop: no cross-device op (the stopping test of the
     # vmapped while loop would otherwise be an all-reduce at every step)
     from attnflow.sweep import _CACHE
     hlo = next(c for k, c in _CACHE.items() if k[0] is f).lower({"eta": jnp.asarray(etas[:32])}).compile().as_text()
     collectives = sum(hlo.count(op + "(") for op in ("all-reduce", "all-gather", "collective-permute", "all-to-all"))
     print(json.dumps({"device_count": jax.device_count(), "devices_used": res.meta["devices_used"],
-                      "nested_devices": g.meta["devices_used"], "nested_ok": ok, "collectives": collectives}))
+                      "nested_devices": g.meta["devices_used"], "nested_ok": ok, "collectives": collectives,
+                      "shard_map": [res.meta["shard_map"], e.meta["shard_map"]], "fallback_warnings": len(fallback)}))
     """
 )
 
@@ -156,7 +167,8 @@ def test_sweep_shards_over_four_host_devices(tmp_path):
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     info = json.loads(out.stdout.strip().splitlines()[-1])
-    assert info == {"device_count": 4, "devices_used": 4, "nested_devices": 4, "nested_ok": True, "collectives": 0}
+    assert info == {"device_count": 4, "devices_used": 4, "nested_devices": 4, "nested_ok": True, "collectives": 0,
+                    "shard_map": [True, False], "fallback_warnings": 1}
     sharded = np.load(tmp_path / "y.npy")
     etas = np.geomspace(1e-3, 5e-2, 64)
     f = lambda eta: af.integrate(mode_field, jnp.full(4, 1e-3), 1500.0, args={"s": S, "tau": 1.0 / eta},
@@ -164,3 +176,18 @@ def test_sweep_shards_over_four_host_devices(tmp_path):
     one = af.sweep(f, {"eta": etas}, chunk_size=32, progress=False)
     assert one.meta["n_devices"] == jax.device_count()
     np.testing.assert_allclose(sharded, one.values, rtol=1e-12, atol=1e-14)
+    # the event time of u_1 = s_1 / 2 from the closed form: t = tau ln((s/u0 - 1)) / (2 s)
+    t_event = np.load(tmp_path / "y_event.npy")
+    tau = 1.0 / etas[:8]
+    np.testing.assert_allclose(t_event, tau * np.log(3.0 / 1e-3 - 1.0) / 6.0, rtol=1e-6)
+
+
+def test_sweep_of_an_integrate_with_an_event_on_one_device():
+    """The event root find (equinox closure conversion) inside the vmapped sweep; the
+    crossing time of u_1 = s_1 / 2 against the closed form tau ln(s / u0 - 1) / (2 s)."""
+    etas = np.geomspace(1e-3, 5e-2, 6)
+    ev = lambda eta: af.integrate(mode_field, jnp.full(4, 1e-3), 1500.0, args={"s": S, "tau": 1.0 / eta}, n_save=2,
+                                  event=lambda t, y, a: y[0] - 1.5).ts[-1]
+    res = af.sweep(ev, {"eta": etas}, progress=False, devices=jax.devices()[:1])
+    assert res.meta["shard_map"] is False
+    np.testing.assert_allclose(res.values, np.log(3.0 / 1e-3 - 1.0) / (6.0 * etas), rtol=1e-6)
