@@ -134,6 +134,7 @@ def _grid(axes: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, np.ndarra
 
 _CACHE: dict[tuple[Any, ...], Any] = {}
 _STRUCT: dict[tuple[Any, ...], Any] = {}  # output structure per compiled function and input shapes
+_NO_SHARD_MAP: set[tuple[Any, ...]] = set()  # layouts whose fn did not trace under shard_map
 
 
 @functools.lru_cache(maxsize=64)
@@ -269,8 +270,9 @@ def sweep(
     # more than one device: shard_map (no cross-device step), unless fn does not trace under
     # it (equinox's closure conversion, used by Diffrax's event root find, compares
     # shardings that shard_map changes); one device needs no shard_map
-    local = n_dev > 1
-    compiled = _compiled(fn, tuple(devices), dims, dims if nest else None, local)
+    layout = (fn, tuple(devices), dims, dims if nest else None)
+    local = n_dev > 1 and layout not in _NO_SHARD_MAP
+    compiled = _compiled(*layout, local)
 
     def chunk_points(i):
         if nest:
@@ -291,9 +293,10 @@ def sweep(
     except Exception as err:
         if not local:
             raise
-        compiled = _compiled(fn, tuple(devices), dims, dims if nest else None, False)
+        compiled = _compiled(*layout, False)
         out_struct = _out_struct(compiled, example)  # fn's own errors surface here
         local = False
+        _NO_SHARD_MAP.add(layout)  # warned once; later sweeps of this fn go straight to jit sharding
         first = (str(err).strip().splitlines() or [""])[0][:160]
         warnings.warn(f"sweep: fn does not trace under shard_map ({type(err).__name__}: {first}); using jit "
                       "sharding instead, under which a vmapped adaptive solve synchronises the devices at every step",
