@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import attnflow as af  # noqa: E402
-from attnflow.deeplinear import mode_field, mode_strength  # noqa: E402
+import attnflow as af
+from attnflow.deeplinear import mode_field, mode_strength
 
 S = np.array([3.0, 2.0, 1.0, 0.5])
 U0 = 1e-3
