@@ -132,9 +132,19 @@ def _grid(axes: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, np.ndarra
     return dims, coords, flat
 
 
-_CACHE: dict[tuple[Any, ...], Any] = {}
+_CACHE: dict[tuple[Any, ...], Any] = {}  # compiled function per (fn, devices, layout)
 _STRUCT: dict[tuple[Any, ...], Any] = {}  # output structure per compiled function and input shapes
-_NO_SHARD_MAP: set[tuple[Any, ...]] = set()  # layouts whose fn did not trace under shard_map
+_NO_SHARD_MAP: dict[tuple[Any, ...], bool] = {}  # layouts whose fn did not trace under shard_map
+
+
+def _memo(store: dict, key: tuple, make: Callable[[], Any]) -> Any:
+    """``store[key]``, made by ``make()`` on first use; at most 65 entries, oldest dropped
+    (the keys hold user functions, which must not pile up in a long session)."""
+    if key not in store:
+        if len(store) > 64:
+            store.pop(next(iter(store)))
+        store[key] = make()
+    return store[key]
 
 
 @functools.lru_cache(maxsize=64)
@@ -163,8 +173,7 @@ def _compiled(fn: Callable[..., Any], devices: tuple, dims: tuple, nested_dims: 
     partitioner turns the stopping test of a vmapped adaptive solve (any lane not
     finished) into an all-reduce across devices at every step.
     """
-    key = (fn, devices, dims, nested_dims, local)
-    if key not in _CACHE:
+    def make():
         sharding, inputs = _shardings(devices, dims, nested_dims is not None)
 
         if nested_dims is None:
@@ -182,25 +191,20 @@ def _compiled(fn: Callable[..., Any], devices: tuple, dims: tuple, nested_dims: 
                 out = over(0, {})
                 return jax.tree_util.tree_map(lambda x: x.reshape((x.shape[0] * n_inner,) + x.shape[len(nested_dims):]), out)
 
-        if len(_CACHE) > 64:
-            _CACHE.pop(next(iter(_CACHE)))
         body = batched
         if local:
             body = jax.shard_map(batched, mesh=sharding.mesh, in_specs=({d: s.spec for d, s in inputs.items()},),
                                  out_specs=sharding.spec, check_vma=False)
-        _CACHE[key] = jax.jit(body, in_shardings=(inputs,), out_shardings=sharding,
-                              compiler_options=cpu_compiler_options() if devices[0].platform == "cpu" else {})
-    return _CACHE[key]
+        return jax.jit(body, in_shardings=(inputs,), out_shardings=sharding,
+                       compiler_options=cpu_compiler_options() if devices[0].platform == "cpu" else {})
+
+    return _memo(_CACHE, (fn, devices, dims, nested_dims, local), make)
 
 
 def _out_struct(compiled: Any, example: dict) -> Any:
     """``compiled.eval_shape(example)``, cached per compiled function and input shapes."""
-    key = (compiled, tuple((d, e.shape, e.dtype) for d, e in example.items()))
-    if key not in _STRUCT:
-        if len(_STRUCT) > 64:
-            _STRUCT.pop(next(iter(_STRUCT)))
-        _STRUCT[key] = compiled.eval_shape(example)
-    return _STRUCT[key]
+    return _memo(_STRUCT, (compiled, tuple((d, e.shape, e.dtype) for d, e in example.items())),
+                 lambda: compiled.eval_shape(example))
 
 
 def sweep(
@@ -296,7 +300,7 @@ def sweep(
         compiled = _compiled(*layout, False)
         out_struct = _out_struct(compiled, example)  # fn's own errors surface here
         local = False
-        _NO_SHARD_MAP.add(layout)  # warned once; later sweeps of this fn go straight to jit sharding
+        _memo(_NO_SHARD_MAP, layout, lambda: True)  # warned once; later sweeps of this fn go straight to jit sharding
         first = (str(err).strip().splitlines() or [""])[0][:160]
         warnings.warn(f"sweep: fn does not trace under shard_map ({type(err).__name__}: {first}); using jit "
                       "sharding instead, under which a vmapped adaptive solve synchronises the devices at every step",
