@@ -2,32 +2,80 @@
 
 Theory (order-parameter and reduced ODEs, `integrate`) and simulation (SGD / gradient
 flow of the same networks, `simulate`) return the same `Trajectory` of named
-observables; `sweep` runs either over a grid in one compiled call.
+observables; `sweep` runs either over a grid in one compiled call. Each theory package
+(`deeplinear`, `qkov`, `focus`, `heads`) has the same shape: ``Setup``, ``solve``,
+``train`` and ``OBSERVABLES`` (see `attnflow.setup`).
 """
 
-from importlib.metadata import PackageNotFoundError, version as _version
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
 
 try:
     __version__ = _version("attnflow")
 except PackageNotFoundError:  # running from a source tree without installation
     __version__ = "0.0.0+local"
 
-from . import expect, optim, plot, rng, saddle
-from .expect import GaussianBank, gauss_hermite, psd_sqrt
-from .ode import DivergenceError, MaxStepsError, UnrolledTsit5, enable_x64, gradient_flow, integrate, save_times
-from .optim import label_by_path, per_circuit
-from .plot import family, heatmap, overlay, save_figure
-from .report import Report
-from .rng import unroll_threefry_on_cpu
-from .saddle import escape_time, fixed_point, jacobian, spectrum, unstable_subspace
-from .simulate import FullBatch, Minibatch, OnlineSGD, save_steps, simulate
-from .sweep import SweepResult, sweep, use_cpu_cores
-from .trajectory import Trajectory, compare
+from . import analysis as analysis
+from . import expect as expect
+from . import optim as optim
+from . import plot as plot
+from . import rng as rng
+from . import saddle as saddle
+from ._io import data_path as data_path
+from .analysis import detect_plateaus as detect_plateaus
+from .analysis import first_crossing as first_crossing
+from .analysis import fit_line as fit_line
+from .analysis import fit_power_law as fit_power_law
+from .analysis import growth_rate as growth_rate
+from .analysis import value_at as value_at
+from .compilation import CompileCount as CompileCount
+from .compilation import count_compilations as count_compilations
+from .expect import GaussianBank as GaussianBank
+from .expect import gauss_hermite as gauss_hermite
+from .expect import psd_sqrt as psd_sqrt
+from .ode import DivergenceError as DivergenceError
+from .ode import MaxStepsError as MaxStepsError
+from .ode import UnrolledTsit5 as UnrolledTsit5
+from .ode import as_data as as_data
+from .ode import enable_x64 as enable_x64
+from .ode import gradient_flow as gradient_flow
+from .ode import integrate as integrate
+from .optim import label_by_path as label_by_path
+from .optim import per_circuit as per_circuit
+from .options import LinearGrid as LinearGrid
+from .options import LogGrid as LogGrid
+from .options import SaveGrid as SaveGrid
+from .options import SolverOptions as SolverOptions
+from .options import TimeGrid as TimeGrid
+from .plot import family as family
+from .plot import heatmap as heatmap
+from .plot import overlay as overlay
+from .plot import save_figure as save_figure
+from .report import Report as Report
+from .saddle import escape_time as escape_time
+from .saddle import fixed_point as fixed_point
+from .saddle import jacobian as jacobian
+from .saddle import spectrum as spectrum
+from .saddle import unstable_subspace as unstable_subspace
+from .setup import AbstractSetup as AbstractSetup
+from .simulate import FullBatch as FullBatch
+from .simulate import Minibatch as Minibatch
+from .simulate import OnlineSGD as OnlineSGD
+from .simulate import TrainingMode as TrainingMode
+from .simulate import check_divergence as check_divergence
+from .simulate import simulate as simulate
+from .sweep import SweepResult as SweepResult
+from .sweep import sweep as sweep
+from .sweep import use_cpu_cores as use_cpu_cores
+from .trajectory import Trajectory as Trajectory
+from .trajectory import compare as compare
 
 __all__ = [
-    "DivergenceError", "FullBatch", "family", "GaussianBank", "MaxStepsError", "Minibatch", "OnlineSGD", "Report",
-    "SweepResult", "Trajectory", "compare", "enable_x64", "escape_time", "expect", "fixed_point",
-    "gauss_hermite", "gradient_flow", "heatmap", "integrate", "jacobian", "label_by_path", "optim", "overlay",
-    "per_circuit", "plot", "psd_sqrt", "saddle", "save_figure", "save_steps", "save_times",
-    "simulate", "spectrum", "sweep", "unstable_subspace", "use_cpu_cores", "UnrolledTsit5", "unroll_threefry_on_cpu", "rng",
+    "AbstractSetup", "CompileCount", "DivergenceError", "FullBatch", "GaussianBank", "LinearGrid", "LogGrid",
+    "MaxStepsError", "Minibatch", "OnlineSGD", "Report", "SaveGrid", "SolverOptions", "SweepResult", "TimeGrid",
+    "Trajectory", "TrainingMode", "UnrolledTsit5", "analysis", "as_data", "check_divergence", "compare", "count_compilations", "data_path",
+    "detect_plateaus", "enable_x64", "escape_time", "expect", "family", "first_crossing", "fit_line", "fit_power_law",
+    "fixed_point", "gauss_hermite", "gradient_flow", "growth_rate", "heatmap", "integrate", "jacobian",
+    "label_by_path", "optim", "overlay", "per_circuit", "plot", "psd_sqrt", "rng", "saddle", "save_figure",
+    "simulate", "spectrum", "sweep", "unstable_subspace", "use_cpu_cores", "value_at",
 ]

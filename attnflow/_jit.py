@@ -4,8 +4,9 @@ XLA:CPU generates 256-bit vector code by default, also on CPUs with AVX-512. For
 random draws of online SGD (Threefry hash and Gaussian transform, `attnflow.rng.normal`)
 512-bit vectors are about 2x faster. XLA accepts such options per compiled call, but only
 on a top-level ``jit``; a call nested in another trace is compiled with its caller's
-options. So `filter_jit` keeps two jitted versions of a function and calls the tuned one
-only from outside any trace. Nothing global changes (no ``XLA_FLAGS``).
+options. So `filter_jit` keeps two jitted versions of a function and uses the tuned one
+only when called from outside any trace. Nothing global changes (no ``XLA_FLAGS``, no
+JAX configuration).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import equinox as eqx
 import jax
 
-__all__ = ["cpu_compiler_options", "filter_jit", "top_level"]
+__all__ = ["cpu_compiler_options", "filter_jit"]
 
 
 @functools.cache
@@ -26,10 +27,10 @@ def cpu_compiler_options() -> dict:
     """XLA options for attnflow's own top-level compiled calls.
 
     On a CPU with AVX-512, ``xla_cpu_prefer_vector_width=512``: XLA:CPU defaults to 256-bit
-    vectors, and the hash and Gaussian transform of `normal` run about 2x faster at 512.
-    Elsewhere, and with ``ATTNFLOW_XLA_DEFAULTS=0`` in the environment, no options. Passed per
-    call (``jax.jit(..., compiler_options=...)``), so nothing global changes; attnflow passes it
-    only to calls compiled for CPU.
+    vectors, and the hash and Gaussian transform of `attnflow.rng.normal` run about 2x
+    faster at 512. Elsewhere, and with ``ATTNFLOW_XLA_DEFAULTS=0`` in the environment, no
+    options. Passed per call (``jax.jit(..., compiler_options=...)``), so nothing global
+    changes; attnflow passes it only to calls compiled for CPU.
     """
     if os.environ.get("ATTNFLOW_XLA_DEFAULTS", "1") == "0":
         return {}
@@ -41,17 +42,17 @@ def cpu_compiler_options() -> dict:
     return {"xla_cpu_prefer_vector_width": 512} if " avx512f" in flags else {}
 
 
-def top_level() -> bool:
-    """True outside any ``jit``/``vmap``/``grad`` trace (where per-call compiler options are allowed)."""
-    try:
-        from jax._src.core import trace_state_clean
-    except ImportError:  # pragma: no cover - depends on the JAX version
-        return False
-    return bool(trace_state_clean())
+def _traced(tree: Any) -> bool:
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(tree))
 
 
 def filter_jit(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``eqx.filter_jit(fn)``, compiled with `cpu_compiler_options` when called at top level on CPU."""
+    """``eqx.filter_jit(fn)``, compiled with `cpu_compiler_options` when called at top level on CPU.
+
+    A call with traced arguments is nested in another trace and goes to the plain version;
+    a nested call with only concrete arguments is refused by JAX's top-level check (a
+    ``ValueError`` raised while tracing, before any compiling) and then goes there too.
+    """
     plain = eqx.filter_jit(fn)
     options = cpu_compiler_options()
     if not options:
@@ -60,6 +61,13 @@ def filter_jit(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        return (tuned if top_level() and jax.default_backend() == "cpu" else plain)(*args, **kwargs)
+        if jax.default_backend() != "cpu" or _traced((args, kwargs)):
+            return plain(*args, **kwargs)
+        try:
+            return tuned(*args, **kwargs)
+        except ValueError as err:
+            if "compiler_options" not in str(err):
+                raise
+            return plain(*args, **kwargs)
 
     return call

@@ -22,6 +22,17 @@ def any_traced(tree: Any) -> bool:
     return any(_is_traced(leaf) for leaf in jax.tree_util.tree_leaves(tree))
 
 
+def show(value: Any) -> str:
+    """A value for an error message: numbers as numbers, small arrays as lists."""
+    try:
+        arr = np.asarray(value)
+    except Exception:  # noqa: BLE001 - anything unprintable as an array is shown by repr
+        return repr(value)
+    if arr.dtype.kind in "biuf" and arr.size <= 16:
+        return repr(arr.item()) if arr.ndim == 0 else repr(arr.tolist())
+    return repr(value)
+
+
 def positive(name: str, value: Any) -> None:
     """Raise ``ValueError`` unless every entry of ``value`` is finite and > 0.
 
@@ -32,7 +43,7 @@ def positive(name: str, value: Any) -> None:
         return
     arr = np.asarray(value, dtype=float)
     if arr.size == 0 or not np.all(np.isfinite(arr)) or not np.all(arr > 0):
-        raise ValueError(f"{name} must be finite and positive, got {value!r}")
+        raise ValueError(f"{name} must be finite and positive, got {show(value)}")
 
 
 def nonnegative(name: str, value: Any) -> None:
@@ -40,7 +51,7 @@ def nonnegative(name: str, value: Any) -> None:
         return
     arr = np.asarray(value, dtype=float)
     if not np.all(np.isfinite(arr)) or not np.all(arr >= 0):
-        raise ValueError(f"{name} must be finite and non-negative, got {value!r}")
+        raise ValueError(f"{name} must be finite and non-negative, got {show(value)}")
 
 
 def finite_tree(name: str, tree: Any) -> None:

@@ -67,9 +67,6 @@ def main(argv: list[str] | None = None) -> int:
     from .registry import get_experiment, headline, load_all
 
     enable_x64()  # theory runs in float64: enabled here, at the entry point
-    from .rng import unroll_threefry_on_cpu
-
-    unroll_threefry_on_cpu()  # same random bits, faster CPU lowering (attnflow.rng)
     try:
         if args.command == "list":
             for e in load_all().values():
@@ -81,9 +78,9 @@ def main(argv: list[str] | None = None) -> int:
             load_all()
             exp = get_experiment(args.name)
             overrides = _parse_sets(args.set)
-            from .report import apply_overrides
+            from .report import config_from
 
-            apply_overrides(exp.defaults, overrides, exp.name)  # fail fast on bad options
+            config_from(exp.config, overrides, exp.name)  # fail fast on bad options
             res = _run_one(exp, overrides, Path(args.out), args.quiet)
             return 0 if res["passed"] else 1
         if args.command == "reproduce":

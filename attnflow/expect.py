@@ -7,6 +7,10 @@
 - `psd_sqrt`: the symmetric square root of a positive semidefinite matrix, with a
   Sylvester-equation JVP that stays finite at degenerate eigenvalues.
 - `gauss_hermite`: tensor-product Gauss-Hermite quadrature for low dimension.
+- `antithetic_copies`, `cyclic_permutations`, `all_permutations`, `permuted_copies`: the
+  symmetrisation of any Monte Carlo bank (draws with a leading sample axis), so that the
+  estimate is exactly even/odd under a sign flip and exactly equivariant under a
+  permutation of one axis (the heads of a multi-head model, say).
 """
 
 from __future__ import annotations
@@ -21,7 +25,51 @@ import numpy as np
 
 from . import _validate as V
 
-__all__ = ["GaussianBank", "psd_sqrt", "gauss_hermite", "hermite_rule"]
+__all__ = ["GaussianBank", "psd_sqrt", "gauss_hermite", "hermite_rule", "antithetic_copies", "cyclic_permutations",
+           "all_permutations", "permuted_copies"]
+
+
+def antithetic_copies(draws: Any, flip: Any) -> Any:
+    """The bank ``draws`` followed by its mirror image: leaves whose ``flip`` entry is ``True`` are
+    negated in the copy, the others repeated. Every leaf has a leading sample axis, which doubles.
+
+    ``flip`` is a pytree of booleans with the structure of ``draws``. A Monte Carlo mean over
+    the result is exactly invariant under the sign flip of the flipped variables, so odd
+    moments of them vanish exactly.
+    """
+    return jax.tree_util.tree_map(lambda x, f: jnp.concatenate([x, -x if f else x]), draws, flip)
+
+
+def cyclic_permutations(n: int) -> list[np.ndarray]:
+    """The ``n`` cyclic shifts of ``range(n)`` (the cyclic group acting on ``n`` items)."""
+    n = V.positive_int("n", n)
+    return [np.roll(np.arange(n), s) for s in range(n)]
+
+
+def all_permutations(n: int, max_n: int = 6) -> list[np.ndarray]:
+    """All ``n!`` permutations of ``range(n)``; refused for ``n > max_n`` (``7! = 5040`` copies)."""
+    import itertools
+
+    n = V.positive_int("n", n)
+    if n > max_n:
+        raise ValueError(f"all permutations of {n} items make {n}! copies; use cyclic_permutations for n > {max_n}")
+    return [np.asarray(p) for p in itertools.permutations(range(n))]
+
+
+def permuted_copies(draws: Any, perms: Any, axis: Any) -> Any:
+    """One copy of the bank per permutation in ``perms``, concatenated along the sample axis.
+
+    ``axis`` is a pytree (structure of ``draws``) giving, per leaf, the axis the permutation
+    acts on, or ``None`` for leaves that are only repeated. A mean over the result is exactly
+    equivariant under the permutations (for a group, such as `cyclic_permutations`).
+    """
+
+    def copies(x, ax):
+        if ax is None:
+            return jnp.concatenate([x] * len(perms))
+        return jnp.concatenate([jnp.take(x, jnp.asarray(p), axis=ax) for p in perms])
+
+    return jax.tree_util.tree_map(copies, draws, axis, is_leaf=lambda a: a is None)
 
 
 @jax.custom_jvp

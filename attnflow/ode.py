@@ -4,9 +4,11 @@ Every reduced or order-parameter ODE of attnflow goes through `integrate`, which
 returns a `Trajectory` of named observables. Defaults: Tsit5 (stages unrolled for small
 fields, see `UnrolledTsit5`) with a PID controller,
 float64, explicit ``max_steps`` whose overflow raises an error naming the time reached,
-optional terminating events, optional progress meter. Everything a sweep varies
-(``args``, ``y0``, ``t1``, ``rtol``, ``atol``) may be a traced array, so one compilation
-serves a whole `sweep`.
+optional terminating events, optional progress meter. Where to save is a `SaveGrid`
+object and how to solve a `SolverOptions` object, passed straight through by every theory
+package. Numbers are data: floats in ``args`` (and ``t0``, ``t1``, ``rtol``, ``atol``) become
+arrays before compilation, so a new value never compiles again, and everything a sweep
+varies may be a traced array: one compilation serves a whole `sweep`.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ import optimistix as optx
 
 from . import _validate as V
 from ._jit import filter_jit
+from .options import LinearGrid, SaveGrid, SolverOptions, TimeGrid
 from .trajectory import Trajectory
 
-__all__ = ["UnrolledTsit5", "integrate", "gradient_flow", "save_times", "require_x64", "enable_x64", "DivergenceError", "MaxStepsError"]
+__all__ = ["UnrolledTsit5", "integrate", "gradient_flow", "require_x64", "enable_x64", "x64_enabled", "as_data",
+           "DivergenceError", "MaxStepsError", "UNROLL_MAX_PRIMITIVES"]
 
 
 _TSIT5 = diffrax.Tsit5.tableau
@@ -98,9 +102,10 @@ def _n_primitives(jaxpr) -> int:
         n += 1
         for value in eqn.params.values():
             for sub in value if isinstance(value, (tuple, list)) else (value,):
-                inner = getattr(sub, "jaxpr", sub)  # ClosedJaxpr -> Jaxpr
-                if hasattr(inner, "eqns"):
-                    n += _n_primitives(inner)
+                if isinstance(sub, jax.extend.core.ClosedJaxpr):
+                    sub = sub.jaxpr
+                if isinstance(sub, jax.extend.core.Jaxpr):
+                    n += _n_primitives(sub)
     return n
 
 
@@ -122,12 +127,41 @@ class MaxStepsError(RuntimeError):
 
 
 def enable_x64() -> None:
-    """Switch JAX to 64-bit floats. Call once at program start (the CLI and tests do)."""
+    """Switch JAX to 64-bit floats, process-wide: an entry point's call, made once at the start of
+    a program (the ``attnflow`` command and the test suite make it). No other attnflow function
+    changes JAX's configuration; ``with jax.enable_x64(True):`` is the per-block alternative."""
     jax.config.update("jax_enable_x64", True)
 
 
 def x64_enabled() -> bool:
+    """Whether float64 arrays can be made here (globally or inside ``jax.enable_x64(True)``)."""
     return jax.dtypes.canonicalize_dtype(jnp.float64) == jnp.dtype("float64")
+
+
+def as_data(tree: Any, dtype: Any = None) -> Any:
+    """``tree`` with every Python or NumPy float (and float array) replaced by a JAX array.
+
+    JAX compiles a function once per value of each *static* argument, and ``eqx.filter_jit``
+    treats Python numbers as static: a learning rate passed as ``0.1`` and then ``0.2``
+    compiles twice. As arrays they are data, and one compilation serves every value.
+    Integers, booleans, strings and callables are left as they are (they usually set
+    shapes or choices). ``dtype``: the floating dtype of the new arrays (default: JAX's).
+    """
+
+    fdtype = jnp.result_type(float) if dtype is None else dtype
+
+    def conv(x):
+        if isinstance(x, bool):
+            return x
+        # an explicit dtype: a weakly typed array would be a different abstract value, so
+        # 0.5 after a float64 default would compile again
+        if isinstance(x, (float, np.floating)) or (isinstance(x, np.ndarray) and x.dtype.kind == "f"):
+            return jnp.asarray(x, dtype=fdtype)
+        if isinstance(x, (complex, np.complexfloating)):
+            return jnp.asarray(x)
+        return x
+
+    return jax.tree_util.tree_map(conv, tree)
 
 
 def require_x64(where: str) -> None:
@@ -137,27 +171,6 @@ def require_x64(where: str) -> None:
             "at the start of your program (or wrap the call in `with jax.enable_x64(True):`), "
             "or pass dtype=jnp.float32 explicitly."
         )
-
-
-def save_times(t0: Any, t1: Any, n: int, spacing: str = "linear", t_min: Any = None) -> jax.Array:
-    """Save grid of ``n`` times from ``t0`` to ``t1``.
-
-    ``spacing="log"`` places ``t0`` first and then ``n - 1`` points log-spaced in the
-    elapsed time from ``t_min`` (default ``1e-6 (t1 - t0)``) to ``t1 - t0``: the right
-    grid for plateaus that last decades.
-    """
-    n = V.positive_int("n_save", n, minimum=2)
-    V.choice("spacing", spacing, ("linear", "log"))
-    t0 = jnp.asarray(t0, dtype=float)
-    t1 = jnp.asarray(t1, dtype=float)
-    if spacing == "linear":
-        return jnp.linspace(t0, t1, n)
-    span = t1 - t0
-    lo = span * 1e-6 if t_min is None else jnp.asarray(t_min, dtype=float)
-    rest = jnp.exp(jnp.linspace(jnp.log(lo), jnp.log(span), n - 1))
-    # Make the last point exactly t1 (exp(log(x)) can be off in the last bit).
-    rest = rest.at[-1].set(span)
-    return jnp.concatenate([t0[None], t0 + rest])
 
 
 def _default_observe(t, y, args):
@@ -198,21 +211,11 @@ def integrate(
     *,
     t0: Any = 0.0,
     args: Any = None,
-    ts: Any = None,
-    n_save: int = 200,
-    spacing: str = "linear",
-    t_min: Any = None,
+    save: SaveGrid | None = None,
+    solver: SolverOptions | None = None,
     observe: Callable[[Any, Any, Any], Mapping[str, Any]] | None = None,
-    solver: diffrax.AbstractSolver | None = None,
-    rtol: Any = 1e-8,
-    atol: Any = 1e-10,
-    dt0: Any = None,
-    stepsize_controller: diffrax.AbstractStepSizeController | None = None,
-    max_steps: int = 100_000,
     event: Callable[[Any, Any, Any], Any] | diffrax.Event | None = None,
-    progress: bool = False,
     dtype: Any = jnp.float64,
-    adjoint: diffrax.AbstractAdjoint | None = None,
     meta: Mapping[str, Any] | None = None,
 ) -> Trajectory:
     """Integrate ``dy/dt = field(t, y, args)`` from ``t0`` to ``t1``.
@@ -226,42 +229,52 @@ def integrate(
     t1, t0:
         End and start times (may be traced).
     args:
-        Parameters passed to ``field`` (pytree of arrays: learning rates, ratios, ...).
-    ts, n_save, spacing, t_min:
-        Save times: explicit ``ts``, or ``n_save`` points, ``"linear"`` or ``"log"``
-        spaced (see `save_times`).
+        Parameters passed to ``field`` (a pytree: learning rates, ratios, a theory's
+        ``Setup``). Floats in it become arrays (`as_data`), so new values reuse the
+        compiled solve.
+    save:
+        A `SaveGrid`: `LinearGrid` (default, 200 points), `LogGrid` or `TimeGrid`.
+        ``LinearGrid(2)`` saves only ``t0`` and ``t1``, outside the step loop.
+    solver:
+        `SolverOptions` (solver, tolerances, ``dt0``, ``max_steps``, controller, adjoint,
+        progress). Default: Tsit5 with ``PIDController(rtol=1e-8, atol=1e-10)``:
+        `UnrolledTsit5` (stages unrolled) for fields of at most `UNROLL_MAX_PRIMITIVES`
+        primitive operations, ``diffrax.Tsit5()`` above (identical steps; faster
+        compilation of a large field).
     observe:
         ``(t, y, args) -> {name: array}``: the observables recorded at each save time.
-        Default: the state itself (a dict state keeps its keys; an array is ``"y"``).
-    solver, rtol, atol, dt0, stepsize_controller:
-        Default Tsit5 with ``PIDController(rtol, atol)``: `UnrolledTsit5` (stages
-        unrolled) for fields of at most `UNROLL_MAX_PRIMITIVES` primitive operations,
-        ``diffrax.Tsit5()`` above (identical steps; faster compilation of a large field).
-        Any Diffrax solver is accepted. A fixed-step run is
-        ``stepsize_controller=diffrax.ConstantStepSize()`` with ``dt0``.
-    max_steps:
-        Hard cap on solver steps; overflow raises `MaxStepsError` naming the time reached.
+        Default: the state itself (a dict state keeps its keys; an array is ``"y"``). Nested
+        mappings are flattened to dotted names (``{"a": {"b": x}}`` gives ``"a.b"``).
     event:
         ``(t, y, args) -> scalar``: the solve stops when it changes sign (located by a
         Newton root find). Save points after the event hold the event time and state,
-        so ``traj.ts[-1]`` and ``traj.final()`` are the event time and state. A
-        ``diffrax.Event`` is also accepted.
-    progress:
-        Show Diffrax's tqdm progress meter.
+        so ``traj.ts[-1]`` and ``traj.final()`` are the event time and state, and
+        ``traj.t_event`` is the event time (NaN when it did not fire). A ``diffrax.Event``
+        is also accepted.
     dtype:
         Floating dtype of the state (float64 by default; requires `enable_x64`).
+    meta:
+        Extra metadata stored in the trajectory.
 
     Returns
     -------
-    Trajectory with ``ts`` of shape ``(T,)`` and one array per observable.
+    Trajectory with ``ts`` of shape ``(T,)`` and one array of shape ``(T, ...)`` per
+    observable. A solve that uses up ``max_steps`` raises `MaxStepsError` naming the time
+    reached; a non-finite value raises `DivergenceError` naming the time (inside
+    ``jit``/``vmap``: an ``equinox`` runtime error with the same advice).
     """
     if jnp.dtype(dtype) == jnp.dtype("float64"):
         require_x64("integrate")
-    max_steps = V.positive_int("max_steps", max_steps)
-    V.positive("rtol", rtol)
-    V.positive("atol", atol)
+    save = LinearGrid() if save is None else save
+    solver = SolverOptions() if solver is None else solver
+    if not isinstance(save, SaveGrid):
+        raise ValueError(f"save must be a SaveGrid (LinearGrid, LogGrid or TimeGrid), got {save!r}")
+    if not isinstance(solver, SolverOptions):
+        raise ValueError(f"solver must be SolverOptions(...), got {solver!r}")
     if not callable(field):
         raise ValueError(f"field must be callable (t, y, args) -> dy/dt, got {field!r}")
+    if observe is not None and not callable(observe):
+        raise ValueError(f"observe must be callable (t, y, args) -> {{name: array}}, got {observe!r}")
     if not jax.tree_util.tree_leaves(y0):
         raise ValueError(f"y0 must contain at least one array, got {y0!r}")
     V.finite_tree("y0", y0)
@@ -270,42 +283,51 @@ def integrate(
         if not t1f > t0f:
             raise ValueError(f"t1 must be greater than t0, got t0={t0!r}, t1={t1!r}")
     y0 = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype=dtype), y0)
+    args = as_data(args, dtype)
+    t0, t1 = jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)
     # Shape check: the field must return the state's structure and shapes. The traced field
     # also gives its size, which picks the default solver below.
-    field_jaxpr, out_struct = jax.make_jaxpr(field, return_shape=True)(jnp.asarray(t0, dtype), y0, args)
+    field_jaxpr, out_struct = jax.make_jaxpr(field, return_shape=True)(t0, y0, args)
     in_struct = jax.eval_shape(lambda y: y, y0)
     if jax.tree_util.tree_structure(out_struct) != jax.tree_util.tree_structure(in_struct) or any(
         a.shape != b.shape for a, b in zip(jax.tree_util.tree_leaves(out_struct), jax.tree_util.tree_leaves(in_struct))
     ):
         raise ValueError(f"field returns {out_struct}, which does not match the state {in_struct}")
+    obs = _Observer(observe or _default_observe)
+    _check_observe(obs, t0, y0, args)
 
     # Saving only the two endpoints needs no per-step save loop (which, under vmap, costs
     # as much as the step itself): Diffrax saves t0 and t1 outside the loop.
-    endpoints = ts is None and n_save == 2 and spacing == "linear"
-    if ts is None:
-        ts = save_times(t0, t1, n_save, spacing, t_min)
-    ts = jnp.asarray(ts, dtype=dtype)
-    if ts.ndim != 1:
-        raise ValueError(f"ts must be 1-D, got shape {ts.shape}")
-    observe = observe or _default_observe
-    if solver is None:
+    endpoints = isinstance(save, LinearGrid) and save.n == 2
+    ts = jnp.asarray(save.times(t0, t1), dtype=dtype)
+    if isinstance(save, TimeGrid) and not V.any_traced((ts, t0, t1)):
+        lo, hi = float(ts[0]), float(ts[-1])
+        if lo < float(t0) or hi > float(t1):
+            raise ValueError(f"save times must lie in [t0, t1] = [{float(t0):g}, {float(t1):g}], got {lo:g} .. {hi:g}")
+    method = solver.solver
+    if method is None:
         # Same steps and results either way (to 1e-12); unrolling pays on small fields and
         # copies a large one seven times into the program, which only slows compilation.
         small = _n_primitives(field_jaxpr.jaxpr) <= UNROLL_MAX_PRIMITIVES
-        solver = UnrolledTsit5() if small else diffrax.Tsit5()
-    if stepsize_controller is None:
-        stepsize_controller = diffrax.PIDController(rtol=rtol, atol=atol)
+        method = UnrolledTsit5() if small else diffrax.Tsit5()
+    rtol, atol = jnp.asarray(solver.rtol, dtype), jnp.asarray(solver.atol, dtype)
+    controller = solver.stepsize_controller
+    if controller is None:
+        controller = diffrax.PIDController(rtol=rtol, atol=atol)
+    dt0 = None if solver.dt0 is None else jnp.asarray(solver.dt0, dtype)
     if isinstance(event, diffrax.Event) or event is None:
         ev = event
-    else:
+    elif callable(event):
         # A module wrapper (equal when the user function is the same object) rather than a fresh
         # lambda, so repeated calls with the same event hit the compilation cache.
         ev = diffrax.Event(cond_fn=_EventFn(event), root_finder=optx.Newton(rtol=1e-12, atol=1e-12))
+    else:
+        raise ValueError(f"event must be callable (t, y, args) -> scalar or a diffrax.Event, got {event!r}")
 
     traced = V.any_traced((y0, args, t0, t1, ts, rtol, atol))
     out_ts, out_ys, result, t_end, y_end = _solve(
-        field, y0, args, jnp.asarray(t0, dtype), jnp.asarray(t1, dtype), ts, observe, solver,
-        stepsize_controller, dt0, max_steps, ev, progress, adjoint, endpoints,
+        field, y0, args, t0, t1, ts, obs, method, controller, dt0, solver.max_steps, ev, solver.progress,
+        solver.adjoint, endpoints,
     )
     if traced:
         # Inside jit/vmap the time cannot be formatted into the message; fail loudly anyway.
@@ -313,19 +335,57 @@ def integrate(
         finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(v)) for v in jax.tree_util.tree_leaves(out_ys)]))
         out_ts, out_ys = eqx.error_if(
             (out_ts, out_ys), ~_ok(result),
-            f"integrate: solver failed before t1 (max_steps={max_steps} reached or step size "
+            f"integrate: solver failed before t1 (max_steps={solver.max_steps} reached or step size "
             "collapsed); increase max_steps, loosen rtol/atol, or use an implicit solver",
         )
         out_ts, out_ys = eqx.error_if(
             (out_ts, out_ys), ~finite, "integrate: non-finite value (NaN/Inf) in the solution: the ODE diverged"
         )
     else:
-        _check_solution(field, args, result, t_end, y_end, out_ts, out_ys, max_steps, t1)
-    m = {"integrator": type(solver).__name__, "max_steps": max_steps}
+        _check_solution(field, args, result, t_end, y_end, out_ts, out_ys, solver.max_steps, t1)
+    t_event = None
+    if ev is not None:
+        t_event = jnp.where(result == diffrax.RESULTS.event_occurred, t_end, jnp.nan)
+    m = {"integrator": type(method).__name__, "max_steps": solver.max_steps}
     if not V.any_traced((rtol, atol)) and np.ndim(rtol) == 0 and np.ndim(atol) == 0:
         m.update(rtol=float(rtol), atol=float(atol))
     m.update(meta or {})
-    return Trajectory(out_ts, out_ys, m)
+    return Trajectory(out_ts, out_ys, m, t_event=t_event)
+
+
+class _Observer(eqx.Module):
+    """``observe`` with nested mappings flattened to dotted names (equal when the user function
+    is the same object, so repeated calls hit the compilation cache)."""
+
+    fn: Callable = eqx.field(static=True)
+
+    def __call__(self, t, y, args):
+        out = self.fn(t, y, args)
+        if not isinstance(out, Mapping):
+            raise ValueError(f"observe must return a mapping name -> array, got {type(out).__name__}")
+        return _flatten_names(out)
+
+
+def _check_observe(obs, t0, y0, args) -> None:
+    """Every observable must be an array (or a number): named error before any computing."""
+    bad: list[tuple[str, str]] = []
+
+    def probe(t, y, a):
+        out = {}
+        for name, v in obs(t, y, a).items():
+            if isinstance(v, (jax.Array, np.ndarray, np.number, int, float, complex)):
+                out[name] = v
+            else:
+                bad.append((name, type(v).__name__))
+                out[name] = 0.0
+        return out
+
+    try:
+        jax.eval_shape(probe, t0, y0, args)
+    except (TypeError, AttributeError) as err:
+        raise ValueError(f"observe(t, y, args) failed on the initial state: {type(err).__name__}: {err}") from None
+    if bad:
+        raise ValueError(f"observable {bad[0][0]!r} must be an array, got {bad[0][1]}")
 
 
 @filter_jit
@@ -369,14 +429,16 @@ def _solve(field, y0, args, t0, t1, ts, observe, solver, controller, dt0, max_st
 
 def _check_solution(field, args, result, t_end, y_end, out_ts, out_ys, max_steps, t1) -> None:
     t_end = float(t_end)
+    state_finite = all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree_util.tree_leaves(y_end))
     for name, v in out_ys.items():
         v = np.asarray(v)
         if v.dtype.kind in "fc" and not np.all(np.isfinite(v)):
             bad = int(np.argmax(~np.all(np.isfinite(v.reshape(v.shape[0], -1)), axis=1)))
-            raise DivergenceError(
-                f"integrate: observable {name!r} became non-finite at t = {float(out_ts[bad]):.6g} "
-                f"(save index {bad}); the ODE diverged there"
-            )
+            where = f"observable {name!r} became non-finite at t = {float(out_ts[bad]):.6g} (save index {bad})"
+            if state_finite and bool(_ok(result)):
+                raise DivergenceError(f"integrate: {where}, while the state stayed finite to the end: "
+                                      "the observable is undefined there (a log or division at zero?)")
+            raise DivergenceError(f"integrate: {where}; the ODE diverged there")
     if bool(_ok(result)):
         return
     dy = field(jnp.asarray(t_end), y_end, args)
@@ -414,11 +476,11 @@ def gradient_flow(
     whose leaves selected by ``filter_spec`` (default: inexact arrays) flow. Per-circuit
     rates: ``labels`` (a pytree of labels, see `attnflow.label_by_path`) and ``rates``
     (``{label: eta}``, arrays allowed); otherwise one ``rate``. ``observe(model)`` gives
-    the recorded observables (default: the loss). Remaining keywords go to `integrate`.
-    This is the exact flow whose Euler scheme `simulate` runs with ``FullBatch``.
+    the recorded observables (default: the loss). Remaining keywords (``save``,
+    ``solver``, ``event``, ``meta``) go to `integrate`. This is the exact flow whose Euler
+    scheme `simulate` runs with `FullBatch`. Calling it again with the same ``loss`` and
+    ``observe`` functions and new rates reuses the compiled solve.
     """
-    import equinox as eqx  # local: keep module import light
-
     filter_spec = eqx.is_inexact_array if filter_spec is None else filter_spec
     params, static = eqx.partition(model, filter_spec)
     if (rates is None) != (labels is None):
@@ -429,15 +491,32 @@ def gradient_flow(
         used = set(jax.tree_util.tree_leaves(labels))
         if used - set(rates):
             raise ValueError(f"no rate given for circuit(s) {sorted(used - set(rates))}")
+        rates = {k: jnp.asarray(v) for k, v in rates.items()}
     else:
         V.positive("rate", rate)
+    flow = _Flow(loss, observe, static, labels, rates, jnp.asarray(rate))
+    return integrate(_flow_field, params, t1, args=flow, observe=_flow_observe, **integrate_kwargs)
 
-    def field(t, p, args):
-        g = jax.grad(lambda q: loss(eqx.combine(q, static)))(p)
-        if args["rates"] is None:
-            return jax.tree_util.tree_map(lambda x: -args["rate"] * x, g)
-        return jax.tree_util.tree_map(lambda x, lab: -args["rates"][lab] * x, g, labels)
 
-    obs = observe or (lambda m: {"loss": loss(m)})
-    return integrate(field, params, t1, args={"rates": rates, "rate": rate},
-                     observe=lambda t, p, a: dict(obs(eqx.combine(p, static))), **integrate_kwargs)
+class _Flow(eqx.Module):
+    """Everything `gradient_flow`'s field needs besides the parameters; functions are static,
+    rates are data."""
+
+    loss: Callable = eqx.field(static=True)
+    observe: Callable | None = eqx.field(static=True)
+    static: Any
+    labels: Any  # string leaves: static under filter_jit
+    rates: Any
+    rate: Any
+
+
+def _flow_field(t, p, flow):
+    g = jax.grad(lambda q: flow.loss(eqx.combine(q, flow.static)))(p)
+    if flow.rates is None:
+        return jax.tree_util.tree_map(lambda x: -flow.rate * x, g)
+    return jax.tree_util.tree_map(lambda x, lab: -flow.rates[lab] * x, g, flow.labels)
+
+
+def _flow_observe(t, p, flow):
+    m = eqx.combine(p, flow.static)
+    return dict(flow.observe(m)) if flow.observe is not None else {"loss": flow.loss(m)}

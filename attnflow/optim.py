@@ -18,7 +18,7 @@ import optax
 
 from . import _validate as V
 
-__all__ = ["per_circuit", "label_by_path", "learning_rates", "linear_ramp"]
+__all__ = ["per_circuit", "label_by_path"]
 
 
 def label_by_path(model: Any, rule: Callable[[str], str] | Mapping[str, str], filter_spec: Any = eqx.is_inexact_array) -> Any:
@@ -56,14 +56,15 @@ def per_circuit(
         function params -> labels.
     rates:
         ``{label: learning rate}``; scalars or 0-d arrays, possibly traced (vmap over rates),
-        or Optax schedules ``step -> rate`` (e.g. `linear_ramp`).
+        Optax schedules ``step -> rate``, or ``None``: that circuit is frozen (its updates
+        are zero, ``optax.set_to_zero``).
     base:
         Optax optimizer constructor taking ``learning_rate`` (default ``optax.sgd``).
     """
     if not rates:
         raise ValueError("rates must name at least one circuit")
     for name, lr in rates.items():
-        if not callable(lr):
+        if lr is not None and not callable(lr):
             V.positive(f"learning rate for circuit {name!r}", lr)
     is_fn = callable(labels) and not isinstance(labels, eqx.Module)
     if not is_fn:
@@ -72,26 +73,10 @@ def per_circuit(
         if missing:
             raise ValueError(f"no learning rate given for circuit(s) {sorted(missing)}; rates has {sorted(rates)}")
     transforms = {
-        name: optax.inject_hyperparams(base)(learning_rate=lr if callable(lr) else jnp.asarray(lr), **base_kwargs)
+        name: optax.set_to_zero() if lr is None else
+        optax.inject_hyperparams(base)(learning_rate=lr if callable(lr) else jnp.asarray(lr), **base_kwargs)
         for name, lr in rates.items()
     }
     # A labels *tree* may itself be callable (an Equinox module with __call__): hand optax a
     # function so it never mistakes the tree for one.
     return optax.partition(transforms, labels if is_fn else (lambda _params: labels))
-
-
-def linear_ramp(base: Any, factor: Any, total_steps: int) -> optax.Schedule:
-    """``base * (1 + (factor - 1) step / total_steps)``: the QK ramp of the QK/OV paper
-    (spec `qkov.md` section 4); ``base`` and ``factor`` may be traced."""
-    V.positive("base learning rate", base)
-    V.positive("ramp factor", factor)
-    total = V.positive_int("total_steps", total_steps)
-    return lambda step: jnp.asarray(base) * (1.0 + (jnp.asarray(factor) - 1.0) * step / total)
-
-
-def learning_rates(opt_state: Any) -> dict[str, jax.Array]:
-    """Read the current per-circuit learning rates back from a `per_circuit` state."""
-    out = {}
-    for name, inner in opt_state.inner_states.items():
-        out[name] = inner.inner_state.hyperparams["learning_rate"]
-    return out

@@ -1,15 +1,22 @@
 """Experiments as named, runnable recipes, and the `Report` they produce.
 
 An experiment is a function ``fn(config, quiet) -> Report`` registered under a name with
-its default configuration. The `Report` holds trajectories, figures and a summary of
-numbers (theory-vs-simulation errors, timings), and `Report.write` puts them in a folder:
-``*.npz`` + ``*.json`` trajectories, ``*.png`` figures, ``summary.json`` and ``summary.md``.
+its configuration class: a frozen dataclass whose field defaults are the experiment's
+defaults and whose type annotations say how a ``--set key=value`` is read
+(`config_from`). The `Report` holds trajectories, figures and a summary of numbers
+(theory-vs-simulation errors, timings, compilations), and `Report.write` puts them in a
+folder: ``*.npz`` + ``*.json`` trajectories, ``*.png`` figures, ``summary.json`` and
+``summary.md``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import time
+import types
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,10 +24,12 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from ._io import atomic_write, json_default
+from .compilation import count_compilations
 from .plot import save_figure
-from .trajectory import Trajectory, _atomic_write, _json_default, versions
+from .trajectory import Trajectory, versions
 
-__all__ = ["Report", "Experiment", "register", "get_experiment", "experiments", "parse_value", "apply_overrides", "Timer"]
+__all__ = ["Report", "Experiment", "register", "get_experiment", "experiments", "parse_value", "config_from", "Timer"]
 
 
 class Timer:
@@ -37,7 +46,8 @@ class Timer:
 
 @dataclass
 class Report:
-    """What an experiment run produced."""
+    """What an experiment run produced. ``config`` may be the experiment's configuration
+    dataclass (stored as a dict)."""
 
     name: str
     config: dict[str, Any]
@@ -47,6 +57,11 @@ class Report:
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     checks: dict[str, tuple[float, float]] = field(default_factory=dict)
+    compilations: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if dataclasses.is_dataclass(self.config) and not isinstance(self.config, type):
+            self.config = dataclasses.asdict(self.config)
 
     def check(self, name: str, value: float, tolerance: float) -> None:
         """Record a measured error against the tolerance it should meet."""
@@ -64,6 +79,7 @@ class Report:
             "checks": {k: {"value": v, "tolerance": t, "ok": v <= t} for k, (v, t) in self.checks.items()},
             "passed": self.passed,
             "timings_s": self.timings,
+            "compilations": self.compilations,
             "notes": self.notes,
             "files": {
                 "figures": [f"{k}.png" for k in self.figures],
@@ -89,6 +105,10 @@ class Report:
             for k, v in self.timings.items():
                 lines.append(f"| {k} | {v:.2f} |")
             lines.append("")
+        if self.compilations:
+            lines.append(f"XLA compilations: {int(self.compilations['count'])}, "
+                         f"{self.compilations['seconds']:.2f} s of backend compile time.")
+            lines.append("")
         for n in self.notes:
             lines.append(f"- {n}")
         if self.figures:
@@ -103,10 +123,10 @@ class Report:
             tr.save(out / f"{k}.npz")
         for k, fig in self.figures.items():
             save_figure(fig, out / f"{k}.png")
-        payload = json.dumps(self.to_dict(), indent=2, default=_json_default).encode()
-        _atomic_write(out / "summary.json", lambda f: f.write(payload))
+        payload = json.dumps(self.to_dict(), indent=2, default=json_default).encode()
+        atomic_write(out / "summary.json", lambda f: f.write(payload))
         md = self.markdown().encode()
-        _atomic_write(out / "summary.md", lambda f: f.write(md))
+        atomic_write(out / "summary.md", lambda f: f.write(md))
         return out
 
 
@@ -120,32 +140,49 @@ def _fmt(v: Any) -> str:
 
 @dataclass(frozen=True)
 class Experiment:
+    """A registered recipe: ``fn(config, quiet) -> Report`` with its configuration class."""
+
     name: str
-    fn: Callable[[dict[str, Any], bool], Report]
-    defaults: Mapping[str, Any]
+    fn: Callable[[Any, bool], Report]
+    config: type
     description: str
     package: str
     headline: bool = False
 
+    @property
+    def defaults(self) -> Any:
+        """The default configuration (an instance of the configuration class)."""
+        return self.config()
+
+    def options(self) -> dict[str, tuple[str, Any]]:
+        """``{option: (type, default)}`` of the configuration class."""
+        hints = typing.get_type_hints(self.config)
+        return {f.name: (_type_name(hints[f.name]), getattr(self.defaults, f.name)) for f in dataclasses.fields(self.config)}
+
     def run(self, overrides: Mapping[str, Any] | None = None, quiet: bool = True) -> Report:
-        config = apply_overrides(self.defaults, overrides or {}, self.name)
+        config = config_from(self.config, overrides or {}, self.name)
         t0 = time.perf_counter()
-        report = self.fn(config, quiet)
+        with count_compilations() as compiled:
+            report = self.fn(config, quiet)
         report.timings.setdefault("total", time.perf_counter() - t0)
+        report.compilations = {"count": compiled.n, "seconds": compiled.seconds}
         return report
 
 
 _REGISTRY: dict[str, Experiment] = {}
 
 
-def register(name: str, *, defaults: Mapping[str, Any], description: str, headline: bool = False):
-    """Decorator registering ``fn(config, quiet) -> Report`` as experiment ``name``."""
+def register(name: str, *, config: type, description: str, headline: bool = False):
+    """Decorator registering ``fn(config, quiet) -> Report`` as experiment ``name``; ``config``
+    is a dataclass whose fields (with defaults and type annotations) are the options."""
+    if not (isinstance(config, type) and dataclasses.is_dataclass(config)):
+        raise ValueError(f"config of experiment {name!r} must be a dataclass, got {config!r}")
 
     def deco(fn):
         if name in _REGISTRY and _REGISTRY[name].fn.__qualname__ != fn.__qualname__:
             raise ValueError(f"experiment {name!r} is registered twice")
         package = fn.__module__.split(".")[1] if fn.__module__.count(".") >= 1 else fn.__module__
-        _REGISTRY[name] = Experiment(name, fn, dict(defaults), description, package, headline)
+        _REGISTRY[name] = Experiment(name, fn, config, description, package, headline)
         return fn
 
     return deco
@@ -173,29 +210,93 @@ def parse_value(text: str) -> Any:
         return text
 
 
-def apply_overrides(defaults: Mapping[str, Any], overrides: Mapping[str, Any], name: str = "experiment") -> dict[str, Any]:
-    """Defaults updated by overrides; unknown keys and type mismatches raise ValueError."""
-    config = dict(defaults)
+def config_from(cls: type, overrides: Mapping[str, Any], name: str = "experiment") -> Any:
+    """An instance of the configuration dataclass ``cls`` with ``overrides`` applied.
+
+    Each value is read as the field's annotated type: a string (from ``--set key=value``) is
+    parsed (JSON numbers and lists, ``true``/``false``, bare strings), lists become tuples,
+    ints become floats where a float is expected. Unknown keys and values of the wrong type
+    raise ``ValueError`` naming the option, its type and its default.
+    """
+    hints = typing.get_type_hints(cls)
+    defaults = cls()
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values = {}
     for k, v in overrides.items():
-        if k not in config:
-            raise ValueError(f"{name} has no option {k!r}; options: {', '.join(sorted(config))}")
-        d = config[k]
-        if isinstance(v, str) and not isinstance(d, str):
+        if k not in fields:
+            raise ValueError(f"{name} has no option {k!r}; options: {', '.join(sorted(fields))}")
+        tp = hints[k]
+        try:
+            values[k] = _coerce(v, tp)
+        except (TypeError, ValueError):
+            raise ValueError(f"option {k!r} of {name} expects {_type_name(tp)} (default {getattr(defaults, k)!r}), "
+                             f"got {v!r}") from None
+    return dataclasses.replace(defaults, **values)
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin in (tuple, list):
+        args = typing.get_args(tp)
+        return f"list of {_type_name(args[0])}" if args else "list"
+    if origin is typing.Literal:
+        return "one of " + ", ".join(map(repr, typing.get_args(tp)))
+    return "None" if tp is type(None) else getattr(tp, "__name__", str(tp))
+
+
+def _coerce(v: Any, tp: Any) -> Any:
+    """``v`` as a value of type ``tp`` (raises TypeError or ValueError)."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return parse_value(v) if isinstance(v, str) else v
+    if origin in (typing.Union, types.UnionType):
+        arms = typing.get_args(tp)
+        if type(None) in arms and (v is None or (isinstance(v, str) and v.strip().lower() in ("null", "none"))):
+            return None
+        for arm in arms:
+            if arm is type(None):
+                continue
+            try:
+                return _coerce(v, arm)
+            except (TypeError, ValueError):
+                continue
+        raise TypeError(v)
+    if origin is typing.Literal:
+        if v not in typing.get_args(tp):
+            raise ValueError(v)
+        return v
+    if origin in (tuple, list):
+        if isinstance(v, str):
             v = parse_value(v)
-        if isinstance(d, bool):
-            ok = isinstance(v, bool)
-        elif isinstance(d, int):
-            ok = isinstance(v, int) and not isinstance(v, bool)
-        elif isinstance(d, float):
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool)
-            v = float(v) if ok else v
-        elif isinstance(d, (list, tuple)):
-            ok = isinstance(v, list)
-        elif isinstance(d, str):
-            ok = isinstance(v, str)
-        else:
-            ok = True
-        if not ok:
-            raise ValueError(f"option {k!r} of {name} expects {type(d).__name__} (default {d!r}), got {v!r}")
-        config[k] = v
-    return config
+        if not isinstance(v, (list, tuple)):
+            raise TypeError(v)
+        args = typing.get_args(tp)
+        item = args[0] if args else Any
+        return tuple(_coerce(x, item) for x in v)
+    if tp is bool:
+        if isinstance(v, str):
+            v = parse_value(v)
+        if not isinstance(v, bool):
+            raise TypeError(v)
+        return v
+    if tp is int:
+        if isinstance(v, str):
+            v = parse_value(v)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(v)
+        return v
+    if tp is float:
+        if isinstance(v, str):
+            v = parse_value(v)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
+            raise TypeError(v)
+        return float(v)
+    if tp is str:
+        if not isinstance(v, str):
+            raise TypeError(v)
+        return v
+    if isinstance(v, tp):
+        return v
+    raise TypeError(v)

@@ -1,72 +1,52 @@
-"""Fast random draws on CPU: JAX's threefry without its rolled CPU loop, and a Gaussian
-sampler with a cheaper transform than ``erf_inv``.
-
-Unrolled threefry
------------------
-
-JAX hashes counters with Threefry-2x32 (20 rounds, Salmon et al. 2011). On GPU it lowers
-the rounds unrolled; on CPU it lowers them as a 5-trip ``fori_loop`` (smaller programs,
-faster compiles), which XLA:CPU cannot fuse: every trip streams the whole counter array
-through memory with shift amounts read from an array. For the large Gaussian draws of
-online SGD (8 x 8 x 4096 numbers per step in the heads benchmark) the hash is the step.
-
-`unroll_threefry_on_cpu` registers JAX's own unrolled lowering (the GPU one) for CPU
-too. The algorithm, counters and keys are unchanged, so every key gives bit-identical
-numbers (tested); only programs compiled afterwards are affected, and they run the hash
-about 7x faster (`jax.random.normal` of 262 144 float32: 0.9 ms against 2.9 ms on the
-2-core CI CPU). `attnflow.simulate` and the ``attnflow`` command call it; call it
-yourself before jitting other sampling code.
-
-Gaussians (`normal`)
---------------------
+"""A fast Gaussian sampler for online SGD: Box-Muller on both words of a Threefry-2x32 hash.
 
 ``jax.random.normal`` turns one 32-bit word into one normal through ``erf_inv``. Its
 32-bit words are the XOR of the two output words of a Threefry-2x32 hash, so each
 normal costs a whole hash plus the two ``erf_inv`` polynomials and a log. `normal` uses
 both words of a hash for a Box-Muller pair instead: the first gives the radius
 ``sqrt(-2 log u)``, the second a uniform angle, whose sine and cosine come from short
-polynomials on one octant (no range reduction) and two bits choose the sector. XLA:CPU
-evaluates each output element on its own, so the hash is still computed once per normal,
-but the transform is cheaper, and it vectorises at 512 bits where ``erf_inv`` does not
-(attnflow compiles its calls with 512-bit vectors on AVX-512 CPUs, `attnflow._jit`):
-the 8 x 8 x 4096 draws of one heads-SGD step take 0.38 ms instead of 0.79 ms on the
-2-core AVX-512 development machine.
+polynomials on one octant (no range reduction) and two bits choose the sector.
+
+The hash itself is `threefry2x32`: Threefry-2x32 with 20 rounds (Salmon et al. 2011), the
+generator of ``jax.random``, written in ``jax.numpy`` with its rounds unrolled. It gives
+the same bits as JAX's own primitive (tested); on CPU, where JAX lowers the primitive as a
+rolled 5-trip loop that XLA cannot fuse, the unrolled form fuses with the Gaussian
+transform into one loop over the output. Nothing in JAX is changed or patched.
 """
 
 from __future__ import annotations
-
-import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["unroll_threefry_on_cpu", "normal"]
+__all__ = ["normal", "threefry2x32"]
 
-_INSTALLED = False
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+_PARITY = 0x1BD11BDA  # Threefry's key-schedule constant
 
 
-def unroll_threefry_on_cpu() -> bool:
-    """Lower ``threefry2x32`` on CPU with its rounds unrolled; idempotent.
+def _rotl(x: jax.Array, r: int) -> jax.Array:
+    return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
 
-    Returns ``True`` when the unrolled lowering is in place. JAX keeps this lowering in a
-    private module; if a JAX version moves it, a warning is issued, nothing changes and
-    ``False`` is returned (the numbers are the same either way, only slower).
+
+def threefry2x32(k0: jax.Array, k1: jax.Array, x0: jax.Array, x1: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Threefry-2x32 (20 rounds) of the counter words ``(x0, x1)`` under the key ``(k0, k1)``.
+
+    All inputs are ``uint32`` (the counters of any equal shape); returns the two output words.
+    Bit-identical to ``jax.extend.random.threefry2x32_p`` (the hash behind ``jax.random``).
     """
-    global _INSTALLED
-    if _INSTALLED:
-        return True
-    try:
-        from jax._src.interpreters import mlir
-        from jax._src.random import threefry2x32 as _tf
-
-        mlir.register_lowering(_tf.threefry2x32_p, _tf._threefry2x32_lowering_rule, platform="cpu")
-    except (ImportError, AttributeError) as err:  # pragma: no cover - depends on the JAX version
-        warnings.warn(f"attnflow: could not install the unrolled CPU threefry lowering ({err}); "
-                      "random draws keep JAX's slower rolled loop", RuntimeWarning, stacklevel=2)
-        return False
-    _INSTALLED = True
-    return True
+    u32 = jnp.uint32
+    k0, k1, x0, x1 = (jnp.asarray(v, u32) for v in (k0, k1, x0, x1))
+    ks = (k0, k1, k0 ^ k1 ^ u32(_PARITY))
+    x0, x1 = x0 + ks[0], x1 + ks[1]
+    for i in range(5):
+        for r in _ROTATIONS[i % 2]:
+            x0 = x0 + x1
+            x1 = _rotl(x1, r) ^ x0
+        x0 = x0 + ks[(i + 1) % 3]
+        x1 = x1 + ks[(i + 2) % 3] + u32(i + 1)
+    return x0, x1
 
 
 # sin and cos on [-pi/4, pi/4): Taylor polynomials of degree 9 and 10, truncation error
@@ -98,6 +78,8 @@ def normal(key: jax.Array, shape: tuple[int, ...] | int = (), dtype=jnp.float32)
     ``float64`` (and a key whose generator is not threefry) falls back to
     ``jax.random.normal``, which draws 64-bit words. Works under ``jit`` and ``vmap``
     (over keys too). The numbers differ from ``jax.random.normal``'s for the same key.
+    On an AVX-512 CPU, attnflow's own top-level compiled calls vectorise it at 512 bits
+    (`attnflow._jit`).
     """
     dtype = jnp.dtype(dtype)
     if not jnp.issubdtype(dtype, jnp.floating):
@@ -109,14 +91,12 @@ def normal(key: jax.Array, shape: tuple[int, ...] | int = (), dtype=jnp.float32)
     n = int(np.prod(shape, dtype=np.int64))
     if n >= 2**32:
         raise ValueError(f"normal: at most 2^32 draws per key, got shape {shape}")
-    from jax.extend.random import threefry2x32_p
-
     # Entry j takes the pair j >> 1 and its coordinate j & 1: XLA:CPU computes every output
     # entry on its own anyway (the hash once per entry), and this layout needs no
     # concatenation, whose branches keep loop-invariant key hashes inside the loop.
     j = jnp.arange(n, dtype=jnp.uint32).reshape(shape)
     pair = j >> 1
-    w_r, w_phi = threefry2x32_p.bind(data[0], data[1], jnp.zeros_like(pair), pair)
+    w_r, w_phi = threefry2x32(data[0], data[1], jnp.zeros_like(pair), pair)
     f32 = jnp.float32
     u = 1.0 - (w_r >> 8).astype(f32) * f32(2.0**-24)
     r = jnp.sqrt(-2.0 * jnp.log(u))

@@ -41,26 +41,44 @@ def fixed_point(
 ) -> Any:
     """A state ``y*`` with ``field(t, y*, args) = 0``, found from ``y_guess``.
 
-    Default solver: Optimistix Newton. For fields with symmetry (null directions of the
-    Jacobian) pass ``optx.LevenbergMarquardt`` through ``solver`` (it is a least-squares
-    solver and is wrapped accordingly).
+    Default solver: Optimistix Newton. Any Optimistix root finder, or least-squares solver
+    (``optx.LevenbergMarquardt``, ``optx.Dogleg``: damped steps that do not overshoot, and
+    robust to null directions of the Jacobian), can be passed through ``solver``.
+    Calling it again with the same ``field`` function and solver settings reuses the
+    compiled solve (floats in ``args`` are data).
     """
+    from .ode import as_data
+
     V.finite_tree("y_guess", y_guess)
     solver = solver if solver is not None else optx.Newton(rtol=rtol, atol=atol)
-    fn = lambda y, a: field(t, y, a)  # noqa: E731
+    if not isinstance(solver, (optx.AbstractRootFinder, optx.AbstractLeastSquaresSolver)):
+        raise ValueError(f"solver must be an Optimistix root finder or least-squares solver, got {solver!r}")
+    fn = _Residual(field)
+    targs = (jnp.asarray(t, dtype=float), as_data(args))
     if isinstance(solver, optx.AbstractLeastSquaresSolver):
-        sol = optx.least_squares(fn, solver, y_guess, args=args, max_steps=max_steps, throw=False)
+        sol = optx.least_squares(fn, solver, y_guess, args=targs, max_steps=max_steps, throw=False)
     else:
-        sol = optx.root_find(fn, solver, y_guess, args=args, max_steps=max_steps, throw=False)
+        sol = optx.root_find(fn, solver, y_guess, args=targs, max_steps=max_steps, throw=False)
     if throw and not V.any_traced((y_guess, args)):
-        res = fn(sol.value, args)
+        res = fn(sol.value, targs)
         size = max(float(jnp.max(jnp.abs(x))) for x in jax.tree_util.tree_leaves(res))
         if sol.result != optx.RESULTS.successful or not np.isfinite(size):
             raise RuntimeError(
                 f"fixed_point: root find did not converge (result: {sol.result}, |field| = {size:.3g}); "
-                "try another initial guess, more max_steps, or optx.LevenbergMarquardt"
+                "try another initial guess, more max_steps, or a damped solver (optx.LevenbergMarquardt)"
             )
     return sol.value
+
+
+class _Residual(eqx.Module):
+    """``(y, (t, args)) -> field(t, y, args)``; equal for the same field function, so repeated
+    root finds hit Optimistix's compilation cache."""
+
+    field: Callable = eqx.field(static=True)
+
+    def __call__(self, y, targs):
+        t, args = targs
+        return self.field(t, y, args)
 
 
 def jacobian(field: Callable[[Any, Any, Any], Any], y: Any, args: Any = None, t: Any = 0.0) -> jax.Array:
@@ -76,7 +94,8 @@ def jacobian(field: Callable[[Any, Any, Any], Any], y: Any, args: Any = None, t:
 class Spectrum(eqx.Module):
     """Eigen-decomposition of a Jacobian, eigenvalues sorted by real part, largest first.
 
-    ``vectors[i]`` is the ``i``-th eigenvector as a pytree shaped like the state.
+    ``vectors[i]`` is the ``i``-th eigenvector as a pytree shaped like the state; ``matrix``
+    the (restricted) Jacobian that was decomposed.
     """
 
     values: jax.Array
@@ -93,14 +112,25 @@ class Spectrum(eqx.Module):
         return self.values[keep], [self.vectors[i] for i in keep]
 
 
-def spectrum(field: Callable[[Any, Any, Any], Any], y: Any, args: Any = None, t: Any = 0.0, symmetric: bool | None = None) -> Spectrum:
+def spectrum(field: Callable[[Any, Any, Any], Any], y: Any, args: Any = None, t: Any = 0.0,
+             symmetric: bool | None = None, basis: Any = None) -> Spectrum:
     """Eigenvalues and pytree-shaped eigenvectors of the Jacobian of ``field`` at ``y``.
 
     ``symmetric=None`` detects a symmetric Jacobian (a gradient flow's is) and then uses
     ``eigh`` (real, orthonormal eigenvectors); otherwise ``eig``.
+
+    ``basis``: an ``(n, k)`` matrix with orthonormal columns spanning a subspace of the
+    flattened state (``ravel_pytree(y)``); the spectrum is then that of the Jacobian
+    restricted to it, ``B^T J B`` (for example the antisymmetric sector of a
+    permutation-symmetric state), with eigenvectors mapped back, ``B v``.
     """
     J = jacobian(field, y, args, t)
     _, unravel = ravel_pytree(y)
+    B = None if basis is None else jnp.asarray(basis, dtype=J.dtype)
+    if B is not None:
+        if B.ndim != 2 or B.shape[0] != J.shape[0]:
+            raise ValueError(f"basis must have shape ({J.shape[0]}, k) for this state, got {B.shape}")
+        J = B.T @ J @ B
     if symmetric is None:
         symmetric = bool(jnp.allclose(J, J.T, rtol=1e-10, atol=1e-12 * (1 + float(jnp.max(jnp.abs(J))))))
     if symmetric:
@@ -110,6 +140,8 @@ def spectrum(field: Callable[[Any, Any, Any], Any], y: Any, args: Any = None, t:
         w, v = jnp.asarray(w), jnp.asarray(v)
     order = jnp.argsort(-jnp.real(w), stable=True)
     w, v = w[order], v[:, order]
+    if B is not None:
+        v = B.astype(v.dtype) @ v
     vectors = [unravel(v[:, i]) if not jnp.iscomplexobj(v) else jax.tree_util.tree_map(
         lambda re, im: re + 1j * im, unravel(jnp.real(v[:, i])), unravel(jnp.imag(v[:, i]))) for i in range(v.shape[1])]
     return Spectrum(w, vectors, J)

@@ -10,13 +10,15 @@ Three modes, each an object (as Diffrax does with solvers):
 - `Minibatch(dataset, batch_size)`: rows drawn uniformly with replacement from a fixed
   dataset at each step.
 
-Observables are recorded at (by default log-spaced) steps inside the compiled loop: the
-run is one XLA program, with no host round-trip per step. The caller states the clock
-(``clock``: time per step), so a simulation lands on the same time axis as its theory.
+Observables are recorded at the steps of a `SaveGrid` (by default log-spaced) inside the
+compiled loop: the run is one XLA program, with no host round-trip per step. The caller
+states the clock (``clock``: time per step), so a simulation lands on the same time axis
+as its theory.
 """
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,20 +30,22 @@ import optax
 
 from . import _validate as V
 from ._jit import filter_jit
-from .rng import unroll_threefry_on_cpu
 from .ode import DivergenceError
+from .options import LogGrid, SaveGrid
 from .trajectory import Trajectory
 
-__all__ = ["simulate", "save_steps", "FullBatch", "OnlineSGD", "Minibatch", "TrainingMode"]
+__all__ = ["simulate", "check_divergence", "FullBatch", "OnlineSGD", "Minibatch", "TrainingMode"]
 
 
 class TrainingMode(eqx.Module):
-    """How each step's batch is produced."""
+    """How each step's batch is produced: `FullBatch`, `OnlineSGD` or `Minibatch`."""
 
-    def batch(self, key: jax.Array) -> Any:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def batch(self, key: jax.Array) -> Any:
+        """The batch of one step, from that step's key."""
 
     def default_observe(self, loss: Callable) -> Callable:
+        """What `simulate` records when no ``observe`` is given."""
         raise ValueError(
             f"{type(self).__name__} has no deterministic loss to record by default; pass observe=..."
         )
@@ -92,22 +96,6 @@ class Minibatch(TrainingMode):
         return jax.tree_util.tree_map(lambda x: x[idx], self.dataset)
 
 
-def save_steps(steps: int, n_save: int = 100, spacing: str = "log") -> np.ndarray:
-    """Sorted unique integer steps in ``[0, steps]`` at which observables are recorded.
-
-    ``"log"``: 0 and roughly ``n_save - 1`` log-spaced steps from 1 to ``steps``
-    (duplicates at small steps are merged, so the count can be lower).
-    """
-    steps = V.positive_int("steps", steps)
-    n_save = V.positive_int("n_save", n_save, minimum=2)
-    V.choice("spacing", spacing, ("linear", "log"))
-    if spacing == "linear":
-        s = np.round(np.linspace(0, steps, n_save))
-    else:
-        s = np.concatenate([[0], np.round(np.geomspace(1, steps, n_save - 1))])
-    return np.unique(s.astype(np.int64))
-
-
 def simulate(
     loss: Callable[[Any, Any], jax.Array],
     model: Any,
@@ -117,13 +105,12 @@ def simulate(
     mode: TrainingMode | None = None,
     key: Any = 0,
     observe: Callable[[Any], Mapping[str, Any]] | None = None,
-    n_save: int = 100,
-    spacing: str = "log",
-    steps_to_save: Any = None,
+    save: SaveGrid | None = None,
     clock: Any = 1.0,
     filter_spec: Any = eqx.is_inexact_array,
     progress: bool = False,
     return_model: bool = False,
+    throw: bool = True,
     meta: Mapping[str, Any] | None = None,
 ):
     """Train ``model`` for ``steps`` optimizer steps and record named observables.
@@ -135,7 +122,7 @@ def simulate(
     model:
         An Equinox module (or any pytree); its leaves selected by ``filter_spec`` are trained.
     optimizer:
-        An Optax transformation (see `attnflow.optim.per_circuit` for per-circuit rates).
+        An Optax transformation (see `attnflow.per_circuit` for per-circuit rates).
     steps:
         Number of optimizer steps.
     mode:
@@ -145,35 +132,37 @@ def simulate(
     observe:
         ``observe(model) -> {name: array}`` recorded at the save steps. Default for
         `FullBatch`: ``{"loss": loss(model, data)}``.
-    n_save, spacing, steps_to_save:
-        Which steps to record (`save_steps`), or an explicit increasing integer array.
+    save:
+        A `SaveGrid` read on the step axis ``[0, steps]``: ``LogGrid(100)`` (default),
+        ``LinearGrid(n)``, or ``TimeGrid(steps)`` with explicit whole-number steps.
     clock:
         Time per step, so that ``t = clock * step``: the learning rate for gradient flow,
         ``batch_size / D`` for online SGD in dimension D. May be traced.
     return_model:
         Also return the trained model.
+    throw:
+        ``True``: a non-finite loss or parameter raises `DivergenceError` naming the step
+        (inside ``jit``/``vmap``: an equinox runtime error). ``False``: no error; the
+        parameters freeze at the last finite step and the divergence step (``-1`` for
+        none) is returned after the trajectory (and model), for callers that decide
+        themselves (a sweep in which one point may diverge).
 
     Returns
     -------
-    `Trajectory` (and the final model if ``return_model``). A non-finite loss or
-    parameter stops the run with `DivergenceError` naming the step.
+    `Trajectory` with ``ts`` of shape ``(T,)`` (and the final model if ``return_model``;
+    and the divergence step if ``throw=False``).
     """
     steps = V.positive_int("steps", steps)
-    # same random bits, hashed without JAX's rolled CPU loop (see attnflow.rng); this call
-    # may sit inside an outer jit, which lowers after tracing, so the outer program gains too
-    unroll_threefry_on_cpu()
     mode = FullBatch() if mode is None else mode
     if not isinstance(mode, TrainingMode):
         raise ValueError(f"mode must be FullBatch, OnlineSGD or Minibatch, got {mode!r}")
     if not isinstance(optimizer, optax.GradientTransformation):
         raise ValueError(f"optimizer must be an optax GradientTransformation, got {optimizer!r}")
+    save = LogGrid(100) if save is None else save
+    if not isinstance(save, SaveGrid):
+        raise ValueError(f"save must be a SaveGrid (LinearGrid, LogGrid or TimeGrid), got {save!r}")
     V.positive("clock", clock)
-    if steps_to_save is None:
-        s_save = save_steps(steps, n_save, spacing)
-    else:
-        s_save = np.asarray(steps_to_save, dtype=np.int64)
-        if s_save.ndim != 1 or np.any(np.diff(s_save) <= 0) or s_save[0] < 0 or s_save[-1] > steps:
-            raise ValueError(f"steps_to_save must be increasing integers in [0, {steps}], got {steps_to_save!r}")
+    s_save = save.steps(steps)
     observe = observe or mode.default_observe(loss)
     key = V.prng_key(key)  # an integer seed (possibly traced, for vmap over seeds) or a key
     params, static = eqx.partition(model, filter_spec)
@@ -182,12 +171,12 @@ def simulate(
 
     out_params, ys, bad = _run(loss, params, static, optimizer, mode, key, observe, tuple(int(s) for s in s_save), progress)
     ts = jnp.asarray(clock) * jnp.asarray(s_save, dtype=jnp.result_type(float))
-    if traced:
+    if throw and traced:
         ts, ys, out_params = eqx.error_if(
             (ts, ys, out_params), bad >= 0,
             "simulate: non-finite loss or parameters during training (diverged); lower the learning rate",
         )
-    elif int(bad) >= 0:
+    elif throw and int(bad) >= 0:
         b = int(bad)
         raise DivergenceError(
             f"simulate: non-finite loss or parameters at step {b} (t = {float(clock) * b:.6g}); "
@@ -196,8 +185,32 @@ def simulate(
     m = {"steps": steps, "mode": type(mode).__name__}
     m.update(meta or {})
     traj = Trajectory(ts, ys, m)
+    out: tuple = (traj,)
     if return_model:
-        return traj, eqx.combine(out_params, static)
+        out += (eqx.combine(out_params, static),)
+    if not throw:
+        out += (bad,)
+    return out[0] if len(out) == 1 else out
+
+
+def check_divergence(traj: Trajectory, step: Any, clock: Any = 1.0) -> Trajectory:
+    """``traj`` if the run it records did not diverge (``step < 0``), else an error naming the step.
+
+    ``step`` is the divergence step returned by ``simulate(..., throw=False)``. Outside any
+    trace a diverged run raises `DivergenceError` with the step and its time
+    (``clock * step``); inside ``jit``/``vmap`` the check is attached to the returned
+    trajectory (``equinox.error_if``), so a diverging grid point stops the computation with
+    a message instead of returning NaNs.
+    """
+    if V.any_traced((step, traj)):
+        return eqx.error_if(traj, step >= 0, "simulate: non-finite loss or parameters during training (diverged); "
+                            "lower the learning rate")
+    b = int(step)
+    if b >= 0:
+        raise DivergenceError(
+            f"simulate: non-finite loss or parameters at step {b} (t = {float(clock) * b:.6g}); "
+            "the run diverged: lower the learning rate or check the data"
+        )
     return traj
 
 

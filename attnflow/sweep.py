@@ -31,7 +31,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ._jit import cpu_compiler_options
-from .trajectory import _atomic_write
+from ._io import atomic_write
 
 __all__ = ["sweep", "SweepResult", "use_cpu_cores"]
 
@@ -78,6 +78,56 @@ class SweepResult:
 
     def __repr__(self) -> str:
         return f"SweepResult(dims={self.dims}, shape={self.shape})"
+
+    def to_xarray(self):
+        """An ``xarray.Dataset`` on the grid dimensions ``dims`` with their ``coords``: one
+        variable per leaf of ``values`` (named by its path: ``"loss"``, ``"[0]"``, ``"ts"``
+        for a `Trajectory`'s times, ...), extra axes named ``<variable>_dim<i>``; ``meta`` in
+        ``attrs``. A `Trajectory` leaf keeps its time axis as ``t`` when its save times are
+        the same at every grid point.
+
+        Needs the optional dependency xarray (``pip install "attnflow[xarray]"``).
+        """
+        from .trajectory import Trajectory, _optional
+
+        xr = _optional("xarray", "to_xarray")
+        data: dict[str, Any] = {}
+        coords: dict[str, Any] = {d: self.coords[d] for d in self.dims}
+        grid = len(self.dims)
+
+        def add(name, arr, extra_dims=()):
+            arr = np.asarray(arr)
+            n_extra = arr.ndim - grid - len(extra_dims)
+            dims = self.dims + tuple(extra_dims) + tuple(f"{name}_dim{j}" for j in range(n_extra))
+            data[name] = (dims, arr)
+
+        def visit(prefix, value):
+            if isinstance(value, Trajectory):
+                ts = np.asarray(value.ts)
+                flat = ts.reshape(-1, ts.shape[-1])
+                if bool(np.all(flat == flat[0])):
+                    coords[f"{prefix}t" if prefix else "t"] = flat[0]
+                    tdim = (f"{prefix}t" if prefix else "t",)
+                else:
+                    add(f"{prefix}ts", ts)
+                    tdim = (f"{prefix}ts_dim0",)
+                for k, v in value.ys.items():
+                    add(f"{prefix}{k}", v, tdim)
+                if value.t_event is not None:
+                    add(f"{prefix}t_event", value.t_event)
+                return
+            if isinstance(value, Mapping):
+                for k, v in value.items():
+                    visit(f"{prefix}{k}.", v) if isinstance(v, (Mapping, Trajectory, tuple, list)) else add(f"{prefix}{k}", v)
+                return
+            if isinstance(value, (tuple, list)):
+                for i, v in enumerate(value):
+                    visit(f"{prefix}[{i}].", v) if isinstance(v, (Mapping, Trajectory, tuple, list)) else add(f"{prefix}[{i}]", v)
+                return
+            add(prefix.rstrip(".") or "value", value)
+
+        visit("", self.values)
+        return xr.Dataset(data, coords=coords, attrs={"meta": json.dumps(self.meta, default=str)})
 
 
 def use_cpu_cores(n: int | None = None) -> int:
@@ -334,7 +384,7 @@ def sweep(
             leaves = [np.asarray(x) for x in out_leaves]
             results[i] = leaves
             if out_path is not None:
-                _atomic_write(out_path / f"chunk_{i:05d}.npz", lambda f, leaves=leaves: np.savez(f, *leaves))
+                atomic_write(out_path / f"chunk_{i:05d}.npz", lambda f, leaves=leaves: np.savez(f, *leaves))
             if bar is not None:
                 bar.update(1)
             if on_chunk is not None:
@@ -379,7 +429,7 @@ def _check_manifest(out_path: Path, dims, coords, chunk_size, treedef, leaves_st
                     f"now {str(want[key])[:120]!r}); use a fresh out_dir or delete the old one"
                 )
     else:
-        _atomic_write(mf, lambda f: f.write(json.dumps(want, indent=1).encode()))
+        atomic_write(mf, lambda f: f.write(json.dumps(want, indent=1).encode()))
 
 
 def _load_chunk(path: Path, leaves_struct) -> list[np.ndarray] | None:

@@ -6,13 +6,14 @@ overlay or a test is always the same comparison: two sets of named arrays on a c
 Layout: ``ts`` has shape ``(..., T)`` and every observable ``ys[name]`` has shape
 ``(..., T, *feature)``; the leading ``...`` are batch axes added by ``vmap`` or `sweep`.
 ``meta`` is a JSON-serialisable dict (config, seed, versions) carried as static data.
+``t_event`` (shape ``(...)``) is the time a terminating event fired, NaN where it did not
+(`attnflow.integrate` with ``event=``); ``None`` for runs without an event.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from ._io import atomic_write, json_default
 
 __all__ = ["Trajectory", "compare", "versions"]
 
@@ -40,19 +43,7 @@ def versions() -> dict[str, str]:
 def _freeze_meta(meta: Mapping[str, Any] | None) -> str:
     # Metadata travels as a canonical JSON string: hashable (so it can sit in a pytree's
     # static part under jit/vmap) and exactly what `save` writes.
-    return json.dumps(dict(meta or {}), sort_keys=True, default=_json_default)
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, (np.ndarray, jax.Array)):
-        return np.asarray(obj).tolist()
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (np.floating,)):
-        return float(obj)
-    if isinstance(obj, Path):
-        return str(obj)
-    return repr(obj)
+    return json.dumps(dict(meta or {}), sort_keys=True, default=json_default)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -62,16 +53,19 @@ class Trajectory:
     Parameters
     ----------
     ts:
-        Save times, shape ``(..., T)``.
+        Save times, shape ``(..., T)``; non-decreasing and finite along the time axis.
     ys:
         Mapping from observable name to array of shape ``(..., T, *feature)``.
     meta:
         JSON-serialisable metadata (config, seed, ...).
+    t_event:
+        Time at which a terminating event fired, shape ``(...)`` (NaN where it did not),
+        or ``None``.
     """
 
-    __slots__ = ("ts", "ys", "_meta")
+    __slots__ = ("ts", "ys", "_meta", "t_event")
 
-    def __init__(self, ts: Any, ys: Mapping[str, Any], meta: Mapping[str, Any] | None = None):
+    def __init__(self, ts: Any, ys: Mapping[str, Any], meta: Mapping[str, Any] | None = None, t_event: Any = None):
         if not isinstance(ys, Mapping):
             raise ValueError(f"ys must be a mapping name -> array, got {type(ys).__name__}")
         for k in ys:
@@ -81,6 +75,14 @@ class Trajectory:
         if ts.ndim < 1:
             raise ValueError(f"ts must have a time axis, got shape {ts.shape}")
         T = ts.shape[-1]
+        if not isinstance(ts, jax.core.Tracer):
+            t = np.asarray(ts, dtype=float)
+            if not np.all(np.isfinite(t)):
+                bad = np.argwhere(~np.isfinite(t))[0]
+                raise ValueError(f"ts must be finite; entry {tuple(int(i) for i in bad)} is {t[tuple(bad)]!r}")
+            if T > 1 and np.any(np.diff(t, axis=-1) < 0):
+                i = int(np.argwhere(np.diff(t, axis=-1) < 0)[0][-1])
+                raise ValueError(f"ts must be non-decreasing along time; ts[..., {i}] > ts[..., {i + 1}]")
         ys = {k: jnp.asarray(v) for k, v in ys.items()}
         for k, v in ys.items():
             if v.ndim < ts.ndim or v.shape[: ts.ndim] != ts.shape:
@@ -88,14 +90,19 @@ class Trajectory:
                     f"observable {k!r} has shape {v.shape}; its leading axes must match "
                     f"ts.shape {ts.shape} (time axis of length {T})"
                 )
+        if t_event is not None:
+            t_event = jnp.asarray(t_event)
+            if t_event.shape != ts.shape[:-1]:
+                raise ValueError(f"t_event must have the batch shape {ts.shape[:-1]}, got {t_event.shape}")
         self.ts = ts
         self.ys = ys
         self._meta = _freeze_meta(meta)
+        self.t_event = t_event
 
     # --- pytree protocol -------------------------------------------------------------
     def tree_flatten(self):
         names = tuple(sorted(self.ys))
-        return (self.ts, tuple(self.ys[n] for n in names)), (names, self._meta)
+        return (self.ts, tuple(self.ys[n] for n in names), self.t_event), (names, self._meta)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
@@ -104,6 +111,7 @@ class Trajectory:
         obj.ts = children[0]
         obj.ys = dict(zip(names, children[1]))
         obj._meta = meta
+        obj.t_event = children[2]
         return obj
 
     # --- access --------------------------------------------------------------------
@@ -137,14 +145,21 @@ class Trajectory:
 
     def select(self, *names: str) -> Trajectory:
         """A trajectory with only the given observables."""
-        return Trajectory(self.ts, {n: self[n] for n in names}, self.meta)
-
-    def with_meta(self, **meta: Any) -> Trajectory:
-        return Trajectory(self.ts, self.ys, {**self.meta, **meta})
+        return Trajectory(self.ts, {n: self[n] for n in names}, self.meta, self.t_event)
 
     def with_ys(self, **ys: Any) -> Trajectory:
         """A trajectory with extra (or replaced) observables on the same clock."""
-        return Trajectory(self.ts, {**self.ys, **ys}, self.meta)
+        return Trajectory(self.ts, {**self.ys, **ys}, self.meta, self.t_event)
+
+    def rename(self, **names: str) -> Trajectory:
+        """Observables renamed, ``new=old`` (e.g. ``traj.rename(loss="population_loss")``)."""
+        missing = [old for old in names.values() if old not in self.ys]
+        if missing:
+            raise KeyError(f"no observable {missing[0]!r} to rename; this trajectory has {sorted(self.ys)}")
+        olds = set(names.values())
+        ys = {k: v for k, v in self.ys.items() if k not in olds}
+        ys.update({new: self.ys[old] for new, old in names.items()})
+        return Trajectory(self.ts, ys, self.meta, self.t_event)
 
     def batch(self, index: Any) -> Trajectory:
         """Index the leading batch axes (e.g. one seed or one learning rate of a sweep)."""
@@ -152,7 +167,8 @@ class Trajectory:
             raise ValueError("this trajectory has no batch axes to index")
         ts = self.ts[index]
         ys = {k: v[index] for k, v in self.ys.items()}
-        return Trajectory(ts, ys, self.meta)
+        t_event = None if self.t_event is None else self.t_event[index]
+        return Trajectory(ts, ys, self.meta, t_event)
 
     def final(self) -> dict[str, jax.Array]:
         """The last saved value of every observable (for event-terminated runs: the event state)."""
@@ -187,7 +203,56 @@ class Trajectory:
         """This trajectory interpolated onto the 1-D time grid ``t``."""
         t = jnp.asarray(t, dtype=self.ts.dtype)
         ts = jnp.broadcast_to(t, self.batch_shape + t.shape)
-        return Trajectory(ts, self.at(t, log_time=log_time), self.meta)
+        return Trajectory(ts, self.at(t, log_time=log_time), self.meta, self.t_event)
+
+    # --- interop ---------------------------------------------------------------------
+    def to_xarray(self, batch_dims: Iterable[str] | None = None):
+        """An ``xarray.Dataset``: one variable per observable on dimensions
+        ``(*batch_dims, "t", name_dim0, ...)``, with ``t`` as a coordinate (per batch element
+        when the batch elements have their own times) and ``meta`` in ``attrs``.
+
+        Needs the optional dependency xarray (``pip install "attnflow[xarray]"``).
+        """
+        xr = _optional("xarray", "to_xarray")
+        bdims = tuple(batch_dims) if batch_dims is not None else tuple(f"batch{i}" for i in range(len(self.batch_shape)))
+        if len(bdims) != len(self.batch_shape):
+            raise ValueError(f"batch_dims must name {len(self.batch_shape)} batch axes, got {bdims}")
+        ts = np.asarray(self.ts)
+        shared = ts.ndim == 1 or bool(np.all(ts == ts.reshape(-1, ts.shape[-1])[0]))
+        data = {}
+        for k, v in self.ys.items():
+            v = np.asarray(v)
+            feat = tuple(f"{k}_dim{j}" for j in range(v.ndim - ts.ndim))
+            data[k] = (bdims + ("t",) + feat, v)
+        coords = {"t": ts.reshape(-1, ts.shape[-1])[0]} if shared else {"time": (bdims + ("t",), ts)}
+        if self.t_event is not None:
+            data["t_event"] = (bdims, np.asarray(self.t_event))
+        return xr.Dataset(data, coords=coords, attrs={"meta": self._meta})
+
+    def to_pandas(self):
+        """A ``pandas.DataFrame`` in long form: one row per (batch index, save time), one column
+        per scalar observable (and per component of a vector observable, ``name[i, j]``).
+
+        Needs the optional dependency pandas (``pip install "attnflow[xarray]"`` brings it).
+        """
+        pd = _optional("pandas", "to_pandas")
+        ts = np.asarray(self.ts)
+        n_batch = int(np.prod(self.batch_shape, dtype=int))
+        T = ts.shape[-1]
+        cols: dict[str, np.ndarray] = {}
+        for i, size in enumerate(self.batch_shape):
+            idx = np.indices(self.batch_shape)[i].reshape(-1)
+            cols[f"batch{i}"] = np.repeat(idx, T)
+            del size
+        cols["t"] = ts.reshape(-1)
+        for k, v in self.ys.items():
+            v = np.asarray(v).reshape((n_batch * T,) + v.shape[ts.ndim:])
+            if v.ndim == 1:
+                cols[k] = v
+            else:
+                for j in np.ndindex(v.shape[1:]):
+                    cols[f"{k}[{', '.join(map(str, j))}]"] = v[(slice(None),) + j]
+        return pd.DataFrame(cols)
 
     # --- files -----------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
@@ -203,9 +268,11 @@ class Trajectory:
         arrays = {"__ts__": np.asarray(self.ts)}
         for k, v in self.ys.items():
             arrays[f"y:{k}"] = np.asarray(v)
+        if self.t_event is not None:
+            arrays["__t_event__"] = np.asarray(self.t_event)
         meta = {"attnflow_trajectory": 1, "names": list(self.ys), "meta": self.meta, "versions": versions()}
-        _atomic_write(path, lambda f: np.savez(f, **arrays))
-        _atomic_write(path.with_suffix(".json"), lambda f: f.write(json.dumps(meta, indent=2, default=_json_default).encode()))
+        atomic_write(path, lambda f: np.savez(f, **arrays))
+        atomic_write(path.with_suffix(".json"), lambda f: f.write(json.dumps(meta, indent=2, default=json_default).encode()))
         return path
 
     @classmethod
@@ -218,23 +285,19 @@ class Trajectory:
         with np.load(path) as data:
             ts = data["__ts__"]
             ys = {k[2:]: data[k] for k in data.files if k.startswith("y:")}
+            t_event = data["__t_event__"] if "__t_event__" in data.files else None
         meta_path = path.with_suffix(".json")
         meta = json.loads(meta_path.read_text())["meta"] if meta_path.exists() else {}
-        return cls(ts, ys, meta)
+        return cls(ts, ys, meta, t_event)
 
 
-def _atomic_write(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def _optional(module: str, what: str):
+    import importlib
+
     try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        return importlib.import_module(module)
+    except ImportError:
+        raise ImportError(f"{what} needs the optional dependency {module}: pip install \"attnflow[xarray]\"") from None
 
 
 def compare(

@@ -1,5 +1,11 @@
-"""Test entry point: float64 on (the package never switches it on at import)."""
+"""Test entry point: float64 on (the package never switches it on at import), and the data folder.
 
+Real-data tests read the corpora beside the checkout, in ``../shared/data``: this file points
+``$ATTNFLOW_DATA`` there when the folder exists (tests that need it skip with a message when it
+does not).
+"""
+
+import os
 from pathlib import Path
 
 import jax
@@ -8,6 +14,8 @@ import pytest
 jax.config.update("jax_enable_x64", True)
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+if SHARED_DATA.is_dir():
+    os.environ.setdefault("ATTNFLOW_DATA", str(SHARED_DATA))
 
 
 @pytest.fixture

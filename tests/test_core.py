@@ -67,7 +67,8 @@ def test_integrate_log_spacing_and_pytree_state():
     y0 = {"a": jnp.full(4, 0.03), "b": jnp.full(4, 0.03)}
     from attnflow.deeplinear import factor_field
 
-    tr = af.integrate(factor_field, y0, 10.0, args={"s": S, "tau": 1.0}, spacing="log", n_save=50, rtol=1e-10, atol=1e-13)
+    tr = af.integrate(factor_field, y0, 10.0, args={"s": S, "tau": 1.0}, save=af.LogGrid(50),
+                      solver=af.SolverOptions(rtol=1e-10, atol=1e-13))
     assert tr.names == ("a", "b") and tr.ts[0] == 0 and tr.ts[-1] == 10.0
     assert np.all(np.diff(np.log(np.asarray(tr.ts[1:]))) == pytest.approx(np.log(1e6) / 48))
     # balanced factors: u = a b follows the closed form with u0 = 0.03^2
@@ -75,11 +76,12 @@ def test_integrate_log_spacing_and_pytree_state():
 
 
 def test_integrate_event_terminates_at_threshold():
-    tr = af.integrate(mode_field, jnp.full(4, 1e-3), 50.0, args={"s": S, "tau": 1.0}, n_save=100,
-                      event=lambda t, u, a: u[3] - 0.25, rtol=1e-10, atol=1e-13)
+    tr = af.integrate(mode_field, jnp.full(4, 1e-3), 50.0, args={"s": S, "tau": 1.0}, save=af.LinearGrid(100),
+                      event=lambda t, u, a: u[3] - 0.25, solver=af.SolverOptions(rtol=1e-10, atol=1e-13))
     # closed form: u(t*) = s/2 at t* = log(s/u0 - 1) / (2 s) for s = 0.5
     t_star = np.log(0.5 / 1e-3 - 1) / (2 * 0.5)
     assert float(tr.ts[-1]) == pytest.approx(t_star, rel=1e-8)
+    assert float(tr.t_event) == pytest.approx(t_star, rel=1e-8)
     assert float(tr.final()["y"][3]) == pytest.approx(0.25, rel=1e-8)
     assert np.all(np.diff(np.asarray(tr.ts)) >= 0)
 
@@ -90,9 +92,9 @@ def test_unrolled_tsit5_equals_diffrax_tsit5():
     from attnflow.deeplinear import factor_field
 
     y0 = {"a": jnp.full(4, 0.03), "b": jnp.full(4, 0.02)}
-    kw = dict(args={"s": S, "tau": 2.0}, n_save=60, spacing="log", rtol=1e-9, atol=1e-12)
-    ours = af.integrate(factor_field, y0, 40.0, **kw)
-    ref = af.integrate(factor_field, y0, 40.0, solver=diffrax.Tsit5(), **kw)
+    kw = dict(args={"s": S, "tau": 2.0}, save=af.LogGrid(60))
+    ours = af.integrate(factor_field, y0, 40.0, solver=af.SolverOptions(rtol=1e-9, atol=1e-12), **kw)
+    ref = af.integrate(factor_field, y0, 40.0, solver=af.SolverOptions(diffrax.Tsit5(), rtol=1e-9, atol=1e-12), **kw)
     for k in ("a", "b"):  # same tableau, steps and dense output: equal to round-off
         np.testing.assert_allclose(ours[k], ref[k], rtol=1e-12, atol=1e-15)
 
@@ -116,46 +118,46 @@ def test_unrolled_tsit5_equals_diffrax_tsit5():
             y = y * 1.0
         return -y
 
-    big = af.integrate(big_field, jnp.ones(2), 1.0, n_save=2)
+    big = af.integrate(big_field, jnp.ones(2), 1.0, save=af.LinearGrid(2))
     assert big.meta["integrator"] == "Tsit5"
     np.testing.assert_allclose(big["y"][-1], np.exp(-1.0) * np.ones(2), rtol=1e-7)
 
     # reverse-mode through the unrolled stages
-    check_grads(lambda u0: af.integrate(mode_field, jnp.full(4, u0), 2.0, args={"s": S, "tau": 1.0}, n_save=2,
-                                        rtol=1e-11, atol=1e-14)["y"][-1], (1e-2,), order=1, modes=["rev"], eps=1e-7)
+    check_grads(lambda u0: af.integrate(mode_field, jnp.full(4, u0), 2.0, args={"s": S, "tau": 1.0}, save=af.LinearGrid(2),
+                                        solver=af.SolverOptions(rtol=1e-11, atol=1e-14))["y"][-1], (1e-2,), order=1,
+                modes=["rev"], eps=1e-7)
 
 
 def test_integrate_endpoint_saves_match_the_save_loop():
-    # n_save=2 saves t0 and t1 outside the step loop; it must equal explicit ts=[t0, t1]
-    kw = dict(args={"s": S, "tau": 1.0}, rtol=1e-10, atol=1e-13)
-    a = af.integrate(mode_field, jnp.full(4, 1e-3), 20.0, n_save=2, **kw)
-    b = af.integrate(mode_field, jnp.full(4, 1e-3), 20.0, ts=jnp.array([0.0, 20.0]), **kw)
+    # LinearGrid(2) saves t0 and t1 outside the step loop; it must equal TimeGrid([t0, t1])
+    kw = dict(args={"s": S, "tau": 1.0}, solver=af.SolverOptions(rtol=1e-10, atol=1e-13))
+    a = af.integrate(mode_field, jnp.full(4, 1e-3), 20.0, save=af.LinearGrid(2), **kw)
+    b = af.integrate(mode_field, jnp.full(4, 1e-3), 20.0, save=af.TimeGrid(jnp.array([0.0, 20.0])), **kw)
     np.testing.assert_array_equal(a.ts, b.ts)
     np.testing.assert_allclose(a["y"], b["y"], rtol=1e-14)
     # with an event the last save is the event time
-    e = af.integrate(mode_field, jnp.full(4, 1e-3), 50.0, n_save=2, event=lambda t, u, a: u[3] - 0.25, **kw)
+    e = af.integrate(mode_field, jnp.full(4, 1e-3), 50.0, save=af.LinearGrid(2), event=lambda t, u, a: u[3] - 0.25, **kw)
     assert float(e.ts[-1]) == pytest.approx(np.log(0.5 / 1e-3 - 1) / (2 * 0.5), rel=1e-8)
 
 
 def test_integrate_max_steps_error_names_time():
     with pytest.raises(af.MaxStepsError, match=r"max_steps=7 reached at t = [0-9.e-]+ before t1 = 100.*Increase max_steps"):
-        af.integrate(mode_field, jnp.full(4, 1e-3), 100.0, args={"s": S, "tau": 1.0}, max_steps=7)
+        af.integrate(mode_field, jnp.full(4, 1e-3), 100.0, args={"s": S, "tau": 1.0}, solver=af.SolverOptions(max_steps=7))
 
 
 def test_integrate_divergence_is_an_error():
     import diffrax
 
+    euler = af.SolverOptions(diffrax.Euler(), dt0=0.1, stepsize_controller=diffrax.ConstantStepSize(), max_steps=100)
     # fixed steps: the NaN propagates and is reported with its time
     with pytest.raises(af.DivergenceError, match="non-finite at t = "):
-        af.integrate(lambda t, y, a: y**2, jnp.ones(1), 3.0, solver=diffrax.Euler(), dt0=0.1,
-                     stepsize_controller=diffrax.ConstantStepSize(), n_save=31, max_steps=100)
+        af.integrate(lambda t, y, a: y**2, jnp.ones(1), 3.0, save=af.LinearGrid(31), solver=euler)
     # adaptive: blow-up at t = 1 stalls the controller; the error says so
     with pytest.raises((af.MaxStepsError, af.DivergenceError), match="t = 1"):
-        af.integrate(lambda t, y, a: y**2, jnp.ones(1), 3.0, max_steps=2000)
+        af.integrate(lambda t, y, a: y**2, jnp.ones(1), 3.0, solver=af.SolverOptions(max_steps=2000))
     # inside jit the failure still stops the program
     with pytest.raises(Exception, match="non-finite|solver failed"):
-        jax.jit(lambda y: af.integrate(lambda t, y, a: y**2, y, 3.0, solver=diffrax.Euler(), dt0=0.1,
-                                       stepsize_controller=diffrax.ConstantStepSize(), max_steps=100)["y"])(jnp.ones(1)).block_until_ready()
+        jax.jit(lambda y: af.integrate(lambda t, y, a: y**2, y, 3.0, solver=euler)["y"])(jnp.ones(1)).block_until_ready()
 
 
 def test_integrate_bad_input():
@@ -165,11 +167,17 @@ def test_integrate_bad_input():
     with pytest.raises(ValueError, match="t1 must be greater"):
         af.integrate(f, jnp.ones(2), -1.0)
     with pytest.raises(ValueError, match="rtol.*-1"):
-        af.integrate(f, jnp.ones(2), 1.0, rtol=-1.0)
+        af.SolverOptions(rtol=-1.0)
     with pytest.raises(ValueError, match="max_steps"):
-        af.integrate(f, jnp.ones(2), 1.0, max_steps=0)
-    with pytest.raises(ValueError, match="spacing"):
-        af.integrate(f, jnp.ones(2), 1.0, spacing="cubic")
+        af.SolverOptions(max_steps=0)
+    with pytest.raises(ValueError, match="save must be a SaveGrid"):
+        af.integrate(f, jnp.ones(2), 1.0, save="log")
+    with pytest.raises(ValueError, match="solver must be SolverOptions"):
+        af.integrate(f, jnp.ones(2), 1.0, solver=1e-6)
+    with pytest.raises(ValueError, match=r"save times must lie in \[t0, t1\]"):
+        af.integrate(f, jnp.ones(2), 1.0, save=af.TimeGrid([0.0, 2.0]))
+    with pytest.raises(ValueError, match="observable 'bad' must be an array"):
+        af.integrate(f, jnp.ones(2), 1.0, observe=lambda t, y, a: {"bad": "text"})
     with pytest.raises(ValueError, match="does not match the state"):
         af.integrate(lambda t, y, a: jnp.ones(3), jnp.ones(2), 1.0)
 
@@ -178,7 +186,7 @@ def test_integrate_requires_x64_or_explicit_dtype():
     with jax.enable_x64(False):
         with pytest.raises(RuntimeError, match="enable_x64"):
             af.integrate(lambda t, y, a: -y, jnp.ones(2), 1.0)
-        tr = af.integrate(lambda t, y, a: -y, jnp.ones(2), 1.0, dtype=jnp.float32, rtol=1e-5, atol=1e-7)
+        tr = af.integrate(lambda t, y, a: -y, jnp.ones(2), 1.0, dtype=jnp.float32, solver=af.SolverOptions(rtol=1e-5, atol=1e-7))
         assert tr["y"].dtype == jnp.float32
         assert float(tr["y"][-1, 0]) == pytest.approx(np.exp(-1), rel=1e-4)
 
@@ -186,7 +194,8 @@ def test_integrate_requires_x64_or_explicit_dtype():
 def test_integrate_gradient_through_solution():
     # d u(T)/d u0 of the closed form vs autodiff through the solver
     def uT(u0):
-        return af.integrate(mode_field, jnp.full(4, u0), 2.0, args={"s": S, "tau": 1.0}, n_save=2, rtol=1e-11, atol=1e-14)["y"][-1, 0]
+        return af.integrate(mode_field, jnp.full(4, u0), 2.0, args={"s": S, "tau": 1.0}, save=af.LinearGrid(2),
+                            solver=af.SolverOptions(rtol=1e-11, atol=1e-14))["y"][-1, 0]
 
     g = jax.grad(uT)(1e-2)
     g_exact = jax.grad(lambda u0: mode_strength(2.0, S, u0)[0])(1e-2)
@@ -221,7 +230,7 @@ def test_simulate_minibatch_and_seeds_vmap():
     data = (x, x @ teacher.A.T)
     loss = lambda m, batch: 0.5 * jnp.mean(jnp.sum((m(batch[0]) - batch[1]) ** 2, axis=1))
     run = lambda seed: af.simulate(loss, model, optax.sgd(0.02), 500, mode=af.Minibatch(data, 32), key=seed,
-                                   observe=lambda m: {"loss": loss(m, data)}, n_save=10)["loss"]
+                                   observe=lambda m: {"loss": loss(m, data)}, save=af.LogGrid(10))["loss"]
     many = jax.jit(jax.vmap(run))(jnp.arange(3))
     assert many.shape[0] == 3
     np.testing.assert_allclose(many[1], run(1), rtol=1e-10)
@@ -230,12 +239,17 @@ def test_simulate_minibatch_and_seeds_vmap():
 
 
 def test_simulate_save_steps_are_log_spaced_and_exact():
-    s = af.save_steps(10_000, 30)
+    s = af.LogGrid(30).steps(10_000)
     assert s[0] == 0 and s[-1] == 10_000 and np.all(np.diff(s) > 0)
     teacher, model = _linear_problem()
     loss = lambda m, _: population_loss(m.W1, m.W2, teacher.A)
-    tr = af.simulate(loss, model, optax.sgd(0.01), 10_000, n_save=30, clock=0.01)
+    tr = af.simulate(loss, model, optax.sgd(0.01), 10_000, save=af.LogGrid(30), clock=0.01)
     np.testing.assert_allclose(tr.ts, 0.01 * s)
+    # explicit steps must be whole numbers in [0, steps], named when not
+    with pytest.raises(ValueError, match="whole numbers; entry 1 is 2.7"):
+        af.simulate(loss, model, optax.sgd(0.01), 10, save=af.TimeGrid([0, 2.7, 10]))
+    with pytest.raises(ValueError, match=r"in \[0, 10\]"):
+        af.simulate(loss, model, optax.sgd(0.01), 10, save=af.TimeGrid([0, 11]))
 
 
 def test_simulate_divergence_names_step():
@@ -271,18 +285,24 @@ def test_per_circuit_rates_vmap_compiles_once():
     def run(ratio):
         traces.append(1)
         opt = af.per_circuit(labels, {"in": 0.01 * ratio, "out": 0.01})
-        return af.simulate(loss, model, opt, 100, n_save=5, observe=lambda m: {"W1": m.W1, "W2": m.W2})
+        return af.simulate(loss, model, opt, 100, save=af.LogGrid(5), observe=lambda m: {"W1": m.W1, "W2": m.W2})
 
     out = jax.jit(jax.vmap(run))(jnp.array([0.5, 1.0, 2.0]))
     assert len(traces) == 1
     # one step by hand: W1 moves with eta_in, W2 with eta_out
     g = jax.grad(lambda m: loss(m, None))(model)
-    single = af.simulate(loss, model, af.per_circuit(labels, {"in": 0.02, "out": 0.01}), 1, n_save=2,
+    single = af.simulate(loss, model, af.per_circuit(labels, {"in": 0.02, "out": 0.01}), 1, save=af.LinearGrid(2),
                          observe=lambda m: {"W1": m.W1, "W2": m.W2})
     np.testing.assert_allclose(single["W1"][-1], model.W1 - 0.02 * g.W1, rtol=1e-12)
     np.testing.assert_allclose(single["W2"][-1], model.W2 - 0.01 * g.W2, rtol=1e-12)
     np.testing.assert_allclose(out["W1"][2, -1], af.simulate(loss, model, af.per_circuit(labels, {"in": 0.02, "out": 0.01}),
-                                                              100, n_save=5, observe=lambda m: {"W1": m.W1})["W1"][-1], rtol=1e-12)
+                                                              100, save=af.LogGrid(5), observe=lambda m: {"W1": m.W1})["W1"][-1],
+                               rtol=1e-12)
+    # None freezes a circuit
+    frozen = af.simulate(loss, model, af.per_circuit(labels, {"in": None, "out": 0.01}), 3, save=af.LinearGrid(2),
+                         observe=lambda m: {"W1": m.W1, "W2": m.W2})
+    np.testing.assert_array_equal(frozen["W1"][-1], model.W1)
+    assert not np.allclose(frozen["W2"][-1], model.W2)
 
 
 def test_per_circuit_bad_input():
@@ -362,32 +382,13 @@ def test_overlay_figure(tmp_path):
 
 
 # ----------------------------------------------------------------------------- rng
-_RNG_SCRIPT = """
-import sys, jax, jax.numpy as jnp, numpy as np
-if sys.argv[1] == "unrolled":
-    import attnflow as af
-    assert af.unroll_threefry_on_cpu()
-f = jax.jit(lambda k: (jax.random.normal(k, (4099,)), jax.random.bits(jax.random.split(k, 3)[2], (77,)),
-                       jax.random.uniform(jax.random.fold_in(k, 5), (3, 5), dtype=jnp.float64)))
-hlo = f.lower(jax.random.PRNGKey(11)).compile().as_text()
-np.savez(sys.argv[2], *[np.asarray(x) for x in f(jax.random.PRNGKey(11))], loops=np.array(hlo.count(" while(")))
-"""
+def test_threefry_is_jax_threefry_bit_for_bit():
+    from jax.extend.random import threefry2x32_p
 
-
-def test_unrolled_threefry_gives_identical_bits(tmp_path):
-    # JAX's own rolled CPU lowering (a fresh process without attnflow) vs the unrolled one
-    import subprocess
-    import sys
-
-    script = tmp_path / "rng.py"
-    script.write_text(_RNG_SCRIPT)
-    env = {**__import__("os").environ, "JAX_PLATFORMS": "cpu", "JAX_ENABLE_X64": "1"}
-    out = {}
-    for mode in ("rolled", "unrolled"):
-        p = subprocess.run([sys.executable, str(script), mode, str(tmp_path / f"{mode}.npz")], env=env,
-                           capture_output=True, text=True, timeout=300)
-        assert p.returncode == 0, p.stderr[-2000:]
-        out[mode] = np.load(tmp_path / f"{mode}.npz")
-    assert int(out["rolled"]["loops"]) >= 1 and int(out["unrolled"]["loops"]) == 0  # the hash loop is gone
-    for j in range(3):
-        np.testing.assert_array_equal(out["rolled"][f"arr_{j}"], out["unrolled"][f"arr_{j}"])
+    k = jax.random.key_data(jax.random.PRNGKey(123))
+    x0 = jnp.arange(4099, dtype=jnp.uint32)
+    x1 = x0 * jnp.uint32(7) + jnp.uint32(3)
+    ours = jax.jit(af.rng.threefry2x32)(k[0], k[1], x0, x1)
+    ref = threefry2x32_p.bind(k[0], k[1], x0, x1)
+    for a, b in zip(ours, ref):
+        np.testing.assert_array_equal(a, b)

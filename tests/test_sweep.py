@@ -24,8 +24,8 @@ def saxe_at(eta):
     one accept/reject decision of the adaptive controller; at rtol=1e-12 such a flip moves
     the solution by < 1e-13 (at rtol=1e-9 it moved 3 of 256 runs by ~2e-9).
     """
-    tr = af.integrate(mode_field, jnp.full(4, 1e-3), 1500.0, args={"s": S, "tau": 1.0 / eta}, n_save=16,
-                      rtol=1e-12, atol=1e-14)
+    tr = af.integrate(mode_field, jnp.full(4, 1e-3), 1500.0, args={"s": S, "tau": 1.0 / eta}, save=af.LinearGrid(16),
+                      solver=af.SolverOptions(rtol=1e-12, atol=1e-14))
     return tr
 
 
@@ -131,7 +131,7 @@ SCRIPT = textwrap.dedent(
     S = jnp.array([3.0, 2.0, 1.0, 0.5])
     etas = np.geomspace(1e-3, 5e-2, 64)
     f = lambda eta: af.integrate(mode_field, jnp.full(4, 1e-3), 1500.0, args={"s": S, "tau": 1.0 / eta},
-                                 n_save=8, rtol=1e-9, atol=1e-12)["y"]
+                                 save=af.LinearGrid(8), solver=af.SolverOptions(rtol=1e-9, atol=1e-12))["y"]
     res = af.sweep(f, {"eta": etas}, chunk_size=32, progress=False)
     np.save(sys.argv[1], np.asarray(res.values))
     # a nested 2-D grid: blocks of the first axis split over the devices
@@ -140,7 +140,7 @@ SCRIPT = textwrap.dedent(
     # an integrate with a terminating event does not trace under shard_map (equinox's closure
     # conversion in the event root find): the sweep falls back to jit sharding and says so
     import warnings
-    ev = lambda eta: af.integrate(mode_field, jnp.full(4, 1e-3), 1500.0, args={"s": S, "tau": 1.0 / eta}, n_save=2,
+    ev = lambda eta: af.integrate(mode_field, jnp.full(4, 1e-3), 1500.0, args={"s": S, "tau": 1.0 / eta}, save=af.LinearGrid(2),
                                   event=lambda t, y, a: y[0] - 1.5).ts[-1]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -173,7 +173,7 @@ def test_sweep_shards_over_four_host_devices(tmp_path):
     sharded = np.load(tmp_path / "y.npy")
     etas = np.geomspace(1e-3, 5e-2, 64)
     f = lambda eta: af.integrate(mode_field, jnp.full(4, 1e-3), 1500.0, args={"s": S, "tau": 1.0 / eta},
-                                 n_save=8, rtol=1e-9, atol=1e-12)["y"]
+                                 save=af.LinearGrid(8), solver=af.SolverOptions(rtol=1e-9, atol=1e-12))["y"]
     one = af.sweep(f, {"eta": etas}, chunk_size=32, progress=False)
     assert one.meta["n_devices"] == jax.device_count()
     np.testing.assert_allclose(sharded, one.values, rtol=1e-12, atol=1e-14)
@@ -187,7 +187,7 @@ def test_sweep_of_an_integrate_with_an_event_on_one_device():
     """The event root find (equinox closure conversion) inside the vmapped sweep; the
     crossing time of u_1 = s_1 / 2 against the closed form tau ln(s / u0 - 1) / (2 s)."""
     etas = np.geomspace(1e-3, 5e-2, 6)
-    ev = lambda eta: af.integrate(mode_field, jnp.full(4, 1e-3), 1500.0, args={"s": S, "tau": 1.0 / eta}, n_save=2,
+    ev = lambda eta: af.integrate(mode_field, jnp.full(4, 1e-3), 1500.0, args={"s": S, "tau": 1.0 / eta}, save=af.LinearGrid(2),
                                   event=lambda t, y, a: y[0] - 1.5).ts[-1]
     res = af.sweep(ev, {"eta": etas}, progress=False, devices=jax.devices()[:1])
     assert res.meta["shard_map"] is False

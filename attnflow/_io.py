@@ -1,0 +1,94 @@
+"""Files and folders: atomic writes, JSON of arrays, and where data files are found.
+
+The package never reads a path relative to its own source files: data comes from an
+explicit folder or from the ``ATTNFLOW_DATA`` environment variable (`data_path`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+__all__ = ["atomic_write", "json_default", "data_path", "DATA_ENV"]
+
+DATA_ENV = "ATTNFLOW_DATA"
+"""Environment variable naming the folder of data files (corpora) when no folder is given."""
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> Path:
+    """Write ``path`` through ``write(f)`` on a temporary file in the same folder, then rename.
+
+    An interrupted write never leaves a half-written file; the file gets the permissions
+    a plain ``open`` would give (``0o666`` less the umask).
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+@functools.cache
+def _umask() -> int:
+    # the only portable way to read the umask is to set it; done once, at the first write
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def json_default(obj: Any) -> Any:
+    """``json.dumps(default=...)`` for arrays, NumPy scalars and paths (anything else: ``repr``)."""
+    import jax
+
+    if isinstance(obj, (np.ndarray, jax.Array)):
+        return np.asarray(obj).tolist()
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    return repr(obj)
+
+
+def data_path(name: str, data_dir: str | os.PathLike | None = None) -> Path:
+    """The data file ``name`` in ``data_dir``, or else in the folder named by ``$ATTNFLOW_DATA``.
+
+    A path that exists as given (absolute, or relative to the working directory) is returned
+    as is. Raises ``FileNotFoundError`` naming both places looked at when the file is missing.
+    """
+    p = Path(name)
+    if p.is_file():
+        return p
+    env = os.environ.get(DATA_ENV)
+    folders = [("data_dir", data_dir), (f"${DATA_ENV}", env)]
+    looked = []
+    for label, folder in folders:
+        if folder:
+            cand = Path(folder) / name
+            if cand.is_file():
+                return cand
+            looked.append(f"{label} = {folder}")
+        else:
+            looked.append(f"{label} not set")
+    raise FileNotFoundError(
+        f"data file {name!r} not found ({'; '.join(looked)}). Pass the folder that holds it as data_dir "
+        f"(on the command line: --set data_dir=PATH) or set the environment variable {DATA_ENV}."
+    )

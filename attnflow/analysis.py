@@ -1,0 +1,156 @@
+"""Trajectory analysis shared by every theory: crossings, plateaus, growth rates, fits.
+
+Two kinds of helpers:
+
+- traceable (``jax.numpy``, work under ``jit`` and ``vmap``, so they can be the output of a
+  `attnflow.sweep`): `first_crossing`, `value_at`;
+- post-processing on host arrays (NumPy, return Python numbers and lists): `growth_rate`,
+  `detect_plateaus`, `fit_line`, `fit_power_law`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _validate as V
+
+__all__ = ["first_crossing", "value_at", "growth_rate", "detect_plateaus", "fit_line", "fit_power_law", "LineFit"]
+
+
+def first_crossing(ts: Any, y: Any, threshold: Any, *, above: bool = True, interpolate: bool = False) -> jax.Array:
+    """Time at which ``y`` first reaches ``threshold`` (``y >= threshold``; ``y <= threshold``
+    with ``above=False``), along the last axis of ``ts`` (``y`` may carry the same batch axes);
+    NaN where it never does.
+
+    ``interpolate=True`` places the crossing between the two save times around it, linearly
+    in ``y``; otherwise it is the first save time at or past the threshold. Traceable.
+    """
+    ts, y = jnp.asarray(ts), jnp.asarray(y)
+    if ts.shape != y.shape:
+        raise ValueError(f"ts and y must have the same shape, got {ts.shape} and {y.shape}")
+    hit = y >= threshold if above else y <= threshold
+    i = jnp.argmax(hit, axis=-1)
+    found = jnp.any(hit, axis=-1)
+    t_hit = jnp.take_along_axis(ts, i[..., None], axis=-1)[..., 0]
+    if interpolate:
+        j = jnp.maximum(i - 1, 0)
+        t0 = jnp.take_along_axis(ts, j[..., None], axis=-1)[..., 0]
+        y0 = jnp.take_along_axis(y, j[..., None], axis=-1)[..., 0]
+        y1 = jnp.take_along_axis(y, i[..., None], axis=-1)[..., 0]
+        dy = y1 - y0
+        w = jnp.where((i > 0) & (dy != 0), (threshold - y0) / jnp.where(dy != 0, dy, 1.0), 1.0)
+        t_hit = t0 + jnp.clip(w, 0.0, 1.0) * (t_hit - t0)
+    return jnp.where(found, t_hit, jnp.nan)
+
+
+def value_at(x: Any, values: Any, target: Any, *, above: bool = False, log: bool = False) -> jax.Array:
+    """``values`` interpolated where ``x`` first reaches ``target`` (``x <= target`` by default,
+    ``x >= target`` with ``above=True``), along the last axis; NaN where it never does.
+
+    For example the attention at the first time the loss reaches ``L*``:
+    ``value_at(traj["loss"], traj["a_rel"], L_star)``. ``log=True`` interpolates in ``log x``
+    (losses spanning decades). Traceable.
+    """
+    x, values = jnp.asarray(x), jnp.asarray(values)
+    if x.shape != values.shape:
+        raise ValueError(f"x and values must have the same shape, got {x.shape} and {values.shape}")
+    hit = x >= target if above else x <= target
+    i = jnp.argmax(hit, axis=-1)
+    found = jnp.any(hit, axis=-1)
+    j = jnp.maximum(i - 1, 0)
+    f = jnp.log if log else (lambda z: z)
+    x0 = f(jnp.take_along_axis(x, j[..., None], axis=-1)[..., 0])
+    x1 = f(jnp.take_along_axis(x, i[..., None], axis=-1)[..., 0])
+    v0 = jnp.take_along_axis(values, j[..., None], axis=-1)[..., 0]
+    v1 = jnp.take_along_axis(values, i[..., None], axis=-1)[..., 0]
+    dx = x1 - x0
+    w = jnp.where((i > 0) & (dx != 0), (f(jnp.asarray(target, x.dtype)) - x0) / jnp.where(dx != 0, dx, 1.0), 1.0)
+    return jnp.where(found, v0 + jnp.clip(w, 0.0, 1.0) * (v1 - v0), jnp.nan)
+
+
+def growth_rate(ts: Any, y: Any, lo: float, hi: float) -> float:
+    """Least-squares slope of ``log y`` against ``t`` over the first contiguous stretch of
+    saves with ``lo <= y <= hi``: a measured exponential rate (NaN with fewer than 3 points)."""
+    ts, y = np.asarray(ts, dtype=float), np.asarray(y, dtype=float)
+    inside = (y >= lo) & (y <= hi)
+    idx = np.flatnonzero(inside)
+    if idx.size < 3:
+        return float("nan")
+    breaks = np.flatnonzero(np.diff(idx) > 1)
+    seg = idx[: breaks[0] + 1] if breaks.size else idx
+    if seg.size < 3:
+        return float("nan")
+    return float(np.polyfit(ts[seg], np.log(y[seg]), 1)[0])
+
+
+def detect_plateaus(ts: Any, y: Any, rel_tol: float = 1e-3, min_duration: float = 0.0) -> list[dict]:
+    """Plateaus of a positive curve (a loss): maximal runs of save times where the relative
+    change per unit log-time, ``|d log y / d log t|``, stays below ``rel_tol``.
+
+    Returns ``[{"t_start", "t_end", "level"}]`` in time order (``level``: the mean of ``y``
+    over the plateau). Saves at ``t <= 0`` are ignored.
+    """
+    V.positive("rel_tol", rel_tol)
+    ts, y = np.asarray(ts, dtype=float), np.asarray(y, dtype=float)
+    keep = ts > 0
+    t, L = ts[keep], y[keep]
+    rate = np.abs(np.diff(np.log(L))) / np.maximum(np.diff(np.log(t)), 1e-300)
+    flat = rate < rel_tol
+    out = []
+    i = 0
+    while i < flat.size:
+        if flat[i]:
+            j = i
+            while j + 1 < flat.size and flat[j + 1]:
+                j += 1
+            if t[j + 1] - t[i] >= min_duration:
+                out.append({"t_start": float(t[i]), "t_end": float(t[j + 1]), "level": float(np.mean(L[i : j + 2]))})
+            i = j + 1
+        else:
+            i += 1
+    return out
+
+
+class LineFit(NamedTuple):
+    """A least-squares line ``y = slope x + intercept`` with the standard error of the slope and
+    its ``level`` confidence interval (Student t with ``n - 2`` degrees of freedom)."""
+
+    slope: float
+    intercept: float
+    stderr: float
+    ci: tuple[float, float]
+    n: int
+
+
+def fit_line(x: Any, y: Any, level: float = 0.95) -> LineFit:
+    """Least-squares line through the finite points ``(x, y)`` (at least 2; the interval
+    needs 3)."""
+    from scipy import stats
+
+    x, y = np.asarray(x, dtype=float).ravel(), np.asarray(y, dtype=float).ravel()
+    if x.shape != y.shape:
+        raise ValueError(f"x and y must have the same number of points, got {x.size} and {y.size}")
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    n = x.size
+    if n < 2 or np.ptp(x) == 0:
+        raise ValueError(f"a line needs at least 2 finite points with distinct x, got {n}")
+    slope, intercept = np.polyfit(x, y, 1)
+    if n < 3:
+        return LineFit(float(slope), float(intercept), float("nan"), (float("nan"), float("nan")), n)
+    resid = y - (slope * x + intercept)
+    se = float(np.sqrt(np.sum(resid**2) / (n - 2) / np.sum((x - x.mean()) ** 2)))
+    q = float(stats.t.ppf(0.5 + level / 2, n - 2))
+    return LineFit(float(slope), float(intercept), se, (float(slope - q * se), float(slope + q * se)), n)
+
+
+def fit_power_law(x: Any, y: Any, level: float = 0.95) -> LineFit:
+    """``y ~ C x^p``: the line through ``(log x, log y)`` over positive finite points; ``slope``
+    is the exponent ``p`` and ``intercept`` is ``log C``."""
+    x, y = np.asarray(x, dtype=float).ravel(), np.asarray(y, dtype=float).ravel()
+    ok = (x > 0) & (y > 0)
+    return fit_line(np.log(x[ok]), np.log(y[ok]), level)

@@ -1,0 +1,215 @@
+"""Options as objects: where to save (`SaveGrid`) and how to solve (`SolverOptions`).
+
+Every verb that records a trajectory (`integrate`, `simulate`, and each theory package's
+``solve`` and ``train``) takes one save-grid object and, for ODEs, one solver-options
+object, and passes them straight through, as Diffrax passes ``SaveAt`` and a solver.
+
+Save grids (an abstract base with final variants):
+
+- `LinearGrid(n)`: ``n`` equally spaced points from ``t0`` to ``t1``;
+- `LogGrid(n, t_min)`: ``t0``, then ``n - 1`` points log-spaced in the elapsed time from
+  ``t_min`` to ``t1 - t0`` (the grid for plateaus that last decades);
+- `TimeGrid(ts)`: explicit, strictly increasing times.
+
+A grid gives times on ``[t0, t1]`` (`SaveGrid.times`, traceable) and integer steps on
+``[0, total]`` (`SaveGrid.steps`, for `attnflow.simulate`, whose step count is static).
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _validate as V
+
+__all__ = ["SaveGrid", "LinearGrid", "LogGrid", "TimeGrid", "SolverOptions"]
+
+
+class SaveGrid(eqx.Module):
+    """Where a trajectory is recorded. Concrete grids: `LinearGrid`, `LogGrid`, `TimeGrid`."""
+
+    @abc.abstractmethod
+    def times(self, t0: Any, t1: Any) -> jax.Array:
+        """Save times on ``[t0, t1]``, shape ``(T,)``; ``t0`` and ``t1`` may be traced."""
+
+    @abc.abstractmethod
+    def steps(self, total: int) -> np.ndarray:
+        """Sorted unique integer steps in ``[0, total]`` (for a run of ``total`` optimizer steps)."""
+
+    def steps_for(self, t1: float, dt: float) -> tuple[int, np.ndarray]:
+        """``(total steps, save steps)`` of a run to time ``t1`` with ``dt`` time per step.
+
+        The grid is read in time units: `LinearGrid` and `LogGrid` are laid on the step axis
+        (``t_min`` divided by ``dt``), `TimeGrid` times are rounded to the nearest step.
+        """
+        t1f = V.finite_scalar("t1", t1)
+        dtf = V.finite_scalar("dt", dt)
+        if t1f <= 0 or dtf <= 0:
+            raise ValueError(f"t1 and dt must be positive, got t1={t1!r}, dt={dt!r}")
+        total = max(1, int(round(t1f / dtf)))
+        return total, self._steps_in_time(total, dtf)
+
+    def _steps_in_time(self, total: int, dt: float) -> np.ndarray:
+        return self.steps(total)
+
+
+class LinearGrid(SaveGrid):
+    """``n`` equally spaced save points, ends included. ``n = 2`` saves only the endpoints,
+    outside the solver's step loop (the cheapest way to ask a sweep for final values)."""
+
+    n: int = eqx.field(static=True, default=200)
+
+    def __check_init__(self):
+        V.positive_int("n (save points)", self.n, minimum=2)
+
+    def times(self, t0, t1):
+        return jnp.linspace(jnp.asarray(t0, dtype=float), jnp.asarray(t1, dtype=float), self.n)
+
+    def steps(self, total):
+        total = V.positive_int("total steps", total)
+        return np.unique(np.round(np.linspace(0, total, self.n)).astype(np.int64))
+
+
+class LogGrid(SaveGrid):
+    """``t0`` and then ``n - 1`` points log-spaced in the elapsed time from ``t_min`` to
+    ``t1 - t0``; ``t_min=None`` is ``1e-6 (t1 - t0)`` for times, one step for `steps`.
+    On the step axis duplicates at small steps are merged, so fewer than ``n`` may remain."""
+
+    n: int = eqx.field(static=True, default=200)
+    t_min: float | None = eqx.field(static=True, default=None)
+
+    def __check_init__(self):
+        V.positive_int("n (save points)", self.n, minimum=2)
+        if self.t_min is not None:
+            t = V.finite_scalar("t_min", self.t_min)
+            if t <= 0:
+                raise ValueError(f"t_min must be positive, got {self.t_min!r}")
+
+    def times(self, t0, t1):
+        t0 = jnp.asarray(t0, dtype=float)
+        span = jnp.asarray(t1, dtype=float) - t0
+        lo = span * 1e-6 if self.t_min is None else jnp.asarray(self.t_min, dtype=float)
+        rest = jnp.exp(jnp.linspace(jnp.log(lo), jnp.log(span), self.n - 1))
+        rest = rest.at[-1].set(span)  # exactly t1 (exp(log(x)) can be off in the last bit)
+        return jnp.concatenate([t0[None], t0 + rest])
+
+    def steps(self, total):
+        total = V.positive_int("total steps", total)
+        lo = 1.0 if self.t_min is None else max(1.0, float(self.t_min))
+        return self._log_steps(total, lo)
+
+    def _steps_in_time(self, total, dt):
+        lo = 1.0 if self.t_min is None else max(1.0, float(self.t_min) / dt)
+        return self._log_steps(total, lo)
+
+    def _log_steps(self, total, lo):
+        lo = min(lo, float(total))
+        s = np.concatenate([[0], np.round(np.geomspace(lo, total, self.n - 1))])
+        return np.unique(s.astype(np.int64))
+
+
+class TimeGrid(SaveGrid):
+    """Explicit save times ``ts`` (1-D, finite, strictly increasing). As steps
+    (`steps`) they must be integers in ``[0, total]``; as times of a run with step ``dt``
+    (`steps_for`) they are rounded to the nearest step."""
+
+    ts: Any
+
+    def __check_init__(self):
+        if V.any_traced(self.ts):
+            return
+        ts = np.asarray(self.ts)
+        if ts.ndim != 1 or ts.size < 1:
+            raise ValueError(f"ts must be a non-empty 1-D array of times, got shape {ts.shape}")
+        if ts.dtype.kind not in "fiu":
+            raise ValueError(f"ts must be real numbers, got dtype {ts.dtype}")
+        bad = np.flatnonzero(~np.isfinite(ts.astype(float)))
+        if bad.size:
+            raise ValueError(f"ts must be finite; entry {int(bad[0])} is {float(ts[bad[0]])}")
+        step = np.flatnonzero(np.diff(ts.astype(float)) <= 0)
+        if step.size:
+            i = int(step[0])
+            raise ValueError(f"ts must be strictly increasing; ts[{i}] = {float(ts[i]):.6g} >= ts[{i + 1}] = {float(ts[i + 1]):.6g}")
+
+    def times(self, t0, t1):
+        return jnp.asarray(self.ts, dtype=float)
+
+    def steps(self, total):
+        total = V.positive_int("total steps", total)
+        s = np.asarray(self.ts, dtype=float)
+        frac = np.flatnonzero(s != np.round(s))
+        if frac.size:
+            raise ValueError(f"save steps must be whole numbers; entry {int(frac[0])} is {float(s[frac[0]]):.6g}")
+        if s[0] < 0 or s[-1] > total:
+            raise ValueError(f"save steps must lie in [0, {total}], got {s[0]:g} .. {s[-1]:g}")
+        return s.astype(np.int64)
+
+    def _steps_in_time(self, total, dt):
+        s = np.asarray(self.ts, dtype=float)
+        if s[0] < 0 or s[-1] > total * dt * (1 + 1e-12):
+            raise ValueError(f"save times must lie in [0, {total * dt:g}], got {s[0]:g} .. {s[-1]:g}")
+        return np.unique(np.round(s / dt).astype(np.int64))
+
+
+class SolverOptions(eqx.Module):
+    """How `integrate` (and every theory package's ``solve``) solves an ODE.
+
+    Parameters
+    ----------
+    solver:
+        A Diffrax solver; ``None`` picks Tsit5 (`attnflow.UnrolledTsit5` for small fields,
+        ``diffrax.Tsit5`` for large ones: the same steps, see `attnflow.integrate`).
+    rtol, atol:
+        Tolerances of the default PID controller; arrays allowed (a sweep axis).
+    dt0:
+        Initial step (``None``: chosen by Diffrax); required for a constant step size.
+    max_steps:
+        Hard cap on solver steps; overflow raises `attnflow.MaxStepsError`.
+    stepsize_controller:
+        A Diffrax controller; ``None`` is ``PIDController(rtol, atol)``.
+        ``diffrax.ConstantStepSize()`` with ``dt0`` gives a fixed-step run.
+    adjoint:
+        A Diffrax adjoint for gradients through the solve (``None``: Diffrax's default).
+    progress:
+        Show Diffrax's tqdm progress meter.
+    """
+
+    solver: diffrax.AbstractSolver | None = None
+    rtol: Any = 1e-8
+    atol: Any = 1e-10
+    dt0: Any = None
+    max_steps: int = eqx.field(static=True, default=100_000)
+    stepsize_controller: diffrax.AbstractStepSizeController | None = None
+    adjoint: diffrax.AbstractAdjoint | None = None
+    progress: bool = eqx.field(static=True, default=False)
+
+    def __check_init__(self):
+        V.positive_int("max_steps", self.max_steps)
+        V.positive("rtol", self.rtol)
+        V.positive("atol", self.atol)
+        if self.dt0 is not None:
+            V.positive("dt0", self.dt0)
+        if self.solver is not None and not isinstance(self.solver, diffrax.AbstractSolver):
+            raise ValueError(f"solver must be a Diffrax solver (e.g. diffrax.Tsit5()), got {self.solver!r}")
+        if self.stepsize_controller is not None and not isinstance(
+            self.stepsize_controller, diffrax.AbstractStepSizeController
+        ):
+            raise ValueError(f"stepsize_controller must be a Diffrax controller, got {self.stepsize_controller!r}")
+        if self.adjoint is not None and not isinstance(self.adjoint, diffrax.AbstractAdjoint):
+            raise ValueError(f"adjoint must be a Diffrax adjoint, got {self.adjoint!r}")
+        if not isinstance(self.progress, bool):
+            raise ValueError(f"progress must be True or False, got {self.progress!r}")
+
+    def replace(self, **changes: Any) -> SolverOptions:
+        """A copy with some options changed (validated)."""
+        unknown = set(changes) - {f for f in self.__dataclass_fields__}
+        if unknown:
+            raise ValueError(f"SolverOptions has no option {sorted(unknown)}; options: {sorted(self.__dataclass_fields__)}")
+        fields = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        return SolverOptions(**{**fields, **changes})

@@ -1,0 +1,290 @@
+"""The core's shapes: option objects, numbers as data, events as arrays, analysis, interop, configs."""
+
+import dataclasses
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import attnflow as af
+from attnflow.deeplinear import mode_field
+from attnflow.report import config_from
+
+S = jnp.array([3.0, 2.0, 1.0, 0.5])
+
+
+def _decay(t, y, a):
+    return -a["k"] * y
+
+
+def _exp_observe(t, y, a):
+    return {"y": y, "nested": {"twice": 2 * y, "sum": jnp.sum(y)}}
+
+
+# ----------------------------------------------------------------------------- options
+def test_save_grids():
+    np.testing.assert_allclose(af.LinearGrid(5).times(0.0, 1.0), [0, 0.25, 0.5, 0.75, 1.0])
+    t = np.asarray(af.LogGrid(5, t_min=0.01).times(1.0, 101.0))
+    assert t[0] == 1.0 and t[-1] == 101.0
+    np.testing.assert_allclose(np.diff(np.log(t[1:] - 1.0)), np.log(100.0 / 0.01) / 3)
+    assert list(af.LinearGrid(3).steps(10)) == [0, 5, 10]
+    steps = af.LogGrid(20).steps(1000)
+    assert steps[0] == 0 and steps[1] == 1 and steps[-1] == 1000 and np.all(np.diff(steps) > 0)
+    # a time grid on a run with step dt: total steps and rounded steps
+    total, s = af.TimeGrid([0.0, 0.1, 0.52]).steps_for(1.0, 0.01)
+    assert total == 100 and list(s) == [0, 10, 52]
+    total, s = af.LogGrid(10, t_min=0.5).steps_for(8.0, 0.01)
+    assert total == 800 and s[1] == 50 and s[-1] == 800
+    for bad, match in (
+        (lambda: af.LinearGrid(1), "n .save points. must be an integer >= 2"),
+        (lambda: af.LogGrid(10, t_min=-1.0), "t_min must be positive"),
+        (lambda: af.TimeGrid([0.0, np.nan]), "finite; entry 1"),
+        (lambda: af.TimeGrid([0.0, 2.0, 1.0]), r"strictly increasing; ts\[1\] = 2 >= ts\[2\] = 1"),
+        (lambda: af.TimeGrid([[0.0, 1.0]]), "1-D"),
+        (lambda: af.SolverOptions(solver="tsit5"), "Diffrax solver"),
+        (lambda: af.SolverOptions(dt0=0.0), "dt0"),
+        (lambda: af.SolverOptions().replace(rtoll=1e-3), "no option"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            bad()
+    assert af.SolverOptions().replace(rtol=1e-4).rtol == 1e-4
+
+
+def test_python_floats_are_data_not_recompiled():
+    y0 = jnp.ones(3)
+    af.integrate(_decay, y0, 1.0, args={"k": 0.5}, save=af.LinearGrid(5))
+    with af.count_compilations() as c:
+        a = af.integrate(_decay, y0, 2.0, args={"k": 0.7}, save=af.LinearGrid(5),
+                         solver=af.SolverOptions(rtol=1e-9, atol=1e-11))
+    assert c.n == 0, c
+    np.testing.assert_allclose(a["y"][-1], np.exp(-1.4), rtol=1e-7)
+    assert isinstance(af.as_data({"k": 0.5, "n": 3, "name": "x"})["k"], jax.Array)
+    assert af.as_data({"n": 3})["n"] == 3  # integers stay static (they set shapes)
+
+
+def test_gradient_flow_reuses_its_compilation():
+    def loss(p):
+        return 0.5 * jnp.sum((p["w"] - 2.0) ** 2)
+
+    model = {"w": jnp.zeros(2)}
+    af.gradient_flow(loss, model, 1.0, rate=1.0, save=af.LinearGrid(3))
+    with af.count_compilations() as c:
+        tr = af.gradient_flow(loss, model, 1.0, rate=0.5, save=af.LinearGrid(3))
+    assert c.n == 0
+    np.testing.assert_allclose(tr["loss"][-1], 4.0 * np.exp(-1.0), rtol=1e-7)  # w = 2 (1 - e^{-t/2})
+
+
+def test_nested_observe_and_event_time_as_data():
+    tr = af.integrate(_decay, jnp.ones(2), 1.0, args={"k": 1.0}, observe=_exp_observe, save=af.LinearGrid(3))
+    assert set(tr.names) == {"y", "nested.twice", "nested.sum"} and tr.t_event is None
+    # the event time is an array: a sweep returns one per grid point
+    t_star = lambda s: np.log(s / 1e-3 - 1) / (2 * s)  # noqa: E731  u(t*) = s/2
+
+    def stop(t, u, a):
+        return u[0] - a["s"][0] / 2
+
+    res = af.sweep(lambda s0: af.integrate(mode_field, jnp.full(4, 1e-3), 50.0, args={"s": S.at[0].set(s0), "tau": 1.0},
+                                           save=af.LinearGrid(2), event=stop).t_event,
+                   {"s0": np.array([0.5, 1.0, 2.0])}, progress=False)
+    np.testing.assert_allclose(res.values, t_star(np.array([0.5, 1.0, 2.0])), rtol=1e-7)
+    never = af.integrate(mode_field, jnp.full(4, 1e-3), 0.1, args={"s": S, "tau": 1.0}, event=stop)
+    assert np.isnan(float(never.t_event))
+
+
+# ----------------------------------------------------------------------------- Trajectory
+def test_trajectory_validation_rename_and_event_roundtrip(tmp_path):
+    with pytest.raises(ValueError, match="non-decreasing"):
+        af.Trajectory(jnp.array([0.0, 2.0, 1.0]), {"y": jnp.ones(3)})
+    with pytest.raises(ValueError, match="finite"):
+        af.Trajectory(jnp.array([0.0, np.nan]), {"y": jnp.ones(2)})
+    with pytest.raises(ValueError, match="t_event must have the batch shape"):
+        af.Trajectory(jnp.arange(3.0), {"y": jnp.ones(3)}, t_event=jnp.ones(2))
+    tr = af.Trajectory(jnp.arange(3.0), {"loss": jnp.arange(3.0), "a": jnp.ones((3, 2))}, {"k": 1}, t_event=1.5)
+    r = tr.rename(population_loss="loss")
+    assert set(r.names) == {"population_loss", "a"} and float(r.t_event) == 1.5
+    with pytest.raises(KeyError, match="no observable 'zz'"):
+        tr.rename(x="zz")
+    back = af.Trajectory.load(tr.save(tmp_path / "ev"))
+    assert float(back.t_event) == 1.5 and back.meta == {"k": 1}
+
+
+def test_trajectory_to_xarray_and_pandas():
+    pytest.importorskip("xarray")
+    ts = jnp.linspace(0, 1, 4)
+    tr = jax.vmap(lambda c: af.Trajectory(ts, {"u": c * jnp.stack([ts, ts], 1), "loss": c * ts}))(jnp.array([1.0, 2.0]))
+    ds = tr.to_xarray(batch_dims=["seed"])
+    assert ds["u"].dims == ("seed", "t", "u_dim0") and ds["loss"].shape == (2, 4)
+    np.testing.assert_allclose(ds["t"], ts)
+    np.testing.assert_allclose(ds["loss"].sel(seed=1), 2 * ts)
+    df = tr.to_pandas()
+    assert len(df) == 8 and {"batch0", "t", "loss", "u[0]", "u[1]"} <= set(df.columns)
+    np.testing.assert_allclose(df[df.batch0 == 1]["loss"], 2 * ts)
+    res = af.sweep(lambda c: {"final": c * 2.0, "traj": af.Trajectory(ts, {"y": c * ts})}, {"c": np.array([1.0, 3.0])},
+                   progress=False)
+    xs = res.to_xarray()
+    assert xs["final"].dims == ("c",) and xs["traj.y"].dims == ("c", "traj.t")
+    np.testing.assert_allclose(xs["final"], [2.0, 6.0])
+
+
+# ----------------------------------------------------------------------------- analysis
+def test_crossings_and_values_are_traceable():
+    ts = jnp.linspace(0.0, 10.0, 101)
+    y = jnp.exp(0.3 * ts)
+    t_hit = af.first_crossing(ts, y, 5.0, interpolate=True)
+    assert float(t_hit) == pytest.approx(np.log(5.0) / 0.3, abs=2e-3)
+    assert float(af.first_crossing(ts, y, 5.0)) == pytest.approx(5.4)  # first save past it
+    assert np.isnan(float(af.first_crossing(ts, y, 1e9)))
+    batch = jax.vmap(lambda r: af.first_crossing(ts, jnp.exp(r * ts), 5.0, interpolate=True))(jnp.array([0.3, 0.6]))
+    np.testing.assert_allclose(batch, np.log(5.0) / np.array([0.3, 0.6]), atol=3e-3)
+    loss = jnp.exp(-ts)
+    a = af.value_at(loss, ts**2, jnp.exp(-2.5), log=True)  # value of t^2 where the loss first reaches e^-2.5
+    assert float(a) == pytest.approx(6.25, rel=1e-2)
+    assert np.isnan(float(af.value_at(loss, ts, 1e-9)))
+
+
+def test_growth_plateaus_and_fits():
+    ts = np.linspace(0, 20, 401)
+    y = 1e-6 * np.exp(0.7 * ts)
+    assert af.growth_rate(ts, y, 1e-5, 1e-1) == pytest.approx(0.7, rel=1e-9)
+    t = np.geomspace(1e-2, 1e4, 300)
+    loss = 1.0 + 0.5 * (t > 10) * -0.5 + 0.0 * t  # two flat stretches, one drop
+    plateaus = af.detect_plateaus(t, loss, rel_tol=1e-3)
+    assert len(plateaus) == 2 and plateaus[0]["level"] == pytest.approx(1.0) and plateaus[1]["level"] == pytest.approx(0.75)
+    x = np.array([500.0, 1000.0, 2000.0, 4000.0])
+    fit = af.fit_power_law(x, 3.0 * x**-0.5 * np.array([1.01, 0.99, 1.02, 0.98]))
+    assert fit.ci[0] < -0.5 < fit.ci[1] and fit.slope == pytest.approx(-0.5, abs=0.03) and fit.n == 4
+    with pytest.raises(ValueError, match="at least 2 finite points"):
+        af.fit_line([1.0], [2.0])
+
+
+# ----------------------------------------------------------------------------- Setup, compile count
+class _Toy(af.AbstractSetup):
+    eta: jax.Array = eqx.field(converter=lambda x: jnp.asarray(x, dtype=float), default=1.0)
+    n: int = eqx.field(static=True, default=2)
+
+    def validate(self):
+        from attnflow import _validate as V
+
+        V.positive("eta", self.eta)
+
+
+def test_abstract_setup_replace_validates_and_traces():
+    s = _Toy()
+    assert float(s.replace(eta=0.5).eta) == 0.5 and isinstance(s.replace(eta=0.5).eta, jax.Array)
+    assert s.replace(n=3).n == 3 and s.n == 2
+    with pytest.raises(ValueError, match="eta must be finite and positive, got -1"):
+        s.replace(eta=-1.0)
+    with pytest.raises(ValueError, match="no field"):
+        s.replace(zeta=1.0)
+    with pytest.raises(ValueError, match="eta"):
+        _Toy(eta=0.0)
+    out = jax.vmap(lambda e: s.replace(eta=e).eta * 2)(jnp.arange(1.0, 4.0))
+    np.testing.assert_allclose(out, [2.0, 4.0, 6.0])
+
+
+def test_count_compilations():
+    f = jax.jit(lambda x: jnp.sin(x) * 3)
+    x = jnp.ones(7)
+    with af.count_compilations() as c:
+        f(x)
+        f(x)
+    assert c.n == 1 and c.seconds > 0
+    with af.count_compilations() as c:
+        f(x)
+    assert c.n == 0
+
+
+# ----------------------------------------------------------------------------- expect, saddle
+def test_bank_copies_make_estimates_exactly_symmetric():
+    key = jax.random.PRNGKey(0)
+    draws = {"z": jax.random.normal(key, (100, 3)), "w": jax.random.normal(key, (100, 3))}
+    sym = af.expect.antithetic_copies(draws, {"z": True, "w": False})
+    assert sym["z"].shape == (200, 3)
+    assert float(jnp.max(jnp.abs(jnp.mean(sym["z"], 0)))) < 1e-15  # odd moments vanish exactly
+    np.testing.assert_array_equal(sym["w"][100:], draws["w"])
+    perms = af.expect.cyclic_permutations(3)
+    cop = af.expect.permuted_copies(draws, perms, {"z": None, "w": 1})
+    m = jnp.mean(cop["w"], 0)
+    np.testing.assert_allclose(m, jnp.full(3, jnp.mean(draws["w"])), rtol=1e-12)  # equivariant: all equal
+    assert len(af.expect.all_permutations(3)) == 6
+    with pytest.raises(ValueError, match="cyclic_permutations"):
+        af.expect.all_permutations(8)
+
+
+def _rot(t, y, a):
+    # a saddle: unstable along (1, 1)/sqrt2 at rate a, stable along (1, -1) at -a
+    return a * jnp.array([y[1], y[0]])
+
+
+def test_spectrum_on_a_subspace_and_fixed_point_cache():
+    B = jnp.array([[1.0], [-1.0]]) / jnp.sqrt(2.0)
+    full = af.spectrum(_rot, jnp.zeros(2), 2.0)
+    sub = af.spectrum(_rot, jnp.zeros(2), 2.0, basis=B)
+    np.testing.assert_allclose(np.real(full.values), [2.0, -2.0], atol=1e-12)
+    np.testing.assert_allclose(np.real(sub.values), [-2.0], atol=1e-12)
+    np.testing.assert_allclose(np.abs(sub.vectors[0]), np.abs(B[:, 0]), atol=1e-12)
+    with pytest.raises(ValueError, match="basis must have shape"):
+        af.spectrum(_rot, jnp.zeros(2), 2.0, basis=jnp.ones((3, 1)))
+
+    import optimistix as optx
+
+    def shifted(t, y, a):
+        return y**3 + y - a
+
+    y = af.fixed_point(shifted, jnp.array([0.3]), 2.0)
+    assert float(y[0]) == pytest.approx(1.0, rel=1e-10)
+    with af.count_compilations() as c:
+        y = af.fixed_point(shifted, jnp.array([0.2]), 10.0)
+    assert c.n == 0 and float(y[0]) == pytest.approx(2.0, rel=1e-10)
+    lm = af.fixed_point(shifted, jnp.array([0.2]), 10.0, solver=optx.LevenbergMarquardt(rtol=1e-12, atol=1e-12))
+    assert float(lm[0]) == pytest.approx(2.0, rel=1e-8)
+    with pytest.raises(ValueError, match="Optimistix"):
+        af.fixed_point(shifted, jnp.array([0.2]), 1.0, solver="newton")
+
+
+# ----------------------------------------------------------------------------- data, configs
+def test_data_path_names_both_places(tmp_path, monkeypatch):
+    (tmp_path / "corpus.txt").write_text("abc")
+    assert af.data_path("corpus.txt", tmp_path) == tmp_path / "corpus.txt"
+    monkeypatch.setenv("ATTNFLOW_DATA", str(tmp_path))
+    assert af.data_path("corpus.txt") == tmp_path / "corpus.txt"
+    monkeypatch.delenv("ATTNFLOW_DATA")
+    with pytest.raises(FileNotFoundError, match=r"data_dir = .*ATTNFLOW_DATA not set"):
+        af.data_path("missing.txt", tmp_path)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cfg:
+    eta: float = 0.1
+    steps: int = 10
+    ratios: tuple[float, ...] = (1.0, 2.0)
+    name: str = "a"
+    flag: bool = False
+    bound: float | None = None
+    kind: Literal["x", "y"] = "x"
+
+
+def test_typed_configs_parse_set_values():
+    c = config_from(_Cfg, {"eta": "1", "steps": "20", "ratios": "[0.5, 3]", "flag": "true", "bound": "2.5", "kind": "y"})
+    assert c == _Cfg(eta=1.0, steps=20, ratios=(0.5, 3.0), flag=True, bound=2.5, kind="y")
+    assert config_from(_Cfg, {"bound": "null"}).bound is None
+    for key, value, match in (("eta", "abc", "expects float"), ("steps", "2.5", "expects int"), ("ratios", "3", "list of float"),
+                              ("kind", "z", "one of 'x', 'y'"), ("nope", "1", "has no option 'nope'"), ("flag", "2", "bool")):
+        with pytest.raises(ValueError, match=match):
+            config_from(_Cfg, {key: value}, "toy")
+
+
+def test_simulate_throw_false_returns_the_divergence_step():
+    def loss(p, _):
+        return jnp.sum(p["w"] ** 4)
+
+    tr, step = af.simulate(loss, {"w": jnp.ones(2)}, optax.sgd(1.0), 50, throw=False)
+    assert int(step) >= 0
+    with pytest.raises(af.DivergenceError, match=f"at step {int(step)}"):
+        af.check_divergence(tr, step, 1.0)
+    _, ok = af.simulate(loss, {"w": jnp.full(2, 0.1)}, optax.sgd(0.1), 20, throw=False)
+    assert int(ok) == -1 and af.check_divergence(tr, ok) is tr
