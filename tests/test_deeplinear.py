@@ -7,8 +7,8 @@ import optax
 import pytest
 
 import attnflow as af
+from attnflow import deeplinear as dl
 from attnflow.deeplinear import Teacher, TwoLayerLinear, conserved, factor_field, matrix_field, mode_field, mode_strength, population_loss
-from attnflow.deeplinear.experiments import gd_run
 
 S = jnp.array([3.0, 2.0, 1.0, 0.5])
 U0 = 1e-3
@@ -23,23 +23,25 @@ def test_closed_form_solves_mode_ode():
 
 
 def test_integrate_matches_closed_form_1e8():
-    tr = af.integrate(mode_field, jnp.full(4, U0), 14.0, args={"s": S, "tau": 1.0}, n_save=300, rtol=1e-10, atol=1e-14)
+    tr = af.integrate(mode_field, jnp.full(4, U0), 14.0, args={"s": S, "tau": 1.0}, save=af.LinearGrid(300),
+                      solver=af.SolverOptions(rtol=1e-10, atol=1e-14))
     exact = mode_strength(tr.ts[:, None], S, U0)
     rel = jnp.max(jnp.abs(tr["y"] - exact) / exact)
     assert rel < 1e-8, rel
 
 
 def test_integrate_tau_rescales_time():
-    tr = af.integrate(mode_field, jnp.full(4, U0), 28.0, args={"s": S, "tau": 2.0}, n_save=50, rtol=1e-10, atol=1e-14)
+    tr = af.integrate(mode_field, jnp.full(4, U0), 28.0, args={"s": S, "tau": 2.0}, save=af.LinearGrid(50),
+                      solver=af.SolverOptions(rtol=1e-10, atol=1e-14))
     exact = mode_strength(tr.ts[:, None], S, U0, tau=2.0)
     assert jnp.max(jnp.abs(tr["y"] - exact) / exact) < 1e-8
 
 
 def test_gd_matches_closed_form_error_linear_in_eta():
-    teacher = Teacher(S, 8, 6, key=0)
+    setup = dl.Setup(s=S, u0=U0)
     errs = []
-    for eta in (0.04, 0.02, 0.01, 0.005):
-        sim, _ = gd_run(teacher, U0, eta, 12.0)
+    for dt in (0.04, 0.02, 0.01, 0.005):
+        sim = dl.train(setup, 12.0, dt=dt)
         exact = mode_strength(sim.ts[:, None], S, U0)
         errs.append(float(jnp.max(jnp.abs(sim["u"] - exact))))
     errs = np.array(errs)
@@ -49,12 +51,65 @@ def test_gd_matches_closed_form_error_linear_in_eta():
     assert errs[-1] < 0.04
 
 
-def test_gd_time_clock_and_product_modes():
-    teacher = Teacher(S, 8, 6, key=1)
-    sim, model = gd_run(teacher, U0, 0.01, 5.0)
-    assert float(sim.ts[-1]) == pytest.approx(5.0)
-    # modes read back from the final product equal the recorded last observable
-    np.testing.assert_allclose(teacher.modes(model.product), sim["u"][-1], rtol=1e-12)
+def test_gd_time_clock_and_learning_rate():
+    # eta = 2 with dt = 0.005 is the same gradient descent (learning rate 0.01) as eta = 1 with dt = 0.01,
+    # on a clock that runs half as fast
+    a = dl.train(dl.Setup(s=S, u0=U0, eta=1.0), 6.0, dt=0.01, save=af.LinearGrid(7))
+    b = dl.train(dl.Setup(s=S, u0=U0, eta=2.0), 3.0, dt=0.005, save=af.LinearGrid(7))
+    assert float(a.ts[-1]) == pytest.approx(6.0) and float(b.ts[-1]) == pytest.approx(3.0)
+    np.testing.assert_allclose(a["u"], b["u"], rtol=1e-12)
+    # and the mode ODE with eta = 2 is the eta = 1 solution at twice the time
+    th = dl.solve(dl.Setup(s=S, u0=U0, eta=2.0), 3.0, save=af.TimeGrid([1.0, 3.0]))
+    np.testing.assert_allclose(th["u"], mode_strength(jnp.array([[2.0], [6.0]]), S, U0), rtol=1e-8)
+
+
+def test_protocol_defaults_solve_vs_train():
+    # the documented tolerance: gradient descent at the default dt = 0.01 is the Euler scheme of the
+    # mode ODE, max |u_GD - u| = 0.066 and max |loss_GD - loss| = 0.13 to t = 8 (error O(dt))
+    s = dl.Setup()
+    th, sim = dl.solve(s, 8.0), dl.train(s, 8.0, key=0)
+    gap = af.compare(th, sim)
+    assert set(gap) == set(dl.OBSERVABLES) == {"u", "loss"}
+    assert gap["u"] < 0.08 and gap["loss"] < 0.15, gap
+    # online SGD (batch 64) has the same mean gradient: a similar gap, and different seeds differ
+    sgd = dl.train(s, 8.0, key=1, batch=64)
+    assert af.compare(th, sgd)["u"] < 0.15
+    assert not np.allclose(sgd["u"], dl.train(s, 8.0, key=2, batch=64)["u"])
+
+
+def test_new_learning_rate_compiles_nothing():
+    s = dl.Setup()
+    dl.solve(s, 8.0)
+    dl.train(s, 8.0)
+    with af.count_compilations() as c:
+        th = dl.solve(s.replace(eta=0.5), 8.0)
+        sim = dl.train(dl.Setup(eta=0.5, s=(3.0, 2.0, 1.0, 0.25)), 8.0)
+    assert c.n == 0, c
+    np.testing.assert_allclose(th["u"][-1], mode_strength(4.0, S, U0), rtol=1e-8)
+    assert af.compare(th, sim)["u"] < 0.05
+
+
+def test_setup_bad_input():
+    for kw, match in (({"s": (1.0, -2.0)}, r"mode strengths s must be finite and positive, got \[1.0, -2.0\]"),
+                      ({"u0": 0.0}, "u0"), ({"eta": float("nan")}, "eta"), ({"n_in": 2}, "n_in"), ({"s": ()}, "non-empty")):
+        with pytest.raises(ValueError, match=match):
+            dl.Setup(**kw)
+    with pytest.raises(ValueError, match="batch"):
+        dl.train(dl.Setup(), 1.0, batch=0)
+    with pytest.raises(ValueError, match="Setup"):
+        dl.solve({"s": S}, 1.0)
+    with pytest.raises(af.DivergenceError, match="at step"):
+        dl.train(dl.Setup(eta=400.0), 1.0)
+
+
+def test_sweep_over_a_setup_field():
+    etas = np.array([0.5, 1.0, 2.0])
+    res = af.sweep(lambda eta: dl.solve(dl.Setup().replace(eta=eta), 2.0, save=af.LinearGrid(2)).final()["u"],
+                   {"eta": etas}, progress=False)
+    np.testing.assert_allclose(res.values, mode_strength(2.0 * etas[:, None], S, U0), rtol=1e-8)
+    seeds = af.sweep(lambda seed: dl.train(dl.Setup(), 1.0, key=seed, batch=8, save=af.LinearGrid(2))["u"][-1],
+                     {"seed": np.arange(3)}, progress=False)
+    assert seeds.values.shape == (3, 4) and not np.allclose(seeds.values[0], seeds.values[1])
 
 
 def test_saddle_origin_factor_field():
@@ -90,7 +145,7 @@ def test_conserved_quantity_along_integrated_flow():
     teacher = Teacher(S, 8, 6, key=3)
     m = TwoLayerLinear.random(4, 8, 4, 6, scale=0.1)
     tr = af.integrate(matrix_field, {"W1": m.W1, "W2": m.W2}, 12.0, args={"A": teacher.A, "tau": 1.0},
-                      rtol=1e-11, atol=1e-13, n_save=80,
+                      solver=af.SolverOptions(rtol=1e-11, atol=1e-13), save=af.LinearGrid(80),
                       observe=lambda t, W, a: {"C": conserved(W["W1"], W["W2"]), "loss": population_loss(W["W1"], W["W2"], teacher.A)})
     drift = float(jnp.max(jnp.abs(tr["C"] - tr["C"][0])))
     assert drift < 1e-8, drift
@@ -104,7 +159,7 @@ def test_conserved_quantity_gd_drift_is_second_order():
     loss = lambda mm, _: population_loss(mm.W1, mm.W2, teacher.A)
     drifts = []
     for eta in (0.02, 0.01):
-        tr = af.simulate(loss, m, optax.sgd(eta), int(6.0 / eta), clock=eta, n_save=20,
+        tr = af.simulate(loss, m, optax.sgd(eta), int(6.0 / eta), clock=eta, save=af.LogGrid(20),
                          observe=lambda mm: {"C": conserved(mm.W1, mm.W2)})
         drifts.append(float(jnp.max(jnp.abs(tr["C"] - tr["C"][0]))))
     # per-step drift O(eta^2), over 1/eta steps: O(eta) total

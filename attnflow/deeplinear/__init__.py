@@ -2,20 +2,38 @@
 
 A two-layer linear network ``W2 W1`` trained by gradient flow on whitened inputs: each
 input-output mode of strength ``s`` follows the closed-form sigmoid
-``u(t) = s e^{2st/tau} / (e^{2st/tau} - 1 + s/u0)``.
+``u(t) = s e^{2 s eta t} / (e^{2 s eta t} - 1 + s/u0)``.
+
+```python
+from attnflow import deeplinear as dl
+s = dl.Setup()                      # teacher modes (3, 2, 1, 0.5), u0 = 1e-3, eta = 1
+th = dl.solve(s, 8.0)               # the mode ODE
+sim = dl.train(s, 8.0, key=0)       # gradient descent of the network, t = dt * step
+```
 """
 
-from .data import Teacher
-from .model import TwoLayerLinear
-from .theory import conserved, factor_field, matrix_field, mode_field, mode_strength, population_loss
+from .data import Teacher as Teacher
+from .model import TwoLayerLinear as TwoLayerLinear
+from .observe import OBSERVABLES as OBSERVABLES
+from .observe import mode_observables as mode_observables
+from .observe import model_observables as model_observables
+from .setup import REFERENCE_MODES as REFERENCE_MODES
+from .setup import TEACHER_SEED as TEACHER_SEED
+from .setup import Setup as Setup
+from .theory import DEFAULT_SAVE as DEFAULT_SAVE
+from .theory import DEFAULT_SOLVER as DEFAULT_SOLVER
+from .theory import conserved as conserved
+from .theory import factor_field as factor_field
+from .theory import matrix_field as matrix_field
+from .theory import mode_field as mode_field
+from .theory import mode_strength as mode_strength
+from .theory import population_loss as population_loss
+from .theory import solve as solve
+from .train import DEFAULT_TRAIN_SAVE as DEFAULT_TRAIN_SAVE
+from .train import train as train
 
 __all__ = [
-    "Teacher",
-    "TwoLayerLinear",
-    "conserved",
-    "factor_field",
-    "matrix_field",
-    "mode_field",
-    "mode_strength",
-    "population_loss",
+    "DEFAULT_SAVE", "DEFAULT_SOLVER", "DEFAULT_TRAIN_SAVE", "OBSERVABLES", "REFERENCE_MODES", "Setup", "TEACHER_SEED",
+    "Teacher", "TwoLayerLinear", "conserved", "factor_field", "matrix_field", "mode_field", "mode_observables",
+    "mode_strength", "model_observables", "population_loss", "solve", "train",
 ]

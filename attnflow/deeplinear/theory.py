@@ -21,6 +21,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ..ode import integrate
+from ..options import LinearGrid, SaveGrid, SolverOptions
+from ..trajectory import Trajectory
+
+__all__ = ["population_loss", "mode_strength", "mode_field", "factor_field", "matrix_field", "conserved", "solve",
+           "DEFAULT_SAVE", "DEFAULT_SOLVER"]
+
 
 def population_loss(W1: jax.Array, W2: jax.Array, A: jax.Array) -> jax.Array:
     """``1/2 ||A - W2 W1||_F^2`` (whitened inputs, constant dropped)."""
@@ -57,3 +64,40 @@ def matrix_field(t: Any, W: dict, args: dict) -> dict:
 def conserved(W1: jax.Array, W2: jax.Array) -> jax.Array:
     """Eq. (4): ``W1 W1^T - W2^T W2``, constant under gradient flow (1)."""
     return W1 @ W1.T - W2.T @ W2
+
+
+# ----------------------------------------------------------------------------- solve
+DEFAULT_SAVE = LinearGrid(200)
+"""`solve`'s save grid when none is given."""
+
+DEFAULT_SOLVER = SolverOptions(rtol=1e-10, atol=1e-12)
+"""`solve`'s solver options when none are given (tight: the closed form is the reference)."""
+
+
+def _setup_mode_field(t: Any, u: jax.Array, setup: Any) -> jax.Array:
+    # eq. (2) with tau = 1 / eta
+    return 2.0 * setup.eta * u * (setup.s - u)
+
+
+def _setup_observe(t: Any, u: jax.Array, setup: Any) -> dict:
+    from .observe import mode_observables
+
+    return mode_observables(u, setup.s)
+
+
+def solve(setup: Any, t1: Any, *, save: SaveGrid | None = None, solver: SolverOptions | None = None) -> Trajectory:
+    """The theory of ``setup``: the mode ODE (2), ``du_i/dt = 2 eta u_i (s_i - u_i)`` from
+    ``u_i(0) = u0``, integrated to ``t1`` (the same clock as `attnflow.deeplinear.train`).
+
+    Records `attnflow.deeplinear.OBSERVABLES` (``u`` of shape ``(T, k)``, ``loss`` of shape
+    ``(T,)``). Default save grid `DEFAULT_SAVE`, solver `DEFAULT_SOLVER`. The closed form is
+    `mode_strength` with ``tau = 1 / eta``.
+    """
+    from .setup import Setup
+
+    if not isinstance(setup, Setup):
+        raise ValueError(f"setup must be an attnflow.deeplinear.Setup, got {setup!r}")
+    u0 = jnp.broadcast_to(setup.u0, setup.s.shape)
+    return integrate(_setup_mode_field, u0, t1, args=setup, save=save or DEFAULT_SAVE, solver=solver or DEFAULT_SOLVER,
+                     observe=_setup_observe, meta={"theory": "deeplinear", "equation": "mode ODE (2)",
+                                                   "clock": "t; gradient flow dW/dt = -eta grad L"})

@@ -1,0 +1,31 @@
+"""Observables of the deep linear network, recorded alike by `solve` and `train`."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import jax
+import jax.numpy as jnp
+
+from .data import Teacher
+from .model import TwoLayerLinear
+from .theory import population_loss
+
+__all__ = ["OBSERVABLES", "model_observables", "mode_observables"]
+
+OBSERVABLES = MappingProxyType({
+    "u": "mode strengths u_i = U_i^T W2 W1 V_i, one per teacher mode (shape (k,))",
+    "loss": "population loss 1/2 ||A - W2 W1||_F^2 (whitened inputs, constant dropped)",
+})
+"""What `attnflow.deeplinear.solve` and `attnflow.deeplinear.train` both record."""
+
+
+def mode_observables(u: jax.Array, s: jax.Array) -> dict[str, jax.Array]:
+    """`OBSERVABLES` of the mode state ``u``: on the aligned manifold ``W2 W1 = U diag(u) V^T``,
+    so the loss is ``1/2 sum_i (s_i - u_i)^2``."""
+    return {"u": u, "loss": 0.5 * jnp.sum((s - u) ** 2, axis=-1)}
+
+
+def model_observables(model: TwoLayerLinear, teacher: Teacher) -> dict[str, jax.Array]:
+    """`OBSERVABLES` of a network's weights."""
+    return {"u": teacher.modes(model.product), "loss": population_loss(model.W1, model.W2, teacher.A)}

@@ -1,0 +1,59 @@
+"""`Setup` of the deep linear network: teacher, student width, initial strength, learning rate."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from .. import _validate as V
+from ..setup import AbstractSetup
+from .data import Teacher
+
+__all__ = ["Setup", "REFERENCE_MODES", "TEACHER_SEED"]
+
+REFERENCE_MODES = (3.0, 2.0, 1.0, 0.5)
+"""Mode strengths of the reference teacher (four modes, a decade of strengths)."""
+
+TEACHER_SEED = 0
+"""Seed of the reference teacher's singular frames ``U`` and ``V``."""
+
+
+def _floats(x):
+    return jnp.asarray(x, dtype=jnp.result_type(float))
+
+
+class Setup(AbstractSetup):
+    """Two-layer linear network ``W2 W1`` learning a linear teacher (Saxe et al. 2014).
+
+    Fields (numbers are arrays, so any of them can be a `attnflow.sweep` axis):
+
+    - ``s``: the teacher's mode strengths ``s_i > 0`` (reference: `REFERENCE_MODES`);
+    - ``u0``: the initial strength of every mode (balanced, aligned start, eq. 2);
+    - ``eta``: the learning rate; the gradient flow is ``dW/dt = -eta grad L`` and gradient
+      descent with step ``dt`` uses the learning rate ``eta dt``, so ``t = dt * step``;
+    - ``n_in``, ``n_out`` (static): input and output dimensions (at least the number of modes);
+    - ``teacher_seed`` (static): seed of the teacher's orthonormal frames.
+    """
+
+    s: jax.Array = eqx.field(converter=_floats, default=REFERENCE_MODES)
+    u0: jax.Array = eqx.field(converter=_floats, default=1e-3)
+    eta: jax.Array = eqx.field(converter=_floats, default=1.0)
+    n_in: int = eqx.field(static=True, default=8)
+    n_out: int = eqx.field(static=True, default=6)
+    teacher_seed: int = eqx.field(static=True, default=TEACHER_SEED)
+
+    def validate(self) -> None:
+        if self.s.ndim != 1 or self.s.shape[0] == 0:
+            raise ValueError(f"s must be a non-empty 1-D array of mode strengths, got shape {self.s.shape}")
+        V.positive("mode strengths s", self.s)
+        V.positive("u0 (initial mode strength)", self.u0)
+        V.positive("eta (learning rate)", self.eta)
+        V.positive_int("n_in", self.n_in, minimum=self.s.shape[0])
+        V.positive_int("n_out", self.n_out, minimum=self.s.shape[0])
+        V.positive_int("teacher_seed", self.teacher_seed, minimum=0)
+
+    @property
+    def teacher(self) -> Teacher:
+        """The teacher ``A = U diag(s) V^T`` (frames drawn from ``teacher_seed``)."""
+        return Teacher(self.s, self.n_in, self.n_out, key=self.teacher_seed)

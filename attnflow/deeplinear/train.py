@@ -1,0 +1,70 @@
+"""`train`: the two-layer network of a `Setup`, trained by gradient descent or online SGD."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+import optax
+
+from .. import _validate as V
+from ..options import LinearGrid, SaveGrid, TimeGrid
+from ..simulate import FullBatch, OnlineSGD, check_divergence, simulate
+from ..trajectory import Trajectory
+from .model import TwoLayerLinear
+from .observe import model_observables
+from .setup import Setup
+from .theory import population_loss
+
+__all__ = ["train", "DEFAULT_TRAIN_SAVE"]
+
+DEFAULT_TRAIN_SAVE = LinearGrid(60)
+"""`train`'s save grid when none is given."""
+
+
+def train(setup: Setup, t1: float, *, key: Any = 0, dt: float = 0.01, batch: int | None = None,
+          save: SaveGrid | None = None, progress: bool = False) -> Trajectory:
+    """The network ``W2 W1`` of ``setup`` trained to time ``t1`` from the balanced, aligned start
+    (``W2 W1 = u0 U V^T``, the start of the mode ODE).
+
+    Each step advances the clock by ``dt`` with learning rate ``eta dt``: gradient descent on
+    the population loss (``batch=None``, the Euler scheme of the flow that `solve` integrates,
+    error ``O(dt)``), or online SGD on ``batch`` fresh whitened Gaussian inputs per step
+    (``key`` seeds the draws; the same mean gradient, plus noise). Records
+    `attnflow.deeplinear.OBSERVABLES` at the save grid (default `DEFAULT_TRAIN_SAVE`, in time
+    units). A diverging run raises `attnflow.DivergenceError` naming the step.
+
+    Compiled once per (``t1 / dt``, save grid, ``batch``, sizes): new learning rates, mode
+    strengths or initial strengths reuse it; ``key`` may be traced (a sweep over seeds).
+    """
+    if not isinstance(setup, Setup):
+        raise ValueError(f"setup must be an attnflow.deeplinear.Setup, got {setup!r}")
+    if batch is not None:
+        batch = V.positive_int("batch", batch)
+    total, steps = (save or DEFAULT_TRAIN_SAVE).steps_for(t1, dt)
+    key = V.prng_key(key)
+    traj, bad = _train(setup, key, total, tuple(int(s) for s in steps), float(dt), batch, progress)
+    return check_divergence(traj, bad, dt)
+
+
+@eqx.filter_jit
+def _train(setup, key, total, steps, dt, batch, progress):
+    teacher = setup.teacher
+    model = TwoLayerLinear.aligned(teacher, setup.u0)
+    if batch is None:
+        mode = FullBatch()
+
+        def loss(m, _):
+            return population_loss(m.W1, m.W2, teacher.A)
+    else:
+        mode = OnlineSGD(teacher.sample, batch)
+
+        def loss(m, b):
+            x, y = b
+            return 0.5 * jax.numpy.mean(jax.numpy.sum((y - m(x)) ** 2, axis=-1))
+
+    return simulate(loss, model, optax.sgd(setup.eta * dt), total, mode=mode, key=key,
+                    observe=lambda m: model_observables(m, teacher), save=TimeGrid(np.asarray(steps)), clock=dt,
+                    progress=progress, throw=False, meta={"theory": "deeplinear", "dt": dt, "batch": batch})
