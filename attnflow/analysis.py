@@ -10,18 +10,21 @@ Two kinds of helpers:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, ArrayLike, Float, Real
 
 from . import _validate as V
 
 __all__ = ["first_crossing", "value_at", "growth_rate", "detect_plateaus", "fit_line", "fit_power_law", "LineFit"]
 
 
-def first_crossing(ts: Any, y: Any, threshold: Any, *, above: bool = True, interpolate: bool = False) -> jax.Array:
+def first_crossing(ts: Real[ArrayLike, "*batch T"], y: Real[ArrayLike, "*batch T"], threshold: Real[ArrayLike, ""], *,
+                   above: bool = True, interpolate: bool = False) -> Float[Array, "*batch"]:
     """Time at which ``y`` first reaches ``threshold`` (``y >= threshold``; ``y <= threshold``
     with ``above=False``), along the last axis of ``ts`` (``y`` may carry the same batch axes);
     NaN where it never does.
@@ -47,7 +50,8 @@ def first_crossing(ts: Any, y: Any, threshold: Any, *, above: bool = True, inter
     return jnp.where(found, t_hit, jnp.nan)
 
 
-def value_at(x: Any, values: Any, target: Any, *, above: bool = False, log: bool = False) -> jax.Array:
+def value_at(x: Real[ArrayLike, "*batch T"], values: Real[ArrayLike, "*batch T"], target: Real[ArrayLike, ""], *,
+             above: bool = False, log: bool = False) -> Float[Array, "*batch"]:
     """``values`` interpolated where ``x`` first reaches ``target`` (``x <= target`` by default,
     ``x >= target`` with ``above=True``), along the last axis; NaN where it never does.
 
@@ -72,7 +76,8 @@ def value_at(x: Any, values: Any, target: Any, *, above: bool = False, log: bool
     return jnp.where(found, v0 + jnp.clip(w, 0.0, 1.0) * (v1 - v0), jnp.nan)
 
 
-def growth_rate(ts: Any, y: Any, lo: float, hi: float) -> float:
+def growth_rate(ts: Real[ArrayLike, " T"] | Sequence[float], y: Real[ArrayLike, " T"] | Sequence[float], lo: float,
+                hi: float) -> float:
     """Least-squares slope of ``log y`` against ``t`` over the first contiguous stretch of
     saves with ``lo <= y <= hi``: a measured exponential rate (NaN with fewer than 3 points)."""
     ts, y = np.asarray(ts, dtype=float), np.asarray(y, dtype=float)
@@ -87,7 +92,8 @@ def growth_rate(ts: Any, y: Any, lo: float, hi: float) -> float:
     return float(np.polyfit(ts[seg], np.log(y[seg]), 1)[0])
 
 
-def detect_plateaus(ts: Any, y: Any, rel_tol: float = 1e-3, min_duration: float = 0.0) -> list[dict]:
+def detect_plateaus(ts: Real[ArrayLike, " T"] | Sequence[float], y: Real[ArrayLike, " T"] | Sequence[float],
+                    rel_tol: float = 1e-3, min_duration: float = 0.0) -> list[dict]:
     """Plateaus of a positive curve (a loss): maximal runs of save times where the relative
     change per unit log-time, ``|d log y / d log t|``, stays below ``rel_tol``.
 
@@ -126,7 +132,8 @@ class LineFit(NamedTuple):
     n: int
 
 
-def fit_line(x: Any, y: Any, level: float = 0.95) -> LineFit:
+def fit_line(x: Real[ArrayLike, "*n"] | Sequence[float], y: Real[ArrayLike, "*n"] | Sequence[float],
+             level: float = 0.95) -> LineFit:
     """Least-squares line through the finite points ``(x, y)`` (at least 2; the interval
     needs 3)."""
     from scipy import stats
@@ -148,7 +155,8 @@ def fit_line(x: Any, y: Any, level: float = 0.95) -> LineFit:
     return LineFit(float(slope), float(intercept), se, (float(slope - q * se), float(slope + q * se)), n)
 
 
-def fit_power_law(x: Any, y: Any, level: float = 0.95) -> LineFit:
+def fit_power_law(x: Real[ArrayLike, "*n"] | Sequence[float], y: Real[ArrayLike, "*n"] | Sequence[float],
+                  level: float = 0.95) -> LineFit:
     """``y ~ C x^p``: the line through ``(log x, log y)`` over positive finite points; ``slope``
     is the exponent ``p`` and ``intercept`` is ``log C``."""
     x, y = np.asarray(x, dtype=float).ravel(), np.asarray(y, dtype=float).ravel()

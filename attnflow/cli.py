@@ -1,4 +1,4 @@
-"""The ``attnflow`` command: list, run NAME, reproduce."""
+"""The ``attnflow`` command: list, show NAME, run NAME, reproduce."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"attnflow {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list registered experiments")
+    sh = sub.add_parser("show", help="an experiment's options: name, type and default")
+    sh.add_argument("name")
     r = sub.add_parser("run", help="run one experiment")
     r.add_argument("name")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override an option (JSON value)")
@@ -33,12 +35,16 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true", help="no progress output")
     r.add_argument("--cpu-devices", type=int, default=None, metavar="N",
                    help="split the CPU into N devices, over which sweeps shard their points (attnflow.use_cpu_cores)")
+    r.add_argument("--data-dir", default=None, metavar="DIR",
+                   help="folder of data files (corpora) for experiments that read them; default: $ATTNFLOW_DATA")
     rp = sub.add_parser("reproduce", help="run the headline experiment of each package")
     rp.add_argument("--all", action="store_true", help="run every registered experiment")
     rp.add_argument("--out", default="attnflow-out", help="output folder (default: attnflow-out)")
     rp.add_argument("--quiet", action="store_true", help="no progress output")
     rp.add_argument("--cpu-devices", type=int, default=None, metavar="N",
                     help="split the CPU into N devices, over which sweeps shard their points (attnflow.use_cpu_cores)")
+    rp.add_argument("--data-dir", default=None, metavar="DIR",
+                    help="folder of data files (corpora) for experiments that read them; default: $ATTNFLOW_DATA")
     return p
 
 
@@ -63,6 +69,15 @@ def main(argv: list[str] | None = None) -> int:
         from .sweep import use_cpu_cores
 
         use_cpu_cores(args.cpu_devices)  # before any JAX computation
+    if getattr(args, "data_dir", None) is not None:
+        if not Path(args.data_dir).is_dir():
+            print(f"attnflow: error: --data-dir {args.data_dir!r} is not a folder", file=sys.stderr)
+            return 2
+        import os
+
+        from ._io import DATA_ENV
+
+        os.environ[DATA_ENV] = str(Path(args.data_dir).resolve())  # read by attnflow.data_path
     from .ode import enable_x64
     from .registry import get_experiment, headline, load_all
 
@@ -72,7 +87,14 @@ def main(argv: list[str] | None = None) -> int:
             for e in load_all().values():
                 mark = "*" if e.headline else " "
                 print(f"{mark} {e.name:28s} [{e.package}] {e.description}")
-            print("(* = headline experiment, run by `attnflow reproduce`)")
+            print("(* = headline experiment, run by `attnflow reproduce`; `attnflow show NAME` lists its options)")
+            return 0
+        if args.command == "show":
+            load_all()
+            exp = get_experiment(args.name)
+            print(f"{exp.name} [{exp.package}]: {exp.description}")
+            for key, (tp, default) in exp.options().items():
+                print(f"  --set {key}=...   {tp}, default {default!r}")
             return 0
         if args.command == "run":
             load_all()

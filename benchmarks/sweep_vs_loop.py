@@ -37,7 +37,7 @@ RTOL, ATOL = 1e-8, 1e-10
 
 def solve(eta):
     return af.integrate(mode_field, jnp.full(4, U0), T, args={"s": jnp.asarray(S), "tau": 1.0 / eta},
-                        n_save=2, rtol=RTOL, atol=ATOL)["y"][-1]
+                        save=af.LinearGrid(2), solver=af.SolverOptions(rtol=RTOL, atol=ATOL))["y"][-1]
 
 
 def stages_only(eta, n_steps):
@@ -87,7 +87,7 @@ def main():
     # (a') the grid as one state: a single integrate over a (n, 4) state (shared steps)
     stacked = jax.jit(lambda e: af.integrate(mode_field, jnp.full((e.shape[0], 4), U0), T,
                                              args={"s": jnp.asarray(S), "tau": 1.0 / e[:, None]},
-                                             n_save=2, rtol=RTOL, atol=ATOL)["y"][-1])
+                                             save=af.LinearGrid(2), solver=af.SolverOptions(rtol=RTOL, atol=ATOL))["y"][-1])
     stacked(jnp.asarray(etas)).block_until_ready()
     t_stacked, out_st = best_of(lambda: stacked(jnp.asarray(etas)).block_until_ready())
     err_stacked = np.max(np.abs(np.asarray(out_st) - exact) / exact)

@@ -10,8 +10,13 @@ from pathlib import Path
 
 import jax
 import pytest
+from jaxtyping import install_import_hook
 
 jax.config.update("jax_enable_x64", True)
+
+# the shapes stated in the signatures of these modules are checked at run time in the tests
+with install_import_hook(["attnflow.analysis"], "beartype.beartype"):
+    import attnflow.analysis  # noqa: F401
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 if SHARED_DATA.is_dir():
