@@ -15,7 +15,7 @@ from typing import IO, Any
 
 import numpy as np
 
-__all__ = ["atomic_write", "json_default", "data_path", "DATA_ENV"]
+__all__ = ["atomic_write", "json_default", "data_path", "optional_import", "DATA_ENV"]
 
 DATA_ENV = "ATTNFLOW_DATA"
 """Environment variable naming the folder of data files (corpora) when no folder is given."""
@@ -92,3 +92,14 @@ def data_path(name: str, data_dir: str | os.PathLike | None = None) -> Path:
         f"data file {name!r} not found ({'; '.join(looked)}). Pass the folder that holds it as data_dir "
         f"(on the command line: --set data_dir=PATH) or set the environment variable {DATA_ENV}."
     )
+
+
+def optional_import(module: str, what: str) -> Any:
+    """``import module`` for a feature (``what``) that needs an optional dependency; a clear
+    ``ImportError`` naming the extra to install when it is absent."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ImportError(f"{what} needs the optional dependency {module}: pip install \"attnflow[xarray]\"") from None

@@ -88,9 +88,10 @@ class SweepResult:
 
         Needs the optional dependency xarray (``pip install "attnflow[xarray]"``).
         """
-        from .trajectory import Trajectory, _optional
+        from ._io import optional_import
+        from .trajectory import Trajectory
 
-        xr = _optional("xarray", "to_xarray")
+        xr = optional_import("xarray", "SweepResult.to_xarray")
         data: dict[str, Any] = {}
         coords: dict[str, Any] = {d: self.coords[d] for d in self.dims}
         grid = len(self.dims)

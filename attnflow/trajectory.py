@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._io import atomic_write, json_default
+from ._io import atomic_write, json_default, optional_import
 
 __all__ = ["Trajectory", "compare", "versions"]
 
@@ -213,7 +213,7 @@ class Trajectory:
 
         Needs the optional dependency xarray (``pip install "attnflow[xarray]"``).
         """
-        xr = _optional("xarray", "to_xarray")
+        xr = optional_import("xarray", "Trajectory.to_xarray")
         bdims = tuple(batch_dims) if batch_dims is not None else tuple(f"batch{i}" for i in range(len(self.batch_shape)))
         if len(bdims) != len(self.batch_shape):
             raise ValueError(f"batch_dims must name {len(self.batch_shape)} batch axes, got {bdims}")
@@ -235,7 +235,7 @@ class Trajectory:
 
         Needs the optional dependency pandas (``pip install "attnflow[xarray]"`` brings it).
         """
-        pd = _optional("pandas", "to_pandas")
+        pd = optional_import("pandas", "Trajectory.to_pandas")
         ts = np.asarray(self.ts)
         n_batch = int(np.prod(self.batch_shape, dtype=int))
         T = ts.shape[-1]
@@ -289,15 +289,6 @@ class Trajectory:
         meta_path = path.with_suffix(".json")
         meta = json.loads(meta_path.read_text())["meta"] if meta_path.exists() else {}
         return cls(ts, ys, meta, t_event)
-
-
-def _optional(module: str, what: str):
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise ImportError(f"{what} needs the optional dependency {module}: pip install \"attnflow[xarray]\"") from None
 
 
 def compare(
