@@ -24,6 +24,7 @@ import numpy as np
 import optimistix as optx
 
 from . import _validate as V
+from ._errors import fail_if
 from ._jit import filter_jit
 from .options import LinearGrid, SaveGrid, SolverOptions, TimeGrid
 from .trajectory import Trajectory
@@ -333,12 +334,12 @@ def integrate(
         # Inside jit/vmap the time cannot be formatted into the message; fail loudly anyway.
         # Attach the checks to every output so none is dead-code-eliminated away.
         finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(v)) for v in jax.tree_util.tree_leaves(out_ys)]))
-        out_ts, out_ys = eqx.error_if(
+        out_ts, out_ys = fail_if(
             (out_ts, out_ys), ~_ok(result),
             f"integrate: solver failed before t1 (max_steps={solver.max_steps} reached or step size "
             "collapsed); increase max_steps, loosen rtol/atol, or use an implicit solver",
         )
-        out_ts, out_ys = eqx.error_if(
+        out_ts, out_ys = fail_if(
             (out_ts, out_ys), ~finite, "integrate: non-finite value (NaN/Inf) in the solution: the ODE diverged"
         )
     else:

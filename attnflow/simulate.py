@@ -29,6 +29,7 @@ import numpy as np
 import optax
 
 from . import _validate as V
+from ._errors import fail_if
 from ._jit import filter_jit
 from .ode import DivergenceError
 from .options import LogGrid, SaveGrid
@@ -172,7 +173,7 @@ def simulate(
     out_params, ys, bad = _run(loss, params, static, optimizer, mode, key, observe, tuple(int(s) for s in s_save), progress)
     ts = jnp.asarray(clock) * jnp.asarray(s_save, dtype=jnp.result_type(float))
     if throw and traced:
-        ts, ys, out_params = eqx.error_if(
+        ts, ys, out_params = fail_if(
             (ts, ys, out_params), bad >= 0,
             "simulate: non-finite loss or parameters during training (diverged); lower the learning rate",
         )
@@ -199,12 +200,12 @@ def check_divergence(traj: Trajectory, step: Any, clock: Any = 1.0) -> Trajector
     ``step`` is the divergence step returned by ``simulate(..., throw=False)``. Outside any
     trace a diverged run raises `DivergenceError` with the step and its time
     (``clock * step``); inside ``jit``/``vmap`` the check is attached to the returned
-    trajectory (``equinox.error_if``), so a diverging grid point stops the computation with
-    a message instead of returning NaNs.
+    trajectory (``equinox.error_if``), so a diverging run stops with a message instead of
+    returning NaNs; inside `attnflow.sweep` the point is marked failed and its values NaN.
     """
     if V.any_traced((step, traj)):
-        return eqx.error_if(traj, step >= 0, "simulate: non-finite loss or parameters during training (diverged); "
-                            "lower the learning rate")
+        return fail_if(traj, step >= 0, "simulate: non-finite loss or parameters during training (diverged); "
+                       "lower the learning rate")
     b = int(step)
     if b >= 0:
         raise DivergenceError(

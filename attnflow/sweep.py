@@ -12,14 +12,25 @@ seed, say) then stays unbatched along the others and is computed once, not once 
 point. A flat ``vmap`` over the list of points (``nest=False``) batches everything.
 
 With ``out_dir`` every finished chunk is saved atomically, and a rerun after an
-interruption loads finished chunks instead of recomputing them.
+interruption loads finished chunks instead of recomputing them, but only chunks of the same
+sweep: the manifest holds a fingerprint of ``fn`` (its code, closure values and default
+arguments) and its output structure, and a rerun with another function refuses, saying
+what changed.
+
+A grid point whose run fails inside the compiled call (an ODE that used up ``max_steps`` or
+diverged, an SGD run that diverged) does not stop the sweep: its values are NaN, and
+`SweepResult.status` and `SweepResult.failures` say which points failed and why
+(``on_error="raise"`` raises instead, naming the first failing point).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
+import re
+import types
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -30,24 +41,48 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ._jit import cpu_compiler_options
+from ._errors import collecting, status_code
 from ._io import atomic_write
+from ._jit import cpu_compiler_options
 
-__all__ = ["sweep", "SweepResult", "use_cpu_cores"]
+__all__ = ["sweep", "SweepResult", "SweepError", "use_cpu_cores"]
+
+
+class SweepError(RuntimeError):
+    """Grid points of a sweep failed (raised with ``on_error="raise"``); the message names them."""
 
 
 class SweepResult:
     """Values on a labelled grid.
 
     ``dims``: axis names in order; ``coords[name]``: the axis values; ``values``: the
-    pytree returned by ``fn`` with every leaf of shape ``grid_shape + leaf_shape``.
+    pytree returned by ``fn`` with every leaf of shape ``grid_shape + leaf_shape``;
+    ``status``: an integer array of shape ``grid_shape``, 0 where the point ran, else
+    ``1 +`` the index of its failure in ``messages`` (the point's values are then NaN).
     """
 
-    def __init__(self, dims: Sequence[str], coords: Mapping[str, np.ndarray], values: Any, meta: Mapping[str, Any] | None = None):
+    def __init__(self, dims: Sequence[str], coords: Mapping[str, np.ndarray], values: Any,
+                 meta: Mapping[str, Any] | None = None, status: Any = None, messages: Sequence[str] = ()):
         self.dims = tuple(dims)
         self.coords = {k: np.asarray(v) for k, v in coords.items()}
         self.values = values
         self.meta = dict(meta or {})
+        self.status = np.zeros(self.shape, np.int32) if status is None else np.asarray(status)
+        self.messages = tuple(messages)
+
+    @property
+    def ok(self) -> np.ndarray:
+        """Boolean array of shape ``grid_shape``: True where the point ran without failure."""
+        return self.status == 0
+
+    def failures(self) -> list[tuple[dict[str, Any], str]]:
+        """``[(coordinates, message)]`` of the failed points, in grid order."""
+        out = []
+        for idx in zip(*np.nonzero(self.status), strict=True):
+            point = {d: self.coords[d][i].item() for d, i in zip(self.dims, idx, strict=True)}
+            code = int(self.status[idx])
+            out.append((point, self.messages[code - 1] if 0 < code <= len(self.messages) else f"failure {code}"))
+        return out
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -217,7 +252,9 @@ def _compiled(fn: Callable[..., Any], devices: tuple, dims: tuple, nested_dims: 
     inputs are the 1-D axis values and the output is flattened back to points in C order
     (the order of the flat grid), so chunks of both layouts are stored alike.
     A new ``jax.jit`` per call would retrace and recompile every time; caching on the
-    function object makes the second sweep of the same ``fn`` run at full speed.
+    function object makes the second sweep of the same ``fn`` run at full speed. Returns the
+    jitted function, whose output is ``(values, status)``, and the list of failure messages
+    its status codes index (filled when it is traced).
 
     ``local``: wrap in ``shard_map``, so that each device runs its own copy of the batched
     ``fn`` on its block of points, with no communication. Under plain jit sharding the SPMD
@@ -226,15 +263,23 @@ def _compiled(fn: Callable[..., Any], devices: tuple, dims: tuple, nested_dims: 
     """
     def make():
         sharding, inputs = _shardings(devices, dims, nested_dims is not None)
+        messages: list[str] = []
+
+        def fn_status(**p):
+            # each point's failures (attnflow's fail_if) become a status code instead of an error
+            with collecting() as sink:
+                out = fn(**p)
+            messages[:] = [m for _, m in sink]
+            return out, status_code(sink)
 
         if nested_dims is None:
             def batched(point):
-                return jax.vmap(lambda p: fn(**p))(point)
+                return jax.vmap(lambda p: fn_status(**p))(point)
         else:
             def batched(point):
                 def over(i, fixed):
                     if i == len(nested_dims):
-                        return fn(**fixed)
+                        return fn_status(**fixed)
                     d = nested_dims[i]
                     return jax.vmap(lambda x: over(i + 1, {**fixed, d: x}))(point[d])
 
@@ -246,8 +291,9 @@ def _compiled(fn: Callable[..., Any], devices: tuple, dims: tuple, nested_dims: 
         if local:
             body = jax.shard_map(batched, mesh=sharding.mesh, in_specs=({d: s.spec for d, s in inputs.items()},),
                                  out_specs=sharding.spec, check_vma=False)
-        return jax.jit(body, in_shardings=(inputs,), out_shardings=sharding,
-                       compiler_options=cpu_compiler_options() if devices[0].platform == "cpu" else {})
+        jitted = jax.jit(body, in_shardings=(inputs,), out_shardings=sharding,
+                         compiler_options=cpu_compiler_options() if devices[0].platform == "cpu" else {})
+        return jitted, messages
 
     return _memo(_CACHE, (fn, devices, dims, nested_dims, local), make)
 
@@ -269,6 +315,7 @@ def sweep(
     on_chunk: Callable[[int, int], None] | None = None,
     meta: Mapping[str, Any] | None = None,
     nest: bool | None = None,
+    on_error: str = "nan",
 ) -> SweepResult:
     """Evaluate ``fn(**point)`` on the cartesian grid of ``axes``.
 
@@ -300,7 +347,16 @@ def sweep(
         Default ``None``: nested for grids of two or more axes, unless ``chunk_size`` is
         smaller than one row (the product of the other axes' lengths). Both give the
         same values up to floating-point reassociation.
+    on_error:
+        What a failing grid point does (an attnflow run inside ``fn`` that diverged or used
+        up its steps): ``"nan"`` (default) gives it NaN values, a nonzero
+        `SweepResult.status` and a warning naming its coordinates; ``"raise"`` raises
+        `SweepError` naming the failing points after the sweep.
     """
+    if on_error not in ("nan", "raise"):
+        raise ValueError(f"on_error must be 'nan' or 'raise', got {on_error!r}")
+    if not callable(fn):
+        raise TypeError(f"fn must be callable (the function of the axis names), got {fn!r}")
     dims, coords, flat = _grid(axes)
     n = len(next(iter(flat.values())))
     devices = list(devices) if devices is not None else jax.devices()
@@ -327,7 +383,7 @@ def sweep(
     # shardings that shard_map changes); one device needs no shard_map
     layout = (fn, tuple(devices), dims, dims if nest else None)
     local = n_dev > 1 and layout not in _NO_SHARD_MAP
-    compiled = _compiled(*layout, local)
+    compiled, messages = _compiled(*layout, local)
 
     def chunk_points(i):
         if nest:
@@ -348,7 +404,7 @@ def sweep(
     except Exception as err:
         if not local:
             raise
-        compiled = _compiled(*layout, False)
+        compiled, messages = _compiled(*layout, False)
         out_struct = _out_struct(compiled, example)  # fn's own errors surface here
         local = False
         _memo(_NO_SHARD_MAP, layout, lambda: True)  # warned once; later sweeps of this fn go straight to jit sharding
@@ -360,7 +416,7 @@ def sweep(
 
     out_path = Path(out_dir) if out_dir is not None else None
     if out_path is not None:
-        _check_manifest(out_path, dims, coords, chunk_size, treedef, leaves_struct, meta)
+        _check_manifest(out_path, dims, coords, chunk_size, treedef, leaves_struct, meta, _fingerprint(fn))
 
     results: list[list[np.ndarray] | None] = [None] * n_chunks
     if out_path is not None:
@@ -399,14 +455,24 @@ def sweep(
     for j in range(len(leaves_struct)):
         full = (results[0][j] if n_chunks == 1 else np.concatenate([results[i][j] for i in range(n_chunks)]))[:n]
         leaves.append(jnp.asarray(full.reshape(grid_shape + full.shape[1:])))
-    values = jax.tree_util.tree_unflatten(treedef, leaves)
+    values, status = jax.tree_util.tree_unflatten(treedef, leaves)
     info = {"n_points": n, "chunk_size": chunk_size, "n_chunks": n_chunks, "n_devices": n_dev, "devices_used": devices_used,
             "nested": bool(nest), "shard_map": bool(local),
             "computed_chunks": len(todo), **dict(meta or {})}
-    return SweepResult(dims, coords, values, info)
+    result = SweepResult(dims, coords, values, info, status=np.asarray(status), messages=list(messages))
+    failed = result.failures()
+    if failed:
+        shown = "; ".join(f"{', '.join(f'{k}={v!r}' for k, v in p.items())}: {m}" for p, m in failed[:3])
+        more = f" (and {len(failed) - 3} more)" if len(failed) > 3 else ""
+        text = f"sweep: {len(failed)} of {n} grid points failed: {shown}{more}"
+        if on_error == "raise":
+            raise SweepError(text)
+        warnings.warn(text + "; their values are NaN (SweepResult.status, SweepResult.failures())", RuntimeWarning,
+                      stacklevel=2)
+    return result
 
 
-def _manifest(dims, coords, chunk_size, treedef, leaves_struct, meta):
+def _manifest(dims, coords, chunk_size, treedef, leaves_struct, meta, fingerprint):
     return {
         "dims": list(dims),
         "coords": {d: coords[d].tolist() for d in dims},
@@ -414,23 +480,107 @@ def _manifest(dims, coords, chunk_size, treedef, leaves_struct, meta):
         "structure": str(treedef),
         "leaves": [[list(s.shape[1:]), str(s.dtype)] for s in leaves_struct],
         "meta": json.loads(json.dumps(dict(meta or {}), default=str)),
+        "fn": fingerprint,
     }
 
 
-def _check_manifest(out_path: Path, dims, coords, chunk_size, treedef, leaves_struct, meta) -> None:
+_WHAT = {"dims": "the axis names", "coords": "the axis values", "chunk_size": "the chunk size",
+         "structure": "the structure of fn's output", "leaves": "the shapes of fn's output", "meta": "meta",
+         "fn": "the function (its code, closure values or default arguments)"}
+
+
+def _check_manifest(out_path: Path, dims, coords, chunk_size, treedef, leaves_struct, meta, fingerprint) -> None:
+    if out_path.exists() and not out_path.is_dir():
+        raise ValueError(f"out_dir {str(out_path)!r} is a file, not a folder")
     out_path.mkdir(parents=True, exist_ok=True)
-    want = _manifest(dims, coords, chunk_size, treedef, leaves_struct, meta)
+    want = _manifest(dims, coords, chunk_size, treedef, leaves_struct, meta, fingerprint)
     mf = out_path / "sweep.json"
     if mf.exists():
-        have = json.loads(mf.read_text())
-        for key in ("dims", "coords", "chunk_size", "leaves", "meta"):
+        try:
+            have = json.loads(mf.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"{mf} is not a sweep manifest (invalid JSON: {err}); use a fresh out_dir or delete it") from None
+        if not isinstance(have, dict):
+            raise ValueError(f"{mf} is not a sweep manifest; use a fresh out_dir or delete it")
+        for key in ("fn", "structure", "leaves", "dims", "coords", "chunk_size", "meta"):
             if have.get(key) != want[key]:
                 raise ValueError(
-                    f"{out_path} holds a different sweep ({key} differs: saved {str(have.get(key))[:120]!r}, "
-                    f"now {str(want[key])[:120]!r}); use a fresh out_dir or delete the old one"
+                    f"{out_path} holds a different sweep: {_WHAT[key]} changed (saved {str(have.get(key))[:100]!r}, "
+                    f"now {str(want[key])[:100]!r}); its chunks are not reused. Use a fresh out_dir or delete the old one"
                 )
     else:
         atomic_write(mf, lambda f: f.write(json.dumps(want, indent=1).encode()))
+
+
+def _fingerprint(fn: Any) -> str:
+    """A digest of what ``fn`` computes, as far as it can be read: its code (with nested code
+    objects and the names it uses), the values of its closure cells and default arguments
+    (arrays by content), recursively through functions it closes over and partials. Globals
+    it reads are part of it by name only."""
+    h = hashlib.sha256()
+    _digest(fn, h, depth=0, seen=set())
+    return h.hexdigest()[:32]
+
+
+def _digest(obj: Any, h: Any, depth: int, seen: set) -> None:
+    if depth > 8 or id(obj) in seen:
+        h.update(b"<cycle>")
+        return
+    if isinstance(obj, types.FunctionType):
+        seen = seen | {id(obj)}
+        _digest_code(obj.__code__, h)
+        for cell in obj.__closure__ or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                value = None
+            _digest(value, h, depth + 1, seen)
+        _digest(obj.__defaults__, h, depth + 1, seen)
+        _digest(obj.__kwdefaults__, h, depth + 1, seen)
+        return
+    if isinstance(obj, functools.partial):
+        _digest((obj.func, obj.args, obj.keywords), h, depth + 1, seen)
+        return
+    if isinstance(obj, types.MethodType):
+        _digest((obj.__func__, obj.__self__), h, depth + 1, seen)
+        return
+    if isinstance(obj, (np.ndarray, jax.Array, np.generic)):
+        arr = np.asarray(obj)
+        h.update(f"{arr.shape}{arr.dtype}".encode())
+        h.update(np.ascontiguousarray(arr).tobytes())
+        return
+    if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes)):
+        h.update(repr(obj).encode())
+        return
+    if isinstance(obj, (tuple, list)):
+        h.update(f"{type(obj).__name__}{len(obj)}".encode())
+        for x in obj:
+            _digest(x, h, depth + 1, seen)
+        return
+    if isinstance(obj, Mapping):
+        h.update(b"map")
+        for k in sorted(obj, key=repr):
+            h.update(repr(k).encode())
+            _digest(obj[k], h, depth + 1, seen)
+        return
+    leaves, treedef = jax.tree_util.tree_flatten(obj)
+    if treedef.num_leaves == 1 and leaves[0] is obj:  # an opaque object: its type only
+        h.update(f"<{type(obj).__module__}.{type(obj).__qualname__}>".encode())
+        return
+    # a pytree (an Equinox module, a Setup): structure, static fields (without memory addresses), leaves
+    h.update(re.sub(r"0x[0-9a-fA-F]+", "", str(treedef)).encode())
+    for leaf in leaves:
+        _digest(leaf, h, depth + 1, seen)
+
+
+def _digest_code(code: types.CodeType, h: Any) -> None:
+    h.update(code.co_code)
+    h.update(repr(code.co_names).encode())
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            _digest_code(c, h)
+        else:
+            h.update(repr(c).encode())
 
 
 def _load_chunk(path: Path, leaves_struct) -> list[np.ndarray] | None:

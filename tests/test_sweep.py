@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import attnflow as af
+from attnflow.sweep import SweepError
 from attnflow.deeplinear import mode_field
 
 S = jnp.array([3.0, 2.0, 1.0, 0.5])
@@ -106,8 +107,55 @@ def test_sweep_resumes_after_interruption(tmp_path):
     full = af.sweep(f, {"eta": etas}, chunk_size=8, progress=False)
     np.testing.assert_array_equal(res.values, full.values)
     # a different grid in the same folder is refused, not silently mixed
-    with pytest.raises(ValueError, match="different sweep"):
+    with pytest.raises(ValueError, match="different sweep: the axis values changed"):
         af.sweep(f, {"eta": etas * 2}, chunk_size=8, out_dir=tmp_path, progress=False)
+
+
+def test_resume_refuses_another_function(tmp_path):
+    # same grid, same output shapes, other function: the old chunks must not come back
+    def a2(eta):
+        return {"a2": eta**2}
+
+    def w(eta):
+        return {"w": eta**3}
+
+    grid = {"eta": np.arange(1.0, 5.0)}
+    af.sweep(a2, grid, out_dir=tmp_path, progress=False)
+    with pytest.raises(ValueError, match="the function .its code, closure values or default arguments. changed"):
+        af.sweep(w, grid, out_dir=tmp_path, progress=False)
+    # a closure over another value is another function
+    scale = 2.0
+    af.sweep(lambda eta: eta * scale, grid, out_dir=tmp_path / "c", progress=False)
+    scale = 3.0
+    with pytest.raises(ValueError, match="the function"):
+        af.sweep(lambda eta: eta * scale, grid, out_dir=tmp_path / "c", progress=False)
+    # the same function again resumes (and a manifest that is not JSON is named)
+    assert af.sweep(lambda eta: eta * scale, grid, out_dir=tmp_path / "d", progress=False).meta["computed_chunks"] == 1
+    again = af.sweep(lambda eta: eta * scale, grid, out_dir=tmp_path / "d", progress=False)
+    assert again.meta["computed_chunks"] == 0 and np.allclose(again.values, 3.0 * grid["eta"])
+    (tmp_path / "d" / "sweep.json").write_text("{garbage")
+    with pytest.raises(ValueError, match=r"sweep.json is not a sweep manifest"):
+        af.sweep(lambda eta: eta * scale, grid, out_dir=tmp_path / "d", progress=False)
+
+
+def _blowup(t, y, a):
+    return a["k"] * y**2
+
+
+def test_one_diverging_point_does_not_kill_the_sweep():
+    # y' = k y^2 from y = 1 blows up at t = 1/k: k = 2 diverges before t1 = 1, the others do not
+    ks = np.array([0.25, 0.5, 2.0, 0.75])
+    f = lambda k: af.integrate(_blowup, jnp.ones(1), 1.0, args={"k": k}, save=af.LinearGrid(2),
+                               solver=af.SolverOptions(max_steps=500))["y"][-1, 0]
+    with pytest.warns(RuntimeWarning, match=r"1 of 4 grid points failed: k=2.0: integrate: solver failed"):
+        res = af.sweep(f, {"k": ks}, progress=False)
+    np.testing.assert_allclose(np.asarray(res.values)[[0, 1, 3]], 1.0 / (1.0 - ks[[0, 1, 3]]), rtol=1e-7)
+    assert np.isnan(res.values[2]) and list(res.ok) == [True, True, False, True]
+    ((point, message),) = res.failures()
+    assert point == {"k": 2.0} and "max_steps=500" in message
+    with pytest.raises(SweepError,
+                       match="k=2.0"):
+        af.sweep(f, {"k": ks}, progress=False, on_error="raise")
 
 
 def test_sweep_bad_input():
@@ -119,6 +167,10 @@ def test_sweep_bad_input():
         af.sweep(lambda eta: eta, {"eta": np.ones(3)}, chunk_size=0)
     with pytest.raises(ValueError, match="nest must be.*'yes'"):
         af.sweep(lambda eta: eta, {"eta": np.ones(3)}, nest="yes")
+    with pytest.raises(ValueError, match="on_error"):
+        af.sweep(lambda eta: eta, {"eta": np.ones(3)}, on_error="ignore")
+    with pytest.raises(TypeError, match="fn must be callable"):
+        af.sweep("f", {"eta": np.ones(3)})
 
 
 SCRIPT = textwrap.dedent(
@@ -151,7 +203,7 @@ SCRIPT = textwrap.dedent(
     # each device runs its own adaptive loop: no cross-device op (the stopping test of the
     # vmapped while loop would otherwise be an all-reduce at every step)
     from attnflow.sweep import _CACHE
-    hlo = next(c for k, c in _CACHE.items() if k[0] is f).lower({"eta": jnp.asarray(etas[:32])}).compile().as_text()
+    hlo = next(c for k, (c, _) in _CACHE.items() if k[0] is f).lower({"eta": jnp.asarray(etas[:32])}).compile().as_text()
     collectives = sum(hlo.count(op + "(") for op in ("all-reduce", "all-gather", "collective-permute", "all-to-all"))
     print(json.dumps({"device_count": jax.device_count(), "devices_used": res.meta["devices_used"],
                       "nested_devices": g.meta["devices_used"], "nested_ok": ok, "collectives": collectives,

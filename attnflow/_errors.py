@@ -1,0 +1,63 @@
+"""Failures inside traced code: raise (one run) or mark the point and carry on (a sweep).
+
+`fail_if(tree, pred, message)` is what attnflow's verbs call where a traced run can fail
+(an ODE that used up ``max_steps`` or diverged, an SGD run that diverged). Outside a sweep
+it is ``equinox.error_if``: the program stops with ``message``. Inside `attnflow.sweep`,
+which traces each grid point under `collecting`, it instead replaces the floating outputs
+of the failing point by NaN and records ``pred`` and ``message``; the sweep returns a
+status per point, so one diverging point does not throw away the others, and names the
+failing coordinates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+__all__ = ["fail_if", "collecting", "status_code"]
+
+_SINK: contextvars.ContextVar[list[tuple[Any, str]] | None] = contextvars.ContextVar("attnflow_fail_sink", default=None)
+
+
+def fail_if(tree: Any, pred: Any, message: str) -> Any:
+    """``tree``, failing with ``message`` where the (traced) boolean ``pred`` is true.
+
+    Outside `collecting`: ``equinox.error_if`` (a runtime error). Inside: the inexact leaves
+    of ``tree`` become NaN where ``pred`` holds, and ``(pred, message)`` is recorded.
+    """
+    sink = _SINK.get()
+    if sink is None:
+        return eqx.error_if(tree, pred, message)
+    sink.append((pred, message))
+
+    def blank(x):
+        if isinstance(x, jax.Array | jnp.ndarray) and jnp.issubdtype(x.dtype, jnp.inexact):
+            return jnp.where(pred, jnp.asarray(jnp.nan, x.dtype), x)
+        return x
+
+    return jax.tree_util.tree_map(blank, tree)
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[list[tuple[Any, str]]]:
+    """Record the failures of `fail_if` calls traced inside the block instead of raising."""
+    sink: list[tuple[Any, str]] = []
+    token = _SINK.set(sink)
+    try:
+        yield sink
+    finally:
+        _SINK.reset(token)
+
+
+def status_code(failures: list[tuple[Any, str]]) -> jax.Array:
+    """``0`` where no recorded failure holds, else ``1 + `` the index of the first that does."""
+    code = jnp.zeros((), jnp.int32)
+    for i, (pred, _) in reversed(list(enumerate(failures))):
+        code = jnp.where(pred, jnp.int32(i + 1), code)
+    return code
