@@ -15,7 +15,7 @@ from typing import IO, Any
 
 import numpy as np
 
-__all__ = ["atomic_write", "json_default", "data_path", "optional_import", "DATA_ENV"]
+__all__ = ["atomic_write", "json_default", "strict_json", "data_path", "optional_import", "DATA_ENV"]
 
 DATA_ENV = "ATTNFLOW_DATA"
 """Environment variable naming the folder of data files (corpora) when no folder is given."""
@@ -66,6 +66,26 @@ def json_default(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     return repr(obj)
+
+
+def strict_json(obj: Any, indent: int | None = 2) -> str:
+    """``obj`` as strict JSON (RFC 8259, readable by any JSON reader): NaN and infinities become
+    ``null``, arrays lists, NumPy scalars numbers."""
+    import json
+    import math
+
+    def clean(x: Any) -> Any:
+        if isinstance(x, float):
+            return x if math.isfinite(x) else None
+        if isinstance(x, dict):
+            return {str(k): clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        if isinstance(x, (str, int, bool)) or x is None:
+            return x
+        return clean(json.loads(json.dumps(json_default(x))))
+
+    return json.dumps(clean(obj), indent=indent, allow_nan=False)
 
 
 def data_path(name: str, data_dir: str | os.PathLike | None = None) -> Path:

@@ -204,8 +204,9 @@ def heatmap(
 
 
 def save_figure(fig: Figure, path: str | Path, dpi: int = 130) -> Path:
-    """Save a figure as PNG (creating the folder)."""
+    """Save a figure as PNG (creating the folder), atomically: a temporary file renamed into place."""
+    from ._io import atomic_write
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    return path
+    return atomic_write(path, lambda f: fig.savefig(f, dpi=dpi, format="png"))

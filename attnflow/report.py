@@ -24,7 +24,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from ._io import atomic_write, json_default
+from ._io import atomic_write, strict_json
 from .compilation import count_compilations
 from .plot import save_figure
 from .trajectory import Trajectory, versions
@@ -117,13 +117,16 @@ class Report:
         return "\n".join(lines)
 
     def write(self, out_dir: str | Path) -> Path:
+        """Write the report into ``out_dir``: trajectories (``.npz`` + ``.json``), figures (``.png``),
+        ``summary.json`` (strict JSON: NaN and infinities as ``null``) and ``summary.md``; every
+        file is written atomically."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         for k, tr in self.trajectories.items():
             tr.save(out / f"{k}.npz")
         for k, fig in self.figures.items():
             save_figure(fig, out / f"{k}.png")
-        payload = json.dumps(self.to_dict(), indent=2, default=json_default).encode()
+        payload = strict_json(self.to_dict()).encode()
         atomic_write(out / "summary.json", lambda f: f.write(payload))
         md = self.markdown().encode()
         atomic_write(out / "summary.md", lambda f: f.write(md))

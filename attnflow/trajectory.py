@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._io import atomic_write, json_default, optional_import
+from ._io import atomic_write, json_default, optional_import, strict_json
 
 __all__ = ["Trajectory", "compare", "versions"]
 
@@ -272,7 +272,7 @@ class Trajectory:
             arrays["__t_event__"] = np.asarray(self.t_event)
         meta = {"attnflow_trajectory": 1, "names": list(self.ys), "meta": self.meta, "versions": versions()}
         atomic_write(path, lambda f: np.savez(f, **arrays))
-        atomic_write(path.with_suffix(".json"), lambda f: f.write(json.dumps(meta, indent=2, default=json_default).encode()))
+        atomic_write(path.with_suffix(".json"), lambda f: f.write(strict_json(meta).encode()))
         return path
 
     @classmethod
@@ -282,12 +282,23 @@ class Trajectory:
             path = path.with_suffix(".npz")
         if not path.exists():
             raise FileNotFoundError(f"no saved trajectory at {path}")
-        with np.load(path) as data:
-            ts = data["__ts__"]
-            ys = {k[2:]: data[k] for k in data.files if k.startswith("y:")}
-            t_event = data["__t_event__"] if "__t_event__" in data.files else None
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                if "__ts__" not in data.files:
+                    raise ValueError("no save times (__ts__)")
+                ts = data["__ts__"]
+                ys = {k[2:]: data[k] for k in data.files if k.startswith("y:")}
+                t_event = data["__t_event__"] if "__t_event__" in data.files else None
+        except Exception as err:  # zip, pickle or format errors of a foreign or corrupt file
+            raise ValueError(f"{path} is not a trajectory saved by attnflow ({type(err).__name__}: {err})") from None
         meta_path = path.with_suffix(".json")
-        meta = json.loads(meta_path.read_text())["meta"] if meta_path.exists() else {}
+        meta = {}
+        if meta_path.exists():
+            try:
+                meta = json.loads(meta_path.read_text())["meta"]
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
+                raise ValueError(f"{meta_path} is not the metadata of an attnflow trajectory "
+                                 f"({type(err).__name__}: {err})") from None
         return cls(ts, ys, meta, t_event)
 
 

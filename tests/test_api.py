@@ -288,3 +288,20 @@ def test_simulate_throw_false_returns_the_divergence_step():
         af.check_divergence(tr, step, 1.0)
     _, ok = af.simulate(loss, {"w": jnp.full(2, 0.1)}, optax.sgd(0.1), 20, throw=False)
     assert int(ok) == -1 and af.check_divergence(tr, ok) is tr
+
+
+def test_foreign_files_are_named_and_json_is_strict(tmp_path):
+    import json
+
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not a zip file at all")
+    with pytest.raises(ValueError, match=r"bad.npz is not a trajectory saved by attnflow"):
+        af.Trajectory.load(bad)
+    ok = af.Trajectory(jnp.arange(3.0), {"y": jnp.array([1.0, jnp.nan, 2.0])}, {"x": float("nan")}).save(tmp_path / "ok")
+    (tmp_path / "ok.json").write_text("{oops")
+    with pytest.raises(ValueError, match="ok.json is not the metadata"):
+        af.Trajectory.load(ok)
+    rep = af.Report("r", {"a": 1}, summary={"nan": float("nan"), "inf": float("inf"), "arr": np.array([1.0, np.nan])})
+    rep.write(tmp_path / "rep")
+    data = json.loads((tmp_path / "rep" / "summary.json").read_text(), parse_constant=lambda c: 1 / 0)
+    assert data["summary"] == {"nan": None, "inf": None, "arr": [1.0, None]}

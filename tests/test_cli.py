@@ -1,8 +1,11 @@
 """The `attnflow` command: list, run, reproduce, errors."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -41,7 +44,8 @@ def test_run_writes_outputs(tmp_path, capsys):
         (["run", "deep-linear", "--set", "oops"], "malformed --set 'oops'"),
         (["run", "deep-linear", "--set", "nope=1"], "has no option 'nope'"),
         (["run", "deep-linear", "--set", "u0=abc"], "option 'u0' of deep-linear expects float"),
-        (["run", "deep-linear", "--cpu-devices", "0"], "--cpu-devices must be a positive integer, got 0"),
+        (["run", "deep-linear", "--cpu-devices", "0"], "--cpu-devices must be a positive integer of at most"),
+        (["run", "deep-linear", "--cpu-devices", "1000"], "got 1000"),
         (["run", "deep-linear", "--set", "dts=0.1"], "option 'dts' of deep-linear expects list of float"),
         (["run", "deep-linear", "--data-dir", "/no/such/folder"], "--data-dir '/no/such/folder' is not a folder"),
         (["show", "nothing"], "unknown experiment 'nothing'"),
@@ -57,3 +61,79 @@ def test_bad_arguments_one_line_error(argv, message, capsys, tmp_path):
 def test_console_script_installed():
     out = subprocess.run([sys.executable, "-m", "attnflow.cli", "list"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "deep-linear" in out.stdout
+
+
+def test_out_is_checked_before_computing(tmp_path, capsys):
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    assert main(["run", "deep-linear", "--out", str(afile)]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):  # root ignores permissions: nothing to check here
+            return
+        assert main(["run", "deep-linear", "--out", str(locked / "out")]) == 2
+        assert "permission denied" in capsys.readouterr().err
+    finally:
+        locked.chmod(0o700)
+
+
+def test_failed_run_is_one_line_exit_1_and_debug_shows_the_traceback(tmp_path, capsys):
+    # gradient descent with learning rate 1.5 on modes of strength up to 3 diverges
+    argv = ["run", "deep-linear", "--set", "dts=[1.5]", "--set", "t_end=60", "--out", str(tmp_path), "--quiet"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("attnflow: run failed: simulate: non-finite loss or parameters at step") and len(err.splitlines()) == 1
+    assert not (tmp_path / "deep-linear").exists() and not list(tmp_path.glob(".attnflow-*"))
+    with pytest.raises(Exception, match="non-finite"):
+        main(argv + ["--debug"])
+
+
+def test_reused_out_holds_only_the_new_run_and_summary_json_is_strict(tmp_path):
+    folder = tmp_path / "deep-linear"
+    folder.mkdir()
+    (folder / "stale.png").write_text("old")
+    assert main(["run", "deep-linear", "--set", "dts=[0.04, 0.02]", "--set", "t_end=6", "--out", str(tmp_path), "--quiet"]) == 0
+    assert not (folder / "stale.png").exists()
+    text = (folder / "summary.json").read_text()
+
+    def refuse(name):
+        raise AssertionError(f"non-strict JSON constant {name}")
+
+    json.loads(text, parse_constant=refuse)
+    assert oct((folder / "modes.png").stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+def _umask():
+    m = os.umask(0o022)
+    os.umask(m)
+    return m
+
+
+_SIGINT_SCRIPT = """
+import sys
+from attnflow.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_exits_130_and_leaves_out_intact(tmp_path):
+    out = tmp_path / "out"
+    quick = ["run", "deep-linear", "--set", "dts=[0.04, 0.02]", "--set", "t_end=6", "--out", str(out), "--quiet"]
+    assert main(quick) == 0
+    before = {p.name: p.read_bytes() for p in (out / "deep-linear").iterdir()}
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["MPLBACKEND"] = "Agg"
+    slow = ["run", "deep-linear", "--set", "dts=[0.001, 0.0005, 0.00025]", "--set", "t_end=200", "--out", str(out), "--quiet"]
+    proc = subprocess.Popen([sys.executable, "-c", _SIGINT_SCRIPT, *slow], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(12)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err.strip() == "attnflow: interrupted; --out is unchanged"
+    after = {p.name: p.read_bytes() for p in (out / "deep-linear").iterdir()}
+    assert after == before and not list(out.glob(".attnflow-*"))
