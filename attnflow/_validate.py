@@ -104,3 +104,30 @@ def prng_key(key: Any) -> Any:
     if np.ndim(key) == 0 and not jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
         return jax.random.PRNGKey(key)
     return key
+
+
+def available_memory() -> int:
+    """Bytes of physical memory available to this process (total if the available figure is
+    unknown; 2**62 where neither can be read)."""
+    import os
+
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 2**62
+
+
+def fits_in_memory(what: str, n_bytes: float, fraction: float = 0.5) -> None:
+    """Raise ``ValueError`` before computing when ``what`` would need more than ``fraction`` of
+    the available memory (an estimate: ``n_bytes``)."""
+    avail = available_memory()
+    if n_bytes > fraction * avail:
+        raise ValueError(f"{what} needs about {n_bytes / 2**30:.3g} GiB, more than {fraction:.0%} of the "
+                         f"{avail / 2**30:.3g} GiB available; reduce the sizes")

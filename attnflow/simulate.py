@@ -177,12 +177,25 @@ def simulate(
             (ts, ys, out_params), bad >= 0,
             "simulate: non-finite loss or parameters during training (diverged); lower the learning rate",
         )
+        finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(v)) for v in jax.tree_util.tree_leaves(ys)
+                                    if jnp.issubdtype(v.dtype, jnp.inexact)] or [True]))
+        ts, ys, out_params = fail_if((ts, ys, out_params), ~finite,
+                                     "simulate: an observable became non-finite (NaN/Inf) while the parameters stayed finite")
     elif throw and int(bad) >= 0:
         b = int(bad)
         raise DivergenceError(
             f"simulate: non-finite loss or parameters at step {b} (t = {float(clock) * b:.6g}); "
             "the run diverged: lower the learning rate or check the data"
         )
+    elif throw:
+        for name, v in ys.items():
+            v = np.asarray(v)
+            if v.dtype.kind in "fc" and not np.all(np.isfinite(v)):
+                i = int(np.argmax(~np.all(np.isfinite(v.reshape(v.shape[0], -1)), axis=1)))
+                raise DivergenceError(
+                    f"simulate: observable {name!r} became non-finite at step {int(s_save[i])} "
+                    f"(t = {float(ts[i]):.6g}), while the parameters stayed finite: the observable is undefined "
+                    "there (a log or division at zero?)")
     m = {"steps": steps, "mode": type(mode).__name__}
     m.update(meta or {})
     traj = Trajectory(ts, ys, m)

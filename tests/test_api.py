@@ -305,3 +305,14 @@ def test_foreign_files_are_named_and_json_is_strict(tmp_path):
     rep.write(tmp_path / "rep")
     data = json.loads((tmp_path / "rep" / "summary.json").read_text(), parse_constant=lambda c: 1 / 0)
     assert data["summary"] == {"nan": None, "inf": None, "arr": [1.0, None]}
+
+
+def test_nan_observables_are_errors_in_simulate_as_in_integrate():
+    def loss(p, _):
+        return 0.5 * jnp.sum(p["w"] ** 2)
+
+    with pytest.raises(af.DivergenceError, match=r"observable 'logw' became non-finite at step \d+ .*parameters stayed finite"):
+        af.simulate(loss, {"w": jnp.ones(2)}, optax.sgd(1.0), 5, save=af.LinearGrid(6),
+                    observe=lambda p: {"logw": jnp.log(p["w"][0])})
+    with pytest.raises(af.DivergenceError, match="observable 'y' became non-finite.*state stayed finite"):
+        af.integrate(lambda t, y, a: -y, jnp.ones(1), 1.0, observe=lambda t, y, a: {"y": jnp.log(y - 0.5)})

@@ -33,6 +33,16 @@ class DeepLinearConfig:
     dts: tuple[float, ...] = (0.04, 0.02, 0.01)  # gradient-descent time steps (learning rate = dt, eta = 1)
     seed: int = TEACHER_SEED  # teacher frames; seed + 1 draws the random start of the matrix flow
 
+    def __post_init__(self) -> None:
+        if len(self.dts) < 2 or len(set(self.dts)) != len(self.dts) or min(self.dts) <= 0:
+            raise ValueError(f"dts must hold at least two distinct positive time steps (the error order is fitted "
+                             f"over them), got {list(self.dts)}")
+        if not self.t_end > 0:
+            raise ValueError(f"t_end must be positive, got {self.t_end}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed}")
+        Setup(s=self.s, u0=self.u0, n_in=self.n_in, n_out=self.n_out, teacher_seed=self.seed)  # checks the rest
+
 
 @register("deep-linear", config=DeepLinearConfig, headline=True,
           description="Saxe et al. (2014) two-layer linear net: closed form vs solve vs gradient descent (train)")

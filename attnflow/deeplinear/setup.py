@@ -52,6 +52,10 @@ class Setup(AbstractSetup):
         V.positive_int("n_in", self.n_in, minimum=self.s.shape[0])
         V.positive_int("n_out", self.n_out, minimum=self.s.shape[0])
         V.positive_int("teacher_seed", self.teacher_seed, minimum=0)
+        k = self.s.shape[0]
+        # teacher, two weight matrices and their gradients and optimizer copies, float64
+        V.fits_in_memory(f"a teacher of {self.n_out} x {self.n_in} with {k} modes",
+                         8 * 6 * (self.n_out * self.n_in + k * (self.n_in + self.n_out)))
 
     @property
     def teacher(self) -> Teacher:
