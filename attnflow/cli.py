@@ -67,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("reproduce", help="run the headline experiment of each package")
     rp.add_argument("--all", action="store_true", help="run every registered experiment")
     _common(rp)
+    c = sub.add_parser("cache", help="where the compilation cache is, its size; --clear empties it")
+    c.add_argument("--clear", action="store_true", help="delete the cached compiled programs")
+    c.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     return p
 
 
@@ -174,11 +177,25 @@ def _main(args) -> tuple[int, Path | None]:
         from ._io import DATA_ENV
 
         os.environ[DATA_ENV] = str(Path(args.data_dir).resolve())  # read by attnflow.data_path
+    from .cache import cache_dir, clear_compilation_cache, use_compilation_cache
+
+    if args.command == "cache":
+        folder = cache_dir()
+        if folder is None:
+            print("compilation cache: off ($ATTNFLOW_CACHE)")
+            return EXIT_OK, None
+        if args.clear:
+            print(f"compilation cache {folder}: removed {clear_compilation_cache(folder)} file(s)")
+            return EXIT_OK, None
+        files = [p for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else []
+        print(f"compilation cache {folder}: {len(files)} file(s), {sum(p.stat().st_size for p in files) / 2**20:.1f} MiB")
+        return EXIT_OK, None
     from .ode import enable_x64
     from .registry import get_experiment, headline, load_all
     from .report import config_from
 
     enable_x64()  # theory runs in float64: enabled here, at the entry point
+    use_compilation_cache()  # JAX's persistent cache: later runs skip most compilation ($ATTNFLOW_CACHE)
     if args.command == "list":
         for e in load_all().values():
             mark = "*" if e.headline else " "

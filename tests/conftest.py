@@ -1,4 +1,6 @@
-"""Test entry point: float64 on (the package never switches it on at import), and the data folder.
+"""Test entry point: float64 on (the package never switches it on at import), JAX's persistent
+compilation cache on (in attnflow's cache folder, for this process and the subprocesses the tests
+start; ``ATTNFLOW_CACHE=off`` turns it off), and the data folder.
 
 Real-data tests read the corpora beside the checkout, in ``../shared/data``: this file points
 ``$ATTNFLOW_DATA`` there when the folder exists (tests that need it skip with a message when it
@@ -12,7 +14,13 @@ import jax
 import pytest
 from jaxtyping import install_import_hook
 
+from attnflow.cache import MIN_COMPILE_SECONDS, use_compilation_cache
+
 jax.config.update("jax_enable_x64", True)
+_CACHE = use_compilation_cache()
+if _CACHE is not None:  # subprocesses (docs blocks, examples, the CLI) read these at import
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(_CACHE)
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = str(MIN_COMPILE_SECONDS)
 
 # the shapes stated in the signatures of these modules are checked at run time in the tests
 with install_import_hook(["attnflow.analysis"], "beartype.beartype"):

@@ -316,3 +316,18 @@ def test_nan_observables_are_errors_in_simulate_as_in_integrate():
                     observe=lambda p: {"logw": jnp.log(p["w"][0])})
     with pytest.raises(af.DivergenceError, match="observable 'y' became non-finite.*state stayed finite"):
         af.integrate(lambda t, y, a: -y, jnp.ones(1), 1.0, observe=lambda t, y, a: {"y": jnp.log(y - 0.5)})
+
+
+def test_compilation_cache_folder_and_switch(tmp_path, monkeypatch):
+    from attnflow import cache
+
+    monkeypatch.setenv("ATTNFLOW_CACHE", "off")
+    assert cache.cache_dir() is None and cache.use_compilation_cache() is None
+    monkeypatch.setenv("ATTNFLOW_CACHE", str(tmp_path / "c"))
+    assert cache.cache_dir() == tmp_path / "c"
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "entry").write_bytes(b"x")
+    assert cache.clear_compilation_cache() == 1 and not (tmp_path / "c").exists()
+    monkeypatch.delenv("ATTNFLOW_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache.cache_dir() == tmp_path / "xdg" / "attnflow" / "jax"
