@@ -66,6 +66,7 @@ from .simulate import OnlineSGD as OnlineSGD
 from .simulate import TrainingMode as TrainingMode
 from .simulate import check_divergence as check_divergence
 from .simulate import simulate as simulate
+from .sweep import SweepError as SweepError
 from .sweep import SweepResult as SweepResult
 from .sweep import sweep as sweep
 from .sweep import use_cpu_cores as use_cpu_cores
@@ -74,7 +75,7 @@ from .trajectory import compare as compare
 
 __all__ = [
     "AbstractSetup", "CompileCount", "DivergenceError", "FullBatch", "GaussianBank", "LinearGrid", "LogGrid",
-    "MaxStepsError", "Minibatch", "OnlineSGD", "Report", "SaveGrid", "SolverOptions", "SweepResult", "TimeGrid",
+    "MaxStepsError", "Minibatch", "OnlineSGD", "Report", "SaveGrid", "SolverOptions", "SweepError", "SweepResult", "TimeGrid",
     "Trajectory", "TrainingMode", "UnrolledTsit5", "analysis", "as_data", "check_divergence", "clear_compilation_cache", "compare", "count_compilations", "data_path",
     "detect_plateaus", "enable_x64", "escape_time", "expect", "family", "first_crossing", "fit_line", "fit_power_law",
     "fixed_point", "gauss_hermite", "gradient_flow", "growth_rate", "heatmap", "integrate", "jacobian",

@@ -184,7 +184,8 @@ def register(name: str, *, config: type, description: str, headline: bool = Fals
     def deco(fn):
         if name in _REGISTRY and _REGISTRY[name].fn.__qualname__ != fn.__qualname__:
             raise ValueError(f"experiment {name!r} is registered twice")
-        package = fn.__module__.split(".")[1] if fn.__module__.count(".") >= 1 else fn.__module__
+        module = getattr(fn, "__module__", None) or "__main__"
+        package = module.split(".")[1] if module.startswith("attnflow.") else module
         _REGISTRY[name] = Experiment(name, fn, config, description, package, headline)
         return fn
 

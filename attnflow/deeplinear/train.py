@@ -36,7 +36,7 @@ def train(setup: Setup, t1: float, *, key: Any = 0, dt: float = 0.01, batch: int
     `attnflow.deeplinear.OBSERVABLES` at the save grid (default `DEFAULT_TRAIN_SAVE`, in time
     units). A diverging run raises `attnflow.DivergenceError` naming the step.
 
-    Compiled once per (``t1 / dt``, save grid, ``batch``, sizes): new learning rates, mode
+    Compiled once per (``t1``, ``dt``, save grid, ``batch``, sizes): new learning rates, mode
     strengths or initial strengths reuse it; ``key`` may be traced (a sweep over seeds).
     """
     if not isinstance(setup, Setup):
