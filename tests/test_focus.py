@@ -1,4 +1,7 @@
-"""attnflow.focus: reference values, gradients, flows, reduced ODE, corpus estimation, bad input."""
+"""attnflow.focus: protocol (Setup / solve / train / OBSERVABLES), reference values, gradients,
+flows, reduced ODE, Stage IV, corpus estimation, bad input."""
+
+import json
 
 import jax
 import jax.numpy as jnp
@@ -6,271 +9,452 @@ import numpy as np
 import pytest
 
 import attnflow as af
-from attnflow.focus.data import MarkovChain, perturbed_pi
-from attnflow.focus.metrics import detect_plateaus, growth_rate, kl_to_pi, token_entropy
-from attnflow.focus.model import OneLayerAttention, next_token_loss
-from attnflow.focus.theory import (attention, attention_rate, attention_rate_lazy, conserved, critical_point_c1, init_theta,
-                                   population_flow, population_grads, population_loss, reduced_conserved, reduced_field,
-                                   reduced_from_theta, sigma, theta_from_reduced)
+from attnflow import focus
 
-PI = (0.75, 0.19, 0.05, 0.01)
+PI = focus.SYNTHETIC_PI
+SMALL = {"m": 4, "mk": 4}  # widths of the quick flows
 
 
 @pytest.fixture(scope="module")
 def chain():
-    return MarkovChain.lazy(PI, 0.5)
+    return focus.MarkovChain.lazy(PI, 0.5)
 
 
+# ----------------------------------------------------------------------------- protocol
+def test_protocol_defaults_solve_and_train_agree():
+    """Defaults only: the population flow and finite-context SGD from the same draw agree to the
+    documented tolerance on loss, entropy and the spectrum of W0."""
+    s = focus.Setup()
+    T = focus.REFERENCE_T
+    th = focus.solve(s, T)
+    sim = focus.train(s, T, key=0)
+    assert set(th.names) == set(sim.names) == set(focus.OBSERVABLES)
+    # the same initial draw theta0
+    for k in ("loss", "norm_M", "sv_W0", "A"):
+        np.testing.assert_allclose(th[k][0], sim[k][0], rtol=1e-12, atol=1e-15)
+    gaps = af.compare(th, sim)
+    for name, tol in focus.TOLERANCE.items():
+        assert gaps[name] < tol, (name, gaps[name], tol)
+    # the run went somewhere: Stage I is over, the loss sits near H(pi) in both
+    H = float(s.chain.entropy())
+    assert abs(float(th["loss"][-1]) - H) < 0.01 and abs(float(sim["loss"][-1]) - H) < 0.02
+
+
+def test_new_numbers_compile_nothing():
+    """A new tau, eta, eps or chain (lam) reuses the compiled solve and train."""
+    s = focus.Setup(**SMALL)
+    focus.solve(s, 20.0)
+    focus.train(s, 1.0, key=0, context=16, batch=8, save=af.LinearGrid(3))
+    with af.count_compilations() as c:
+        a = focus.solve(s.replace(tau=1.3), 20.0)
+        b = focus.solve(s.replace(eta=0.5, eps=2e-3), 20.0)
+        lam = focus.solve(focus.Setup(chain=focus.MarkovChain.lazy(PI, 0.7), **SMALL), 20.0)
+        focus.train(s.replace(eta=0.7, tau=1.2), 1.0, key=3, context=16, batch=8, save=af.LinearGrid(3))
+    assert c.n == 0
+    assert float(a["loss"][-1]) != float(b["loss"][-1]) != float(lam["loss"][-1])
+    # eta rescales the clock: the flow with eta = 0.5 at t = 20 is the flow with eta = 1 at t = 10
+    ref = focus.solve(s.replace(eps=2e-3), 10.0, save=af.LinearGrid(2))
+    assert float(b["loss"][-1]) == pytest.approx(float(ref["loss"][-1]), abs=1e-7)
+
+
+def test_setup_and_key_are_sweepable():
+    """lam inside a sweep (traced chain), and seeds of train inside a sweep (traced key)."""
+
+    def final_loss(lam):
+        s = focus.Setup(chain=focus.MarkovChain.lazy(PI, lam), **SMALL)
+        return focus.solve(s, 30.0, save=af.LinearGrid(2)).final()["loss"]
+
+    res = af.sweep(final_loss, {"lam": np.array([0.3, 0.9])}, progress=False)
+    for lam, v in zip((0.3, 0.9), np.asarray(res.values), strict=True):
+        one = focus.solve(focus.Setup(chain=focus.MarkovChain.lazy(PI, lam), **SMALL), 30.0, save=af.LinearGrid(2))
+        assert float(v) == pytest.approx(float(one["loss"][-1]), rel=1e-9)
+    s = focus.Setup(**SMALL)
+    sims = af.sweep(
+        lambda seed: focus.train(s, 1.0, key=seed, context=16, batch=8, save=af.LinearGrid(3))["loss"],
+        {"seed": np.arange(2)},
+        progress=False,
+    ).values
+    np.testing.assert_allclose(sims[:, 0], sims[0, 0])  # same theta0
+    assert float(jnp.abs(sims[0, -1] - sims[1, -1])) > 0  # different draws
+    np.testing.assert_allclose(
+        sims[1], focus.train(s, 1.0, key=1, context=16, batch=8, save=af.LinearGrid(3))["loss"], rtol=1e-10
+    )
+
+
+def test_nested_observe_on_solve_and_train():
+    """A user observe returning nested dicts is flattened to dotted names, on both verbs."""
+
+    def extra(theta, setup):
+        return {"conserved": focus.conserved(theta), "rank": {"W0": focus.effective_rank(theta["W0"])}}
+
+    s = focus.Setup(**SMALL)
+    th = focus.solve(s, 5.0, observe=extra, save=af.LinearGrid(5))
+    sim = focus.train(s, 5.0, key=0, context=16, batch=8, observe=extra, save=af.LinearGrid(5))
+    for tr in (th, sim):
+        assert {"conserved.C_m", "conserved.C_k", "rank.W0"} <= set(tr.names)
+        assert tr["conserved.C_m"].shape == (5, 4, 4)
+    np.testing.assert_allclose(th["conserved.C_m"][0], sim["conserved.C_m"][0], atol=1e-18)
+    with pytest.raises(ValueError, match="already recorded"):
+        focus.solve(s, 5.0, observe=lambda theta, setup: {"loss": theta["W0"]})
+
+
+# ----------------------------------------------------------------------------- reference values and gradients
 def test_reference_values(chain):
-    """Spec section 10."""
-    th = init_theta(0, 4, eps=1e-6)
-    assert float(population_loss(th, chain)) == pytest.approx(np.log(4), abs=1e-9)
+    th = focus.init_theta(0, 4, eps=1e-6)
+    assert float(focus.population_loss(th, chain)) == pytest.approx(np.log(4), abs=1e-9)
     assert round(float(chain.entropy()), 4) == 0.7271
-    assert round(2 * float(sigma(chain.pi)), 4) == 0.9190
-    c1 = critical_point_c1(chain.pi, jnp.eye(16)[0])
+    assert round(2 * float(focus.sigma(chain.pi)), 4) == 0.9190
+    c1 = focus.critical_point_c1(chain.pi, jnp.eye(16)[0])
     assert round(float(c1["a2"]), 3) == 4.124
-    assert round(float(attention_rate_lazy(chain.pi, 0.5, 1.0)), 4) == 0.0798
-    # the loss on the condensation plateau is H(pi); pi-weighted entropy at init is H(pi)
-    theta_c1 = {k: c1[k] for k in ("W0", "W1", "WQ", "WK")}
-    assert float(population_loss(theta_c1, chain)) == pytest.approx(float(chain.entropy()), abs=1e-12)
-    assert float(token_entropy(attention(th, chain.pi), chain.pi)) == pytest.approx(float(chain.entropy()), abs=1e-9)
-    # at theta_c^1 the output is the unigram: G_M = 0
-    g = population_grads(theta_c1, chain)
+    assert round(float(focus.attention_rate_lazy(chain.pi, 0.5, 1.0)), 4) == 0.0798
+    theta_c1 = {k: c1[k] for k in focus.PARAMETERS}
+    assert float(focus.population_loss(theta_c1, chain)) == pytest.approx(float(chain.entropy()), abs=1e-12)
+    A0 = focus.attention(th, chain.pi)
+    assert float(focus.token_entropy(A0, chain.pi)) == pytest.approx(float(chain.entropy()), abs=1e-9)
+    g = focus.population_grads(theta_c1, chain)
     assert max(float(jnp.max(jnp.abs(v))) for v in g.values()) < 1e-12
+    pred = focus.stage_predictions(focus.Setup())
+    assert float(pred["c"]) == pytest.approx(0.0798, abs=5e-5) and float(pred["sigma"]) == pytest.approx(
+        0.4595, abs=1e-4
+    )
+    assert float(pred["T_I"]) == pytest.approx(np.log(1e3) / float(pred["sigma"]), rel=1e-12)
 
 
 @pytest.mark.parametrize("lam", [0.5, 0.9, -0.005])
 def test_general_rate_equals_lazy_closed_form(lam):
-    ch = MarkovChain.lazy(PI, lam)
-    c1 = critical_point_c1(ch.pi, jnp.ones(3))
-    general = attention_rate(ch.pi, ch.P, 2.0, c1["gamma"], c1["beta"])
-    assert float(general) == pytest.approx(float(attention_rate_lazy(ch.pi, lam, 2.0)), rel=1e-12, abs=1e-15)
+    ch = focus.MarkovChain.lazy(PI, lam)
+    c1 = focus.critical_point_c1(ch.pi, jnp.ones(3))
+    general = focus.attention_rate(ch.pi, ch.P, 2.0, c1["gamma"], c1["beta"])
+    assert float(general) == pytest.approx(float(focus.attention_rate_lazy(ch.pi, lam, 2.0)), rel=1e-12, abs=1e-15)
 
 
 def test_closed_form_gradients_equal_autodiff(chain):
     for scale in (1.0, 300.0):
-        th = jax.tree_util.tree_map(lambda x: scale * x, init_theta(1, 4, m=5, mk=3))
-        g1, g2 = population_grads(th, chain, 1.3), jax.grad(population_loss)(th, chain, 1.3)
+        th = jax.tree_util.tree_map(lambda x: scale * x, focus.init_theta(1, 4, m=5, mk=3))
+        g1, g2 = focus.population_grads(th, chain, 1.3), jax.grad(focus.population_loss)(th, chain, 1.3)
         for k in g1:
             np.testing.assert_allclose(g1[k], g2[k], rtol=1e-10, atol=1e-14)
     from jax.test_util import check_grads
 
-    check_grads(lambda W0: population_loss({**th, "W0": W0}, chain), (th["W0"] / 300,), order=2, atol=1e-5, rtol=1e-5)
+    check_grads(
+        lambda W0: focus.population_loss({**th, "W0": W0}, chain), (th["W0"] / 300,), order=2, atol=1e-5, rtol=1e-5
+    )
 
 
-def test_flow_loss_monotone_conserved_and_condenses(chain):
-    th = init_theta(2, 4, m=6, mk=6, eps=1e-3)
-    obs = lambda t, th, a: {"loss": population_loss(th, chain), **conserved(th), "M": jnp.linalg.norm(th["W0"] @ th["W1"]),
-                            "cos": jnp.abs(jnp.linalg.svd(th["W0"])[0][:, 0] @ chain.pi) / jnp.linalg.norm(chain.pi)}
-    tr = population_flow(th, chain, 60.0, observe=obs, n_save=120, spacing="linear")
+# ----------------------------------------------------------------------------- flows
+def _stage_one_extras(theta, setup):
+    return {**focus.conserved(theta), "cos": focus.condensation(theta, setup.chain.pi)["cos_W0_pi"]}
+
+
+def test_flow_loss_monotone_conserved_and_condenses():
+    s = focus.Setup(m=6, mk=6, init_seed=2)
+    tr = focus.solve(s, 60.0, observe=_stage_one_extras, save=af.LinearGrid(120))
     L = np.asarray(tr["loss"])
     assert np.all(np.diff(L) <= 1e-12)
     for k in ("C_m", "C_k"):
-        assert float(jnp.max(jnp.abs(tr[k] - tr[k][0]))) < 1e-9  # solver tolerance (rtol 1e-9)
+        assert float(jnp.max(jnp.abs(tr[k] - tr[k][0]))) < 1e-9
     # Stage I: |M| grows at 2 sigma; W0 condenses on pi; the loss reaches H(pi)
-    rate = growth_rate(tr.ts, tr["M"], 30 * float(tr["M"][0]), 1e-2)
-    assert rate == pytest.approx(2 * float(sigma(chain.pi)), rel=0.03)
-    assert float(np.min(np.abs(L - float(chain.entropy())))) < 2e-3
-    i = int(np.argmin(np.abs(L - float(chain.entropy()))))
-    assert float(tr["cos"][i]) > 0.999
+    assert focus.stage_one_rate(tr) == pytest.approx(2 * float(focus.sigma(s.chain.pi)), rel=0.03)
+    H = float(s.chain.entropy())
+    assert float(np.min(np.abs(L - H))) < 2e-3
+    assert float(tr["cos"][int(np.argmin(np.abs(L - H)))]) > 0.999
 
 
-def test_reduced_ode_conserves_and_matches_full_flow_on_rank_one_manifold(chain):
+def _rank_one_coords(theta, setup):
+    return {
+        "gamma": theta["W0"][:, 0],
+        "beta": theta["W1"][0],
+        "lam_q": theta["WQ"][0, 0],
+        "rest": jnp.linalg.norm(theta["W0"][:, 1:]),
+    }
+
+
+def test_reduced_ode_conserves_and_matches_full_flow_on_rank_one_manifold():
     key = jax.random.PRNGKey(3)
-    y0 = {"gamma": 0.01 * jax.random.normal(key, (4,)), "beta": 0.01 * jax.random.normal(jax.random.PRNGKey(4), (4,)),
-          "lam_q": jnp.array(0.02), "lam_k": jnp.array(0.015)}
-    args = {"chain": chain, "tau": 1.0}
-    ts = jnp.linspace(0, 150, 31)
-    red = af.integrate(reduced_field, y0, 150.0, args=args, ts=ts, rtol=1e-11, atol=1e-13,
-                       observe=lambda t, y, a: {**reduced_conserved(y), **y})
+    y0 = {
+        "gamma": 0.01 * jax.random.normal(key, (4,)),
+        "beta": 0.01 * jax.random.normal(jax.random.PRNGKey(4), (4,)),
+        "lam_q": jnp.array(0.02),
+        "lam_k": jnp.array(0.015),
+    }
+    s = focus.Setup(m=3, mk=3)
+    grid, tight = af.LinearGrid(31), af.SolverOptions(rtol=1e-11, atol=1e-13)
+    red = af.integrate(
+        focus.reduced_field,
+        y0,
+        150.0,
+        args=s,
+        save=grid,
+        solver=tight,
+        observe=lambda t, y, a: {**focus.reduced_conserved(y), **y},
+    )
     for k in ("qk", "norms"):
         assert float(jnp.max(jnp.abs(red[k] - red[k][0]))) < 1e-11
     # the full flow started on the rank-one manifold (m = mk = 3, embedded along e_1) stays on it
     e = jnp.eye(3)[0]
-    th0 = {"W0": jnp.outer(y0["gamma"], e), "W1": jnp.outer(e, y0["beta"]), "WQ": y0["lam_q"] * jnp.outer(e, e),
-           "WK": y0["lam_k"] * jnp.outer(e, e)}
-    full = population_flow(th0, chain, 150.0, ts=ts, rtol=1e-11, atol=1e-13,
-                           observe=lambda t, th, a: {"gamma": th["W0"][:, 0], "beta": th["W1"][0], "lam_q": th["WQ"][0, 0],
-                                                     "rest": jnp.linalg.norm(th["W0"][:, 1:])})
+    th0 = {
+        "W0": jnp.outer(y0["gamma"], e),
+        "W1": jnp.outer(e, y0["beta"]),
+        "WQ": y0["lam_q"] * jnp.outer(e, e),
+        "WK": y0["lam_k"] * jnp.outer(e, e),
+    }
+    full = focus.solve(s, 150.0, theta0=th0, save=grid, solver=tight, observe=_rank_one_coords)
     for k in ("gamma", "beta", "lam_q"):
         np.testing.assert_allclose(full[k], red[k], rtol=1e-7, atol=1e-10)
     assert float(jnp.max(full["rest"])) == 0.0
-    assert float(red["loss" if "loss" in red else "lam_q"][-1]) != float(y0["lam_q"])  # it moved
-    # helpers round-trip
-    back = reduced_from_theta(theta_from_reduced(y0))
+    assert abs(float(red["lam_q"][-1]) - float(y0["lam_q"])) > 1e-4  # it moved
+    back = focus.reduced_from_theta(focus.theta_from_reduced(y0))
     assert all(bool(jnp.all(back[k] == y0[k])) for k in y0)
 
 
+def test_stage_two_rate_from_critical_point(chain):
+    """Started on theta_c^1 with O(eps) attention weights, q+ grows at c (R3, R4)."""
+    c1 = focus.critical_point_c1(chain.pi, jnp.eye(4)[0])
+    s = focus.Setup(**SMALL)
+    th0 = s.theta0()
+    theta = {"W0": c1["W0"], "W1": c1["W1"], "WQ": th0["WQ"], "WK": th0["WK"]}
+    tr = focus.solve(s, 60.0, theta0=theta, save=af.LinearGrid(121))
+    q = np.asarray(tr["q_plus"])
+    assert af.growth_rate(tr.ts, q, 10 * q[0], 0.05) == pytest.approx(
+        float(focus.attention_rate_lazy(chain.pi, 0.5)), rel=0.01
+    )
+
+
 def test_population_loss_vs_finite_context_monte_carlo(chain):
-    th = jax.tree_util.tree_map(lambda x: 400 * x, init_theta(5, 4, m=4, mk=4))
-    model = OneLayerAttention(th["W0"], th["W1"], th["WQ"], th["WK"], 1.0)
-    seqs = chain.sample(jax.random.PRNGKey(0), 4096, 2049, init="pi")
-    per = jax.vmap(lambda s: next_token_loss(model, s[None]))(seqs)
+    th = jax.tree_util.tree_map(lambda x: 400 * x, focus.init_theta(5, 4, m=4, mk=4))
+    model = focus.OneLayerAttention.from_theta(th, 1.0)
+    seqs = chain.sample(jax.random.PRNGKey(0), 4096, 2049, start="pi")
+    per = jax.vmap(lambda s: focus.next_token_loss(model, s[None]))(seqs)
     mc, se = float(jnp.mean(per)), float(jnp.std(per) / np.sqrt(per.size))
-    pop = float(population_loss(th, chain))
+    pop = float(focus.population_loss(th, chain))
     assert abs(mc - pop) < 4 * se + 5e-3, (mc, pop, se)  # sampling error plus the O(1/s) finite-context bias
+    A_emp = focus.empirical_attention(model, seqs[:256])
+    np.testing.assert_allclose(A_emp.sum(1), 1.0, atol=1e-12)
 
 
+# ----------------------------------------------------------------------------- data
 def test_markov_sampling_statistics(chain):
-    seqs = chain.sample(jax.random.PRNGKey(1), 512, 400, init="pi")
-    x = np.asarray(seqs)
-    freq = np.bincount(x.ravel(), minlength=4) / x.size
-    np.testing.assert_allclose(freq, PI, atol=0.01)
+    x = np.asarray(chain.sample(jax.random.PRNGKey(1), 512, 400, start="pi"))
+    np.testing.assert_allclose(np.bincount(x.ravel(), minlength=4) / x.size, PI, atol=0.01)
     pairs = np.zeros((4, 4))
     np.add.at(pairs, (x[:, :-1].ravel(), x[:, 1:].ravel()), 1)
     np.testing.assert_allclose(pairs / pairs.sum(1, keepdims=True), chain.P, atol=0.02)
+    first = np.asarray(chain.sample(jax.random.PRNGKey(2), 4000, 2))[:, 0]
+    np.testing.assert_allclose(np.bincount(first, minlength=4) / first.size, 0.25, atol=0.03)  # uniform start
 
 
 def test_reversible_chain_and_perturbation():
-    ch = MarkovChain.reversible(PI, key=3)
+    ch = focus.MarkovChain.reversible(PI, key=3)
     J = ch.pi[:, None] * ch.P
     np.testing.assert_allclose(J, J.T, atol=1e-10)
     np.testing.assert_allclose(ch.pi @ ch.P, ch.pi, atol=1e-10)
-    p = perturbed_pi(0.75, 4, 0.01)
-    np.testing.assert_allclose(p, [0.75, 0.25 / 3 + 0.01, 0.25 / 3, 0.25 / 3 - 0.01], atol=1e-15)
+    # traceable: a vmap over keys gives the same chains
+    Ps = jax.vmap(lambda k: focus.MarkovChain.reversible(PI, key=k).P)(jnp.arange(2, 4))
+    np.testing.assert_allclose(Ps[1], ch.P, rtol=1e-12)
+    np.testing.assert_allclose(
+        focus.perturbed_pi(0.75, 4, 0.01), [0.75, 0.25 / 3 + 0.01, 0.25 / 3, 0.25 / 3 - 0.01], atol=1e-15
+    )
+    traced = jax.jit(lambda dl: focus.perturbed_pi(0.75, 4, dl))(0.01)
+    np.testing.assert_allclose(traced, focus.perturbed_pi(0.75, 4, 0.01), atol=1e-15)
 
 
-def test_from_corpus_exact_counts():
-    text = "abab\n\nbba"
-    cc = MarkovChain.from_corpus(text, tokenizer="char", top_k=2, alpha=0.5)
+def test_corpus_chain_exact_counts():
+    cc = focus.CorpusChain.from_text("abab\n\nbba", tokenizer=focus.Characters(), top_k=2, alpha=0.5)
     assert cc.vocab == ["b", "a", "<other>"]  # b: 4, a: 3 (ties by first appearance)
-    # bigrams within documents: "abab" -> ab, ba, ab ; "bba" -> bb, ba
-    want = np.zeros((3, 3))
-    want[1, 0] = 2  # a->b
-    want[0, 1] = 2  # b->a
-    want[0, 0] = 1  # b->b
+    want = np.zeros((3, 3))  # bigrams within documents: ab, ba, ab | bb, ba
+    want[1, 0] = 2
+    want[0, 1] = 2
+    want[0, 0] = 1
     np.testing.assert_array_equal(cc.bigram_counts, want)
     np.testing.assert_allclose(cc.chain.P, (want + 0.5) / (want.sum(1, keepdims=True) + 1.5), rtol=1e-12)
     np.testing.assert_array_equal(cc.unigram, [4 / 7, 3 / 7, 0.0])
     with pytest.raises(ValueError, match="never has a successor"):
-        MarkovChain.from_corpus("ab ab", tokenizer="word", top_k=1, alpha=0.0)
-    cc = MarkovChain.from_corpus("the cat the dog\n\nthe end", tokenizer="word", top_k=2, alpha=0.5)
-    assert cc.vocab[0] == "the" and cc.chain.d == 3
+        focus.CorpusChain.from_text("ab ab", tokenizer=focus.Words(), top_k=1, alpha=0.0)
+    cc = focus.CorpusChain.from_text("the cat the dog\n\nthe end", tokenizer=focus.Words(), top_k=2)
+    assert cc.vocab[0] == "the" and cc.chain.d == 3 and cc.diagnostics["tokens"] == 6
     np.testing.assert_allclose(cc.chain.pi @ cc.chain.P, cc.chain.pi, atol=1e-12)
-    assert cc.diagnostics["tokens"] == 6
 
 
-def test_from_shared_corpus(shared_data):
-    text = (shared_data / "tinyshakespeare.txt").read_text()[:200_000]
-    cc = MarkovChain.from_corpus(text, tokenizer="char", top_k=16)
+def test_corpus_from_data_dir(shared_data):
+    cc = focus.CorpusChain.from_file("tinyshakespeare.txt", data_dir=shared_data, max_chars=200_000, top_k=16)
     assert cc.chain.d == 17 and cc.vocab[0] == " "
     assert cc.diagnostics["l1_pi_vs_unigram"] < 0.05
+    w = cc.windows(jax.random.PRNGKey(0), 3, 9)
+    assert w.shape == (3, 9) and int(w.max()) <= 16
 
 
-def test_metrics_and_stage_tools():
+def test_corpus_missing_file_names_both_places(tmp_path, monkeypatch):
+    monkeypatch.delenv("ATTNFLOW_DATA", raising=False)
+    with pytest.raises(FileNotFoundError, match=r"data_dir = .*ATTNFLOW_DATA"):
+        focus.CorpusChain.from_file("no_such_corpus.txt", data_dir=tmp_path)
+
+
+def test_train_on_a_token_stream():
+    """train with tokens= uses random windows of the stream (here a chain's own sample)."""
+    s = focus.Setup(**SMALL)
+    tokens = np.asarray(s.chain.sample(jax.random.PRNGKey(0), 1, 5000)[0])
+    sim = focus.train(s, 2.0, key=0, tokens=tokens, context=16, batch=8, save=af.LinearGrid(3))
+    assert sim.meta["data"] == "token stream" and np.all(np.isfinite(sim["loss"]))
+
+
+# ----------------------------------------------------------------------------- metrics
+def test_metrics():
     pi = jnp.array(PI)
     A = jnp.tile(pi, (4, 1))
-    assert float(token_entropy(A, pi)) == pytest.approx(float(-(pi * jnp.log(pi)).sum()))
-    np.testing.assert_allclose(kl_to_pi(A, pi), 0.0, atol=1e-15)
-    t = np.linspace(0, 10, 101)
-    assert growth_rate(t, 1e-4 * np.exp(0.7 * t), 1e-3, 1e-1) == pytest.approx(0.7, rel=1e-9)
-    ts = np.geomspace(1e-2, 1e3, 200)
-    loss = 1.0 + 0.5 * np.tanh(-(np.log(ts) - np.log(10)) * 3)
-    pl = detect_plateaus(ts, loss, rel_tol=1e-3)
-    assert len(pl) == 2 and pl[0]["level"] == pytest.approx(1.5, abs=1e-3) and pl[1]["level"] == pytest.approx(0.5, abs=1e-3)
+    H = float(-(pi * jnp.log(pi)).sum())
+    assert float(focus.token_entropy(A, pi)) == pytest.approx(H)
+    np.testing.assert_allclose(focus.token_entropy(A), H)  # per query
+    np.testing.assert_allclose(focus.kl_to_pi(A, pi), 0.0, atol=1e-15)
+    W = jnp.diag(jnp.array([2.0, 1.0, 1.0]))
+    assert float(focus.participation_ratio(W)) == pytest.approx(16 / 6)
+    p = np.array([0.5, 0.25, 0.25])
+    assert float(focus.effective_rank(W)) == pytest.approx(np.exp(-(p * np.log(p)).sum()))
+    # D is the sum of the per-token coordinates rho gamma_1 - pi_1 gamma_i (d - 1 times each when symmetric)
+    gamma = jnp.array([1.0, -0.2, -0.2, -0.2])
+    red = focus.redistribution(
+        {"W0": gamma[:, None], "W1": jnp.ones((1, 4)), "WQ": jnp.ones((1, 1)), "WK": jnp.ones((1, 1))}, pi
+    )
+    rho = 0.25 / 3
+    np.testing.assert_allclose(red["D_token"], rho * 1.0 - 0.75 * -0.2, rtol=1e-12)
+    assert float(red["D"]) == pytest.approx(3 * float(red["D_token"][0]), rel=1e-12)
+    assert float(red["D"]) == pytest.approx(0.25 * 1.0 - 0.75 * -0.6, rel=1e-12)
 
 
-def test_bad_input():
-    with pytest.raises(ValueError, match="row 1 sums"):
-        MarkovChain([0.5, 0.5], [[0.5, 0.5], [0.7, 0.4]])
-    with pytest.raises(ValueError, match=r"entry \(0, 1\)"):
-        MarkovChain([0.5, 0.5], [[1.2, -0.2], [0.5, 0.5]])
-    with pytest.raises(ValueError, match="not stationary"):
-        MarkovChain([0.6, 0.4], [[0.5, 0.5], [0.5, 0.5]])
-    with pytest.raises(ValueError, match="entry 1 is"):
-        MarkovChain([1.0, 0.0], [[1.0, 0.0], [0.0, 1.0]])
-    with pytest.raises(ValueError, match="lam must lie"):
-        MarkovChain.lazy(PI, -0.5)
-    with pytest.raises(ValueError, match="tokenizer"):
-        MarkovChain.from_corpus("abc", tokenizer="bpe")
-    with pytest.raises(ValueError, match="non-empty"):
-        MarkovChain.from_corpus("   ")
-    with pytest.raises(ValueError, match="non-positive"):
-        perturbed_pi(0.75, 4, 0.2)
+def test_stage_sequence_alternates_transitions_and_plateaus():
+    rows = focus.stage_sequence(
+        [{"t_start": 1.0, "t_end": 3.0, "level": 0.9}, {"t_start": 5.0, "t_end": 8.0, "level": 0.5}],
+        10.0,
+        {0: (1.0, 1.1), 1: (2.0, 2.1)},
+    )
+    assert [r[0] for r in rows] == ["transition 1", "plateau 1", "transition 2", "plateau 2", "transition 3"]
+    assert rows[2][1:3] == [3.0, 5.0] and rows[2][4:] == [None, None]
+    assert rows[1][4:] == [1.0, 1.1] and rows[3][3:] == [0.5, 2.0, 2.1]
 
 
-def test_stage_two_rate_from_critical_point(chain):
-    """Started on theta_c^1 with O(eps) attention weights, q+ = |a1^T (WQ + WK)|/sqrt2 grows at c (spec 5.2)."""
-    from attnflow.focus.metrics import redistribution
-
-    c1 = critical_point_c1(chain.pi, jnp.eye(4)[0])
-    th0 = init_theta(0, 4, m=4, mk=4)
-    theta = {"W0": c1["W0"], "W1": c1["W1"], "WQ": th0["WQ"], "WK": th0["WK"]}
-    ts = jnp.linspace(0, 60, 121)
-    tr = population_flow(theta, chain, 60.0, ts=ts, observe=lambda t, th, a: redistribution(th, chain.pi))
-    q = np.asarray(tr["q_plus"])
-    rate = growth_rate(tr.ts, q, 10 * q[0], 0.05)
-    assert rate == pytest.approx(float(attention_rate_lazy(chain.pi, 0.5, 1.0)), rel=0.01)
-    # the stable partner decays
-    assert float(tr["q_minus"][20]) < float(tr["q_minus"][0])
-
-
-def test_focus_cli_experiment_runs(tmp_path):
-    from attnflow.cli import main
-
-    rc = main(["run", "focus-rates", "--set", "lams=[0.5]", "--set", "taus=[1.0]", "--set", "m=4", "--set", "mk=4",
-               "--out", str(tmp_path), "--quiet"])
-    assert rc == 0
-    import json
-
-    summary = json.loads((tmp_path / "focus-rates" / "summary.json").read_text())
-    assert summary["passed"]
-    row = summary["summary"]["rows: lambda, tau, 2sigma predicted, 2sigma measured, c predicted (closed form), c measured from theta_c^1"][0]
-    assert abs(row[5] / row[4] - 1) < 0.01
+# ----------------------------------------------------------------------------- critical points
+def _weights(theta, setup):
+    return theta
 
 
 @pytest.mark.parametrize("delta", [0.0, 0.02])
 def test_degenerate_point_and_transverse_rate(delta):
-    """Spec 5.4: at delta = 0, G_M = G_Phi = 0 on the Stage IV plateau; at delta != 0, a full
-    jax.hessian reproduces mu_perp = s_max(G_M(theta_delta))."""
+    """At delta = 0, G_M = G_Phi = 0 on the Stage IV plateau; at delta != 0 a full jax.hessian
+    reproduces mu_perp = s_max(G_M(theta_delta)). A repeated call compiles nothing."""
     from jax.flatten_util import ravel_pytree
 
-    from attnflow.focus.theory import degenerate_point, gradient_blocks, rank_one_part, transverse_rate
-
-    ch = MarkovChain.lazy(perturbed_pi(0.75, 4, delta), 0.5)
-    tr = population_flow(init_theta(0, 4, 4, 4), ch, 600.0, ts=jnp.array([0.0, 600.0]), observe=lambda t, th, a: th)
-    y = degenerate_point(ch, warm_start=rank_one_part(jax.tree_util.tree_map(lambda x: x[-1], tr.ys)))
-    G_M, G_Phi = gradient_blocks(theta_from_reduced(y), ch, 1.0)
+    s = focus.Setup(chain=focus.MarkovChain.lazy(focus.perturbed_pi(0.75, 4, delta), 0.5), **SMALL)
+    final = focus.solve(s, 600.0, save=af.LinearGrid(2), observe=_weights)
+    theta = {k: final[k][-1] for k in focus.PARAMETERS}
+    warm = focus.rank_one_part(theta)
+    y = focus.degenerate_point(warm, s)
+    with af.count_compilations() as c:
+        y2 = focus.degenerate_point(warm, s)
+    assert c.n == 0
+    np.testing.assert_allclose(y2["gamma"], y["gamma"], rtol=1e-12)
+    G_M, G_Phi = focus.gradient_blocks(focus.theta_from_reduced(y), s.chain, 1.0)
     assert float(jnp.max(jnp.abs(G_Phi))) < 1e-12
-    mu = float(transverse_rate(G_M))
+    mu = float(focus.transverse_rate(G_M))
     if delta == 0.0:
         assert mu < 1e-12
         return
     assert mu > 1e-3
     e = jnp.eye(2)[0]
-    full = {"W0": jnp.outer(y["gamma"], e), "W1": jnp.outer(e, y["beta"]), "WQ": y["lam_q"] * jnp.outer(e, e),
-            "WK": y["lam_k"] * jnp.outer(e, e)}
+    full = {
+        "W0": jnp.outer(y["gamma"], e),
+        "W1": jnp.outer(e, y["beta"]),
+        "WQ": y["lam_q"] * jnp.outer(e, e),
+        "WK": y["lam_k"] * jnp.outer(e, e),
+    }
     flat, unravel = ravel_pytree(full)
-    ev = np.linalg.eigvalsh(np.asarray(jax.hessian(lambda x: population_loss(unravel(x), ch))(flat)))
+    ev = np.linalg.eigvalsh(np.asarray(jax.hessian(lambda x: focus.population_loss(unravel(x), s.chain))(flat)))
     assert -ev[0] == pytest.approx(mu, rel=1e-8)
 
 
 def test_jacobian_blocks_at_critical_point(chain):
     """At theta_c^1 the Jacobian is block-diagonal; the attention block has eigenvalues +-c
-    (multiplicity mk) and the outer block is negative semidefinite (spec 5.2)."""
-    from attnflow.focus.theory import jacobian_blocks, refine_critical_point
-
+    (multiplicity mk) and the outer block is negative semidefinite."""
     m = mk = 3
-    c1 = critical_point_c1(chain.pi, jnp.eye(m)[0])
-    theta = {"W0": c1["W0"], "W1": c1["W1"], "WQ": jnp.zeros((m, mk)), "WK": jnp.zeros((m, mk))}
-    refined = refine_critical_point(theta, chain)
+    s = focus.Setup(m=m, mk=mk)
+    c1 = focus.critical_point_c1(chain.pi, jnp.eye(m)[0])
+    theta = {k: c1[k] for k in focus.PARAMETERS}
+    refined = focus.refine_critical_point(theta, s)
     for k in theta:
         np.testing.assert_allclose(refined[k], theta[k], atol=1e-10)  # the closed form is already critical
-    B = jacobian_blocks(theta, chain)
+    B = focus.jacobian_blocks(theta, s)
     assert float(jnp.max(jnp.abs(B["coupling"]))) < 1e-12
     att = np.sort(np.linalg.eigvals(np.asarray(B["attention"])).real)
-    c = float(attention_rate_lazy(chain.pi, 0.5, 1.0))
+    c = float(focus.attention_rate_lazy(chain.pi, 0.5, 1.0))
     np.testing.assert_allclose(att[-mk:], c, rtol=1e-8)
     np.testing.assert_allclose(att[:mk], -c, rtol=1e-8)
-    outer = np.linalg.eigvalsh(0.5 * np.asarray(B["outer"] + B["outer"].T))
-    assert outer.max() < 1e-10
+    assert np.linalg.eigvalsh(0.5 * np.asarray(B["outer"] + B["outer"].T)).max() < 1e-10
 
 
-def test_stage_sequence_alternates_transitions_and_plateaus():
-    from attnflow.focus.metrics import stage_sequence
+# ----------------------------------------------------------------------------- bad input and the CLI
+def test_bad_input():
+    M = focus.MarkovChain
+    with pytest.raises(ValueError, match="row 1 sums"):
+        M([0.5, 0.5], [[0.5, 0.5], [0.7, 0.4]])
+    with pytest.raises(ValueError, match=r"entry \(0, 1\)"):
+        M([0.5, 0.5], [[1.2, -0.2], [0.5, 0.5]])
+    with pytest.raises(ValueError, match="not stationary"):
+        M([0.6, 0.4], [[0.5, 0.5], [0.5, 0.5]])
+    with pytest.raises(ValueError, match="entry 1 is"):
+        M([1.0, 0.0], [[1.0, 0.0], [0.0, 1.0]])
+    with pytest.raises(ValueError, match="lam must lie"):
+        M.lazy(PI, -0.5)
+    with pytest.raises(ValueError, match="tokenizer"):
+        focus.CorpusChain.from_text("abc", tokenizer="char")
+    with pytest.raises(ValueError, match="non-empty"):
+        focus.CorpusChain.from_text("   ")
+    with pytest.raises(ValueError, match="non-positive"):
+        focus.perturbed_pi(0.75, 4, 0.2)
+    with pytest.raises(ValueError, match=r"tau \(score scale\) must be finite and positive, got .*-1"):
+        focus.Setup(tau=-1.0)
+    with pytest.raises(ValueError, match=r"eps \(initial scale\).*0\.0"):
+        focus.Setup().replace(eps=0.0)
+    with pytest.raises(ValueError, match=r"m \(embedding width\).*0"):
+        focus.Setup(m=0)
+    with pytest.raises(ValueError, match="chain must be"):
+        focus.Setup(chain=np.eye(4))
+    with pytest.raises(ValueError, match="no field"):
+        focus.Setup().replace(lam=0.3)
+    s = focus.Setup(**SMALL)
+    with pytest.raises(ValueError, match="unknown start 'stationary'"):
+        focus.train(s, 1.0, start="stationary")
+    with pytest.raises(ValueError, match="context must be an integer >= 1, got 0"):
+        focus.train(s, 1.0, context=0)
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 4\)"):
+        focus.train(s, 1.0, tokens=np.arange(100) % 7, context=8)
+    with pytest.raises(ValueError, match=r"theta0\['W0'\] must have shape \(4, m\)"):
+        focus.solve(s, 1.0, theta0=focus.init_theta(0, 3))
+    with pytest.raises(ValueError, match="warm_start must be"):
+        focus.degenerate_point({"gamma": jnp.ones(4)}, s)
 
-    rows = stage_sequence([{"t_start": 1.0, "t_end": 3.0, "level": 0.9}, {"t_start": 5.0, "t_end": 8.0, "level": 0.5}], 10.0,
-                          {0: (1.0, 1.1), 1: (2.0, 2.1)})
-    assert [r[0] for r in rows] == ["transition 1", "plateau 1", "transition 2", "plateau 2", "transition 3"]
-    assert rows[2][1:3] == [3.0, 5.0] and rows[2][4:] == [None, None]
-    assert rows[1][4:] == [1.0, 1.1] and rows[3][3:] == [0.5, 2.0, 2.1]
+
+def test_focus_cli_experiment_runs(tmp_path):
+    from attnflow.cli import main
+
+    rc = main(
+        [
+            "run",
+            "focus-rates",
+            "--set",
+            "lams=[0.5]",
+            "--set",
+            "taus=[1.0]",
+            "--set",
+            "m=4",
+            "--set",
+            "mk=4",
+            "--out",
+            str(tmp_path),
+            "--quiet",
+        ]
+    )
+    assert rc == 0
+    summary = json.loads((tmp_path / "focus-rates" / "summary.json").read_text())
+    assert summary["passed"]
+    row = summary["summary"][
+        "rows: lambda, tau, 2sigma predicted, 2sigma measured, c predicted (closed form), c measured from theta_c^1"
+    ][0]
+    assert abs(row[5] / row[4] - 1) < 0.01

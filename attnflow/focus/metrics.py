@@ -1,4 +1,7 @@
-"""Metrics of focus and dilution (spec `focus.md` section 6): functions of ``(theta, pi)``."""
+"""Metrics of focus and dilution (docs/focus.md, "Metrics"): functions of ``(theta, pi)`` and of
+trajectories. Generic trajectory tools (growth rates, plateaus, fits) are the core's
+`attnflow.analysis`; the ones here are specific to the stages of this theory.
+"""
 
 from __future__ import annotations
 
@@ -8,56 +11,79 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _validate as V
-from .theory import attention, centred_log_pi, composites
+from ..analysis import growth_rate
+from ..trajectory import Trajectory
+from .data import MarkovChain
+from .model import composites
+from .theory import attention_rate, centred_log_pi
 
-__all__ = ["token_entropy", "kl_to_pi", "cosine", "singular_values", "effective_rank", "condensation", "redistribution",
-           "growth_rate", "detect_plateaus", "embedding_pca", "observables"]
+__all__ = [
+    "condensation",
+    "cosine",
+    "effective_rank",
+    "embedding_pca",
+    "kl_to_pi",
+    "local_attention_rate",
+    "participation_ratio",
+    "redistribution",
+    "singular_values",
+    "stage_one_rate",
+    "stage_sequence",
+    "stage_two_rate",
+    "token_entropy",
+]
 
 
-def token_entropy(A: jax.Array, pi: jax.Array, weighting: str = "pi") -> jax.Array:
-    """Token-level attention entropy ``H_q = -sum_k A_qk log A_qk``, aggregated ``pi``-weighted
-    (default), ``uniform``, or returned ``per_query``."""
-    V.choice("weighting", weighting, ("pi", "uniform", "per_query"))
+def token_entropy(A: jax.Array, weights: Any = None) -> jax.Array:
+    """Token-level attention entropy ``H_q = -sum_k A_qk log A_qk`` of each query row of ``A``
+    (shape ``(..., d)``), or, with ``weights`` ``w`` (d,), the aggregate ``sum_q w_q H_q``:
+    ``weights=pi`` is the ``pi``-weighted entropy (the reference metric), ``weights=ones/d``
+    the uniform average. At initialisation (``A_q = pi``) the ``pi``-weighted value is ``H(pi)``."""
+    A = jnp.asarray(A)
     H = -jnp.sum(jnp.where(A > 0, A * jnp.log(jnp.where(A > 0, A, 1.0)), 0.0), axis=-1)
-    if weighting == "per_query":
-        return H
-    if weighting == "uniform":
-        return jnp.mean(H, axis=-1)
-    return jnp.sum(pi * H, axis=-1)
+    return H if weights is None else jnp.sum(jnp.asarray(weights) * H, axis=-1)
 
 
-def kl_to_pi(A: jax.Array, pi: jax.Array) -> jax.Array:
-    """``KL(A_q || pi)`` per query (positional entropy at finite s is ``log s - KL``)."""
-    return jnp.sum(A * (jnp.log(A) - jnp.log(pi)[None]), axis=-1)
+def kl_to_pi(A: jax.Array, pi: Any) -> jax.Array:
+    """``KL(A_q || pi)`` per query row (d,): at context length ``s`` the positional attention
+    entropy tends to ``log s - KL(A_q || pi)``."""
+    return jnp.sum(A * (jnp.log(A) - jnp.log(jnp.asarray(pi))[None]), axis=-1)
 
 
-def cosine(u: jax.Array, v: jax.Array, signed: bool = False) -> jax.Array:
-    """Cosine (absolute value unless ``signed``) between vectors or, flattened, matrices."""
-    u, v = jnp.ravel(u), jnp.ravel(v)
+def cosine(u: Any, v: Any, signed: bool = False) -> jax.Array:
+    """Cosine between vectors or (flattened, Frobenius) matrices; its absolute value unless
+    ``signed`` (singular vectors have no sign)."""
+    u, v = jnp.ravel(jnp.asarray(u)), jnp.ravel(jnp.asarray(v))
     c = u @ v / (jnp.linalg.norm(u) * jnp.linalg.norm(v))
     return c if signed else jnp.abs(c)
 
 
-def singular_values(W: jax.Array, k: int | None = None) -> jax.Array:
-    s = jnp.linalg.svd(W, compute_uv=False)
+def singular_values(W: Any, k: int | None = None) -> jax.Array:
+    """Singular values of ``W``, largest first (the top ``k`` if given)."""
+    s = jnp.linalg.svd(jnp.asarray(W), compute_uv=False)
     return s if k is None else s[:k]
 
 
-def effective_rank(W: jax.Array, kind: str = "entropy") -> jax.Array:
-    """``exp(-sum p_i log p_i)`` with ``p_i = s_i / sum s_j`` (``entropy``, default) or the
-    participation ratio ``(sum s)^2 / sum s^2``."""
-    V.choice("kind", kind, ("entropy", "participation"))
-    s = jnp.linalg.svd(W, compute_uv=False)
-    if kind == "participation":
-        return jnp.sum(s) ** 2 / jnp.sum(s**2)
+def effective_rank(W: Any) -> jax.Array:
+    """Entropy effective rank ``exp(-sum p_i log p_i)``, ``p_i = s_i / sum_j s_j`` (the reference
+    definition; `participation_ratio` is the alternative)."""
+    s = jnp.linalg.svd(jnp.asarray(W), compute_uv=False)
     p = s / jnp.sum(s)
     return jnp.exp(-jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0)))
 
 
-def condensation(theta: dict, pi: jax.Array) -> dict:
-    """Sign-invariant condensation cosines: ``u1(W0)`` vs ``pi``; ``v1(W1)`` vs ``pi - 1/d`` and vs
-    ``ell``; ``Phi`` vs ``pi pi^T``; ``u1(WQ)``, ``u1(WK)`` vs ``alpha_1 = v1(W0)``."""
+def participation_ratio(W: Any) -> jax.Array:
+    """``(sum_i s_i)^2 / sum_i s_i^2`` over the singular values of ``W``."""
+    s = jnp.linalg.svd(jnp.asarray(W), compute_uv=False)
+    return jnp.sum(s) ** 2 / jnp.sum(s**2)
+
+
+def condensation(theta: dict, pi: Any) -> dict[str, jax.Array]:
+    """Sign-invariant condensation cosines (Stage I and II): ``cos_W0_pi`` (``u1(W0)`` vs ``pi``),
+    ``cos_W1_centred_pi`` (``v1(W1)`` vs ``pi - 1/d``), ``cos_W1_ell`` (``v1(W1)`` vs ``ell``),
+    ``cos_Phi_pipi`` (signed, ``Phi`` vs ``pi pi^T``), ``cos_WQ_alpha1`` and ``cos_WK_alpha1``
+    (``u1(WQ)``, ``u1(WK)`` vs ``alpha1 = v1(W0)``)."""
+    pi = jnp.asarray(pi)
     d = pi.shape[0]
     U0, _, V0 = jnp.linalg.svd(theta["W0"], full_matrices=False)
     _, _, V1 = jnp.linalg.svd(theta["W1"], full_matrices=False)
@@ -65,116 +91,115 @@ def condensation(theta: dict, pi: jax.Array) -> dict:
     _, Phi = composites(theta)
     uq = jnp.linalg.svd(theta["WQ"], full_matrices=False)[0][:, 0]
     uk = jnp.linalg.svd(theta["WK"], full_matrices=False)[0][:, 0]
-    return {"cos_W0_pi": cosine(U0[:, 0], pi), "cos_W1_centred_pi": cosine(V1[0], pi - 1.0 / d),
-            "cos_W1_ell": cosine(V1[0], centred_log_pi(pi)), "cos_Phi_pipi": cosine(Phi, jnp.outer(pi, pi), signed=True),
-            "cos_WQ_alpha1": cosine(uq, alpha1), "cos_WK_alpha1": cosine(uk, alpha1)}
+    return {
+        "cos_W0_pi": cosine(U0[:, 0], pi),
+        "cos_W1_centred_pi": cosine(V1[0], pi - 1.0 / d),
+        "cos_W1_ell": cosine(V1[0], centred_log_pi(pi)),
+        "cos_Phi_pipi": cosine(Phi, jnp.outer(pi, pi), signed=True),
+        "cos_WQ_alpha1": cosine(uq, alpha1),
+        "cos_WK_alpha1": cosine(uk, alpha1),
+    }
 
 
-def redistribution(theta: dict, pi: jax.Array) -> dict:
-    """Stage III quantities: ``gamma = s1 u1(W0)`` with ``pi^T gamma > 0``,
-    ``D = (1 - pi_1) gamma_1 - pi_1 sum_{i>=2} gamma_i``, ``kappa = (alpha1^T WQ).(alpha1^T WK)``,
-    and the Stage II growth coordinate ``q = |alpha1^T WQ| + |alpha1^T WK|``."""
+def redistribution(theta: dict, pi: Any) -> dict[str, jax.Array]:
+    """Stage II and III coordinates (R6) of the rank-one part of ``theta``.
+
+    ``gamma = s1 u1(W0)`` signed so that ``pi^T gamma > 0``, ``alpha1 = v1(W0)`` with the same
+    sign, and, with ``rho = (1 - pi_1)/(d - 1)``:
+
+    - ``D_token`` (d - 1,): ``rho gamma_1 - pi_1 gamma_i`` for each rare token ``i >= 2``;
+    - ``D``: their sum, ``(1 - pi_1) gamma_1 - pi_1 sum_{i>=2} gamma_i``. With symmetric rare
+      tokens (all ``gamma_i`` equal) ``D = (d - 1) (rho gamma_1 - pi_1 gamma_i)``: ``(d - 1)``
+      times the per-token coordinate. Both vanish on the ``pi`` ray;
+    - ``kappa = (alpha1^T WQ) . (alpha1^T WK)``, so ``Phi ~ kappa gamma gamma^T``;
+    - ``q = |alpha1^T WQ| + |alpha1^T WK|``; ``q_plus = |alpha1^T (WQ + WK)|/sqrt 2`` and
+      ``q_minus = |alpha1^T (WQ - WK)|/sqrt 2``, the amplitudes of the unstable (``+c``) and
+      stable (``-c``) attention modes at ``theta_c^1``.
+
+    ``D`` grows like ``kappa``, i.e. at rate ``2c`` (the rate of ``Phi``) when ``q_plus`` grows at
+    rate ``c``.
+    """
+    pi = jnp.asarray(pi)
     U, s, Vt = jnp.linalg.svd(theta["W0"], full_matrices=False)
     gamma = s[0] * U[:, 0]
-    sign = jnp.sign(pi @ gamma)
+    sign = jnp.where(pi @ gamma < 0, -1.0, 1.0)
     gamma = gamma * sign
     alpha1 = Vt[0] * sign
-    D = (1 - pi[0]) * gamma[0] - pi[0] * jnp.sum(gamma[1:])
+    rho = (1 - pi[0]) / (pi.shape[0] - 1)
+    D_token = rho * gamma[0] - pi[0] * gamma[1:]
     aq, ak = alpha1 @ theta["WQ"], alpha1 @ theta["WK"]
-    # (aq + ak) is the unstable Stage II mode (eigenvalue +c), (aq - ak) the stable one (-c)
-    return {"gamma": gamma, "D": D, "kappa": aq @ ak, "q": jnp.linalg.norm(aq) + jnp.linalg.norm(ak),
-            "q_plus": jnp.linalg.norm(aq + ak) / jnp.sqrt(2.0), "q_minus": jnp.linalg.norm(aq - ak) / jnp.sqrt(2.0)}
+    return {
+        "gamma": gamma,
+        "D": jnp.sum(D_token),
+        "D_token": D_token,
+        "kappa": aq @ ak,
+        "q": jnp.linalg.norm(aq) + jnp.linalg.norm(ak),
+        "q_plus": jnp.linalg.norm(aq + ak) / jnp.sqrt(2.0),
+        "q_minus": jnp.linalg.norm(aq - ak) / jnp.sqrt(2.0),
+    }
 
 
-def local_attention_rate(theta: dict, chain: Any, tau: Any = 1.0) -> jax.Array:
-    """The general Stage II rate ``tau Var_pi(gamma) Cov_{pi,P}(gamma, beta)`` evaluated at the current
-    rank-one part ``gamma = W0 a1``, ``beta = W1^T a1`` (``a1 = v1(W0)``, sign with ``pi^T gamma > 0``):
-    the prediction for wherever on the critical manifold the flow actually sits."""
-    from .theory import attention_rate
-
-    _, _, Vt = jnp.linalg.svd(theta["W0"], full_matrices=False)
-    a1 = Vt[0]
+def local_attention_rate(theta: dict, chain: MarkovChain, tau: Any = 1.0) -> jax.Array:
+    """The general Stage II rate (R3) at the current rank-one part ``gamma = W0 a1``,
+    ``beta = W1^T a1`` (``a1 = v1(W0)``, sign with ``pi^T gamma > 0``): the prediction for
+    wherever near the critical manifold the flow actually sits."""
+    a1 = jnp.linalg.svd(theta["W0"], full_matrices=False)[2][0]
     gamma = theta["W0"] @ a1
-    s = jnp.sign(chain.pi @ gamma)
-    gamma, beta = gamma * s, (theta["W1"].T @ a1) * s
-    return attention_rate(chain.pi, chain.P, tau, gamma, beta)
+    s = jnp.where(chain.pi @ gamma < 0, -1.0, 1.0)
+    return attention_rate(chain.pi, chain.P, tau, gamma * s, (theta["W1"].T @ a1) * s)
 
 
-def observables(theta: dict, chain: Any, tau: Any = 1.0) -> dict:
-    """Everything `focus` experiments record at a save time (population quantities)."""
-    from .theory import population_loss
-
-    A = attention(theta, chain.pi, tau)
-    M, Phi = composites(theta)
-    red = redistribution(theta, chain.pi)
-    out = {"loss": population_loss(theta, chain, tau), "entropy": token_entropy(A, chain.pi),
-           "entropy_per_query": token_entropy(A, chain.pi, "per_query"), "kl_to_pi": kl_to_pi(A, chain.pi), "A": A,
-           "norm_M": jnp.linalg.norm(M), "norm_Phi": jnp.linalg.norm(Phi), "D": red["D"], "kappa": red["kappa"], "q": red["q"],
-           "q_plus": red["q_plus"], "q_minus": red["q_minus"],
-           "W0": theta["W0"], "c_local": local_attention_rate(theta, chain, tau)}
-    for k in ("W0", "W1", "WQ", "WK"):
-        out[f"sv_{k}"] = singular_values(theta[k], 4)
-    out.update(condensation(theta, chain.pi))
-    return out
+def stage_one_rate(traj: Trajectory) -> float:
+    """Measured Stage I rate: the log-slope of ``norm_M`` while ``|M|`` grows from 30 times its
+    initial value to ``1e-2`` (prediction ``2 sigma``, (R1))."""
+    M = np.asarray(traj["norm_M"])
+    return growth_rate(traj.ts, M, 30 * M[0], 1e-2)
 
 
-def growth_rate(ts: Any, y: Any, lo: float, hi: float) -> float:
-    """Least-squares slope of ``log y`` against ``t`` over the first contiguous stretch with
-    ``lo <= y <= hi`` (a measured exponential rate)."""
-    ts, y = np.asarray(ts), np.asarray(y)
-    inside = (y >= lo) & (y <= hi)
-    idx = np.flatnonzero(inside)
-    if idx.size < 3:
-        return float("nan")
-    breaks = np.flatnonzero(np.diff(idx) > 1)
-    seg = idx[: breaks[0] + 1] if breaks.size else idx
-    if seg.size < 3:
-        return float("nan")
-    return float(np.polyfit(ts[seg], np.log(y[seg]), 1)[0])
+def stage_two_rate(traj: Trajectory, H_pi: float, near: float = 2e-3, q_max: float = 0.1) -> dict[str, Any]:
+    """Measured Stage II rate from a flow that passes ``theta_c^1``.
 
-
-def detect_plateaus(ts: Any, loss: Any, rel_tol: float = 1e-3, min_duration: float = 0.0) -> list[dict]:
-    """Plateaus of a loss curve: maximal runs of save times where the relative loss change per unit
-    log-time stays below ``rel_tol``. Returns ``[{"t_start", "t_end", "level"}]`` in order."""
-    ts, loss = np.asarray(ts, dtype=float), np.asarray(loss, dtype=float)
-    keep = ts > 0
-    t, L = ts[keep], loss[keep]
-    rate = np.abs(np.diff(np.log(L))) / np.maximum(np.diff(np.log(t)), 1e-300)
-    flat = rate < rel_tol
-    out = []
-    i = 0
-    while i < flat.size:
-        if flat[i]:
-            j = i
-            while j + 1 < flat.size and flat[j + 1]:
-                j += 1
-            if t[j + 1] - t[i] >= min_duration:
-                out.append({"t_start": float(t[i]), "t_end": float(t[j + 1]), "level": float(np.mean(L[i: j + 2]))})
-            i = j + 1
-        else:
-            i += 1
-    return out
+    The log-slope ``c`` of ``q_plus`` (the unstable attention mode) from the first save where the
+    loss is within ``near`` of ``H(pi)`` until ``q_plus`` reaches ``q_max``. The flow approaches
+    ``theta_c^1`` slowly along a neutral direction, so the general formula (R3) is also averaged
+    over that window (``c_path``, needs the observable ``c_local`` = `local_attention_rate`).
+    Returns ``{"c", "c_path", "window": (t_a, t_b)}``.
+    """
+    ts = np.asarray(traj.ts)
+    loss, q = np.asarray(traj["loss"]), np.asarray(traj["q_plus"])
+    a = int(np.argmax(loss < H_pi + near))
+    b = a + int(np.argmax(q[a:] > q_max))
+    sl = slice(a, b + 1)
+    c = float(np.polyfit(ts[sl], np.log(q[sl]), 1)[0]) if b - a >= 3 else float("nan")
+    c_path = float("nan")
+    if "c_local" in traj and b > a:
+        c_path = float(np.trapezoid(np.asarray(traj["c_local"])[sl], ts[sl]) / (ts[b] - ts[a]))
+    return {"c": c, "c_path": c_path, "window": (float(ts[a]), float(ts[b]))}
 
 
 def stage_sequence(plateaus: list[dict], t_end: float, rates: dict | None = None) -> list[list]:
     """Alternating transitions and plateaus ``[stage, t_start, t_end, loss level, measured rate,
-    predicted rate]`` from `detect_plateaus`. ``rates`` maps a plateau index to the ``(measured,
-    predicted)`` growth rate of the unstable mode that grows while the loss sits on that plateau
-    (the saddle's escape rate), printed beside each other."""
+    predicted rate]`` from `attnflow.detect_plateaus`. ``rates`` maps a plateau index to the
+    ``(measured, predicted)`` growth rate of the unstable mode that grows while the loss sits on
+    that plateau (the saddle's escape rate), printed beside each other."""
     rows, prev = [], 0.0
     rates = rates or {}
-    for k, p in enumerate(plateaus + [{"t_start": t_end, "t_end": t_end, "level": None}]):
+    for k, p in enumerate([*plateaus, {"t_start": t_end, "t_end": t_end, "level": None}]):
         if p["t_start"] > prev:
             rows.append([f"transition {k + 1}", round(prev, 4), round(p["t_start"], 4), None, None, None])
         if p["level"] is not None:
             meas, pred = rates.get(k, (None, None))
-            rows.append([f"plateau {k + 1}", round(p["t_start"], 4), round(p["t_end"], 4), round(p["level"], 5), meas, pred])
+            rows.append(
+                [f"plateau {k + 1}", round(p["t_start"], 4), round(p["t_end"], 4), round(p["level"], 5), meas, pred]
+            )
         prev = p["t_end"]
     return rows
 
 
 def embedding_pca(W0_snapshots: Any, n_components: int = 2) -> np.ndarray:
-    """Stack ``W0`` rows over snapshots ``(T, d, m)``, centre, SVD; returns ``(T, d, n_components)``."""
+    """Rows of ``W0`` over snapshots ``(T, d, m)`` stacked to ``(T d, m)``, centred and projected
+    on their top ``n_components`` principal axes: shape ``(T, d, n_components)``. Compare within
+    one run only (rotations of ``R^m`` are symmetries)."""
     W = np.asarray(W0_snapshots)
     T, d, m = W.shape
     X = W.reshape(T * d, m)

@@ -1,79 +1,101 @@
-"""Long-context population loss, its gradient flow, the rank-one reduced ODE and the
-stage-wise rates (spec `focus.md` sections 4-5).
+"""Long-context population loss, its gradient flow (`solve`), the rank-one reduced ODE and the
+stage-wise rates and critical points (docs/focus.md, "Population theory" and "Stages").
 
-Parameters: ``theta = {"W0": (d, m), "W1": (m, d), "WQ": (m, mk), "WK": (m, mk)}``;
-composites ``M = W0 W1`` and ``Phi = W0 WQ WK^T W0^T``.
+Parameters ``theta = {"W0": (d, m), "W1": (m, d), "WQ": (m, mk), "WK": (m, mk)}``;
+composites ``M = W0 W1`` and ``Phi = W0 WQ WK^T W0^T``. As the context grows, key counts
+become proportional to ``pi`` and the last token's own weight vanishes, so
 
-    A = softmax_row(tau Phi + 1 log(pi)^T),   Z = A M,
-    L(theta) = -<Pi P, log softmax_row(Z)>                                           (4.1)
+    A = softmax_row(tau Phi + 1 log(pi)^T),   Z = A M,                                     (P1)
+    L(theta) = -<Pi P, log softmax_row(Z)>,                                                (P2)
 
     G_Z = Pi (softmax_row(Z) - P),  G_M = A^T G_Z,  G_A = G_Z M^T,
-    G_Phi = tau A * (G_A - (A * G_A) 1 1^T)                                           (4.2)
+    G_Phi = tau A * (G_A - (A * G_A) 1 1^T),                                               (P3)
     grad W1 = W0^T G_M,  grad W0 = G_M W1^T + G_Phi W0 WK WQ^T + G_Phi^T W0 WQ WK^T,
-    grad WQ = W0^T G_Phi W0 WK,  grad WK = W0^T G_Phi^T W0 WQ.
+    grad WQ = W0^T G_Phi W0 WK,  grad WK = W0^T G_Phi^T W0 WQ,                             (P4)
+
+and the population flow is ``d theta/dt = -eta grad L`` (P6).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
+import optimistix as optx
 
 from .. import _validate as V
 from ..ode import integrate
+from ..options import LogGrid, SaveGrid, SolverOptions
+from ..saddle import fixed_point, jacobian
 from ..trajectory import Trajectory
 from .data import MarkovChain
+from .model import PARAMETERS, composites
+from .setup import Setup
 
 __all__ = [
-    "init_theta", "composites", "attention", "population_loss", "population_grads", "flow_field", "population_flow",
-    "reduced_field", "reduced_conserved", "conserved", "sigma", "attention_rate", "attention_rate_lazy",
-    "critical_point_c1", "centred_log_pi", "reduced_from_theta", "theta_from_reduced", "transverse_rate",
-    "stage_predictions", "gradient_blocks", "reduced_loss", "rank_one_part", "degenerate_point", "refine_critical_point",
+    "DEFAULT_SAVE",
+    "DEFAULT_SOLVER",
+    "DEGENERATE_TOL",
+    "attention",
+    "attention_rate",
+    "attention_rate_lazy",
+    "centred_log_pi",
+    "conserved",
+    "critical_point_c1",
+    "degenerate_point",
+    "flow_field",
+    "gradient_blocks",
     "jacobian_blocks",
+    "population_grads",
+    "population_loss",
+    "rank_one_part",
+    "reduced_conserved",
+    "reduced_field",
+    "reduced_from_theta",
+    "reduced_gradient",
+    "reduced_loss",
+    "refine_critical_point",
+    "sigma",
+    "solve",
+    "stage_predictions",
+    "theta_from_reduced",
+    "transverse_rate",
 ]
 
 
-def init_theta(key: Any, d: int, m: int = 16, mk: int = 16, eps: float = 1e-3) -> dict:
-    """Gaussian initialisation ``N(0, eps^2)`` of all four matrices (spec section 3)."""
-    V.positive("eps", eps)
-    key = V.prng_key(key)
-    k = jax.random.split(key, 4)
-    f = jnp.result_type(float)
-    return {"W0": eps * jax.random.normal(k[0], (d, m), f), "W1": eps * jax.random.normal(k[1], (m, d), f),
-            "WQ": eps * jax.random.normal(k[2], (m, mk), f), "WK": eps * jax.random.normal(k[3], (m, mk), f)}
-
-
-def composites(theta: dict) -> tuple[jax.Array, jax.Array]:
-    """``M = W0 W1`` and ``Phi = W0 WQ WK^T W0^T``."""
-    W0 = theta["W0"]
-    return W0 @ theta["W1"], W0 @ theta["WQ"] @ theta["WK"].T @ W0.T
-
-
-def attention(theta: dict, pi: jax.Array, tau: Any = 1.0) -> jax.Array:
-    """Long-context attention ``A_qk = pi_k e^{tau Phi_qk} / sum_l pi_l e^{tau Phi_ql}``."""
+# ----------------------------------------------------------------------------- population loss and flow
+def attention(theta: dict, pi: Any, tau: Any = 1.0) -> jax.Array:
+    """(P1): the long-context attention ``A_qk = pi_k e^{tau Phi_qk} / sum_l pi_l e^{tau Phi_ql}``,
+    shape (d, d), rows indexed by the query token."""
     _, Phi = composites(theta)
     return jax.nn.softmax(tau * Phi + jnp.log(pi)[None, :], axis=-1)
 
 
 def population_loss(theta: dict, chain: MarkovChain, tau: Any = 1.0) -> jax.Array:
-    """Eq. (4.1): ``-<Pi P, log softmax_row(A M)>``."""
+    """(P2): ``L = -<Pi P, log softmax_row(A M)>``, the infinite-context next-token loss."""
     M, _ = composites(theta)
     Z = attention(theta, chain.pi, tau) @ M
     return -jnp.sum(chain.pi[:, None] * chain.P * jax.nn.log_softmax(Z, axis=-1))
 
 
-def population_grads(theta: dict, chain: MarkovChain, tau: Any = 1.0) -> dict:
-    """Closed-form gradients (4.2) of `population_loss` (tested against ``jax.grad``)."""
-    W0, W1, WQ, WK = theta["W0"], theta["W1"], theta["WQ"], theta["WK"]
+def gradient_blocks(theta: dict, chain: MarkovChain, tau: Any = 1.0) -> tuple[jax.Array, jax.Array]:
+    """(P3): ``(G_M, G_Phi)``, the gradients of the loss with respect to the composites ``M`` and
+    ``Phi`` (each (d, d); ``G_Phi`` includes the factor ``tau``). Both vanish at a critical
+    point of the composites (the Stage IV point at ``delta = 0``)."""
     M, _ = composites(theta)
     A = attention(theta, chain.pi, tau)
-    Z = A @ M
-    G_Z = chain.pi[:, None] * (jax.nn.softmax(Z, axis=-1) - chain.P)
-    G_M = A.T @ G_Z
+    G_Z = chain.pi[:, None] * (jax.nn.softmax(A @ M, axis=-1) - chain.P)
     G_A = G_Z @ M.T
-    G_Phi = tau * A * (G_A - jnp.sum(A * G_A, axis=1, keepdims=True))
+    return A.T @ G_Z, tau * A * (G_A - jnp.sum(A * G_A, axis=1, keepdims=True))
+
+
+def population_grads(theta: dict, chain: MarkovChain, tau: Any = 1.0) -> dict[str, jax.Array]:
+    """(P4): the closed-form gradients of `population_loss` (equal to ``jax.grad`` to round-off)."""
+    W0, W1, WQ, WK = (theta[k] for k in PARAMETERS)
+    G_M, G_Phi = gradient_blocks(theta, chain, tau)
     return {
         "W0": G_M @ W1.T + G_Phi @ W0 @ WK @ WQ.T + G_Phi.T @ W0 @ WQ @ WK.T,
         "W1": W0.T @ G_M,
@@ -82,80 +104,184 @@ def population_grads(theta: dict, chain: MarkovChain, tau: Any = 1.0) -> dict:
     }
 
 
-def gradient_blocks(theta: dict, chain: MarkovChain, tau: Any = 1.0) -> tuple[jax.Array, jax.Array]:
-    """``(G_M, G_Phi)``: the loss gradients with respect to the composites."""
-    M, _ = composites(theta)
-    A = attention(theta, chain.pi, tau)
-    G_Z = chain.pi[:, None] * (jax.nn.softmax(A @ M, axis=-1) - chain.P)
-    G_A = G_Z @ M.T
-    return A.T @ G_Z, tau * A * (G_A - jnp.sum(A * G_A, axis=1, keepdims=True))
+def flow_field(t: Any, theta: dict, setup: Setup) -> dict[str, jax.Array]:
+    """(P6): the population gradient flow ``d theta/dt = -eta grad L`` with the gradients (P4)
+    and the chain, ``tau`` and ``eta`` of ``setup``."""
+    g = population_grads(theta, setup.chain, setup.tau)
+    return {k: -setup.eta * v for k, v in g.items()}
 
 
-def flow_field(t: Any, theta: dict, args: dict) -> dict:
-    """Population gradient flow ``d theta/dt = -grad L`` with the closed-form gradients (4.2)."""
-    chain, tau = args["chain"], args["tau"]
-    g = population_grads(theta, chain, tau)
-    return jax.tree_util.tree_map(lambda x: -x, g)
-
-
-def conserved(theta: dict) -> dict:
-    """``C_m = W0^T W0 - W1 W1^T - WQ WQ^T - WK WK^T`` and ``C_k = WQ^T WQ - WK^T WK`` (section 4)."""
-    W0, W1, WQ, WK = theta["W0"], theta["W1"], theta["WQ"], theta["WK"]
+def conserved(theta: dict) -> dict[str, jax.Array]:
+    """(P5): ``C_m = W0^T W0 - W1 W1^T - WQ WQ^T - WK WK^T`` (m, m) and
+    ``C_k = WQ^T WQ - WK^T WK`` (mk, mk), constant along the flow (P6)."""
+    W0, W1, WQ, WK = (theta[k] for k in PARAMETERS)
     return {"C_m": W0.T @ W0 - W1 @ W1.T - WQ @ WQ.T - WK @ WK.T, "C_k": WQ.T @ WQ - WK.T @ WK}
 
 
-def population_flow(theta0: dict, chain: MarkovChain, t1: float = 5000.0, *, tau: Any = 1.0, observe=None,
-                    n_save: int = 400, spacing: str = "log", rtol: float = 1e-9, atol: float = 1e-12,
-                    max_steps: int = 1_000_000, progress: bool = False, ts: Any = None) -> Trajectory:
-    """Integrate the population flow from ``theta0`` (Tsit5 + PID; spec default tolerances are
-    looser, 1e-7/1e-10: the tighter ones here keep the loss monotone on the save grid)."""
-    return integrate(flow_field, theta0, t1, args={"chain": chain, "tau": tau}, observe=observe, n_save=n_save,
-                     spacing=spacing, t_min=1e-2, rtol=rtol, atol=atol, max_steps=max_steps, progress=progress, ts=ts)
+DEFAULT_SAVE = LogGrid(200, t_min=1e-2)
+"""`solve`'s save grid when none is given: log-spaced (plateaus last decades)."""
+
+DEFAULT_SOLVER = SolverOptions(rtol=1e-9, atol=1e-12, max_steps=1_000_000)
+"""`solve`'s solver options when none are given: Tsit5 with a PID controller, tolerances tight
+enough that the loss is non-increasing on the save grid over a whole cycle."""
+
+
+class _SolveArgs(eqx.Module):
+    # the user's observe split into its arrays (data) and the rest (static, hashed): a new
+    # array value (e.g. held-out data) reuses the compiled solve, a new function compiles
+    setup: Setup
+    observe_arrays: Any
+    observe_static: Any = eqx.field(static=True)
+
+
+def _solve_field(t: Any, theta: dict, args: _SolveArgs) -> dict:
+    return flow_field(t, theta, args.setup)
+
+
+def _solve_observe(t: Any, theta: dict, args: _SolveArgs) -> dict:
+    from .observe import record
+
+    return record(theta, args.setup, eqx.combine(args.observe_arrays, args.observe_static))
+
+
+def _check_theta(theta: Any, setup: Setup) -> dict:
+    if not isinstance(theta, Mapping) or set(theta) != set(PARAMETERS):
+        raise ValueError(f"theta0 must be a dict with keys {PARAMETERS}, got {theta!r}")
+    d = setup.d
+    W0 = jnp.shape(theta["W0"])
+    if len(W0) != 2 or W0[0] != d:
+        raise ValueError(f"theta0['W0'] must have shape ({d}, m) for this chain, got {W0}")
+    return dict(theta)
+
+
+def solve(
+    setup: Setup,
+    t1: Any,
+    *,
+    theta0: dict | None = None,
+    save: SaveGrid | None = None,
+    solver: SolverOptions | None = None,
+    observe: Callable[[dict, Setup], Mapping] | None = None,
+) -> Trajectory:
+    """The theory of ``setup``: the population gradient flow (P6) ``d theta/dt = -eta grad L``
+    integrated from ``setup.theta0()`` (or ``theta0``) to ``t1``.
+
+    Records `attnflow.focus.OBSERVABLES` at the save grid (default `DEFAULT_SAVE`) with the
+    solver options ``solver`` (default `DEFAULT_SOLVER`), plus ``observe(theta, setup)`` if
+    given: a mapping of extra arrays (nested mappings become dotted names), the same function
+    that `attnflow.focus.train` accepts. Compiled once per save-grid size, widths and
+    ``observe`` function: new ``tau``, ``eta``, ``eps``, chains (``lam``, ``pi``) and ``t1``
+    reuse it, and all of them may be traced (a sweep).
+    """
+    if not isinstance(setup, Setup):
+        raise ValueError(f"setup must be an attnflow.focus.Setup, got {setup!r}")
+    if observe is not None and not callable(observe):
+        raise ValueError(f"observe must be callable (theta, setup) -> {{name: array}}, got {observe!r}")
+    y0 = setup.theta0() if theta0 is None else _check_theta(theta0, setup)
+    arrays, static = eqx.partition(observe, eqx.is_array)
+    return integrate(
+        _solve_field,
+        y0,
+        t1,
+        args=_SolveArgs(setup, arrays, static),
+        save=save or DEFAULT_SAVE,
+        solver=solver or DEFAULT_SOLVER,
+        observe=_solve_observe,
+        meta={"theory": "focus", "equation": "population gradient flow (P6)", "clock": "t; d theta/dt = -eta grad L"},
+    )
 
 
 # ----------------------------------------------------------------------------- rank-one reduction
-def theta_from_reduced(y: dict) -> dict:
-    """``W0 = gamma (d x 1)``, ``W1 = beta^T``, ``WQ = lambda_Q``, ``WK = lambda_K`` (m = mk = 1)."""
-    return {"W0": y["gamma"][:, None], "W1": y["beta"][None, :], "WQ": y["lam_q"].reshape(1, 1), "WK": y["lam_k"].reshape(1, 1)}
+def theta_from_reduced(y: dict) -> dict[str, jax.Array]:
+    """The rank-one state (R5) as weights of width ``m = mk = 1``: ``W0 = gamma`` (d, 1),
+    ``W1 = beta^T`` (1, d), ``WQ = lam_q`` and ``WK = lam_k`` (1, 1), so that ``M = gamma beta^T``
+    and ``Phi = lam_q lam_k gamma gamma^T``."""
+    return {
+        "W0": y["gamma"][:, None],
+        "W1": y["beta"][None, :],
+        "WQ": jnp.reshape(y["lam_q"], (1, 1)),
+        "WK": jnp.reshape(y["lam_k"], (1, 1)),
+    }
 
 
-def reduced_from_theta(theta: dict) -> dict:
+def reduced_from_theta(theta: dict) -> dict[str, jax.Array]:
+    """The inverse of `theta_from_reduced` on weights of width 1 (first column / row / entry)."""
     return {"gamma": theta["W0"][:, 0], "beta": theta["W1"][0], "lam_q": theta["WQ"][0, 0], "lam_k": theta["WK"][0, 0]}
 
 
-def reduced_field(t: Any, y: dict, args: dict) -> dict:
-    """Rank-one reduced ODE (section 5.3), ``2d + 2`` unknowns ``(gamma, beta, lambda_Q, lambda_K)``:
-    ``gamma' = -G_M beta - kappa (G_Phi + G_Phi^T) gamma``, ``beta' = -G_M^T gamma``,
-    ``lambda_Q' = -(gamma^T G_Phi gamma) lambda_K``, ``lambda_K' = -(gamma^T G_Phi gamma) lambda_Q``."""
-    G_M, G_Phi = gradient_blocks(theta_from_reduced(y), args["chain"], args["tau"])
+def reduced_field(t: Any, y: dict, setup: Setup) -> dict[str, jax.Array]:
+    """(R5): the flow on the rank-one manifold, ``2d + 2`` unknowns ``(gamma, beta, lam_q, lam_k)``
+    with ``kappa = lam_q lam_k``:
+    ``gamma' = -eta (G_M beta + kappa (G_Phi + G_Phi^T) gamma)``, ``beta' = -eta G_M^T gamma``,
+    ``lam_q' = -eta (gamma^T G_Phi gamma) lam_k``, ``lam_k' = -eta (gamma^T G_Phi gamma) lam_q``.
+    """
+    G_M, G_Phi = gradient_blocks(theta_from_reduced(y), setup.chain, setup.tau)
     g, b, lq, lk = y["gamma"], y["beta"], y["lam_q"], y["lam_k"]
-    kappa = lq * lk
     s = g @ G_Phi @ g
-    return {"gamma": -G_M @ b - kappa * (G_Phi + G_Phi.T) @ g, "beta": -G_M.T @ g, "lam_q": -s * lk, "lam_k": -s * lq}
+    eta = setup.eta
+    return {
+        "gamma": -eta * (G_M @ b + lq * lk * (G_Phi + G_Phi.T) @ g),
+        "beta": -eta * G_M.T @ g,
+        "lam_q": -eta * s * lk,
+        "lam_k": -eta * s * lq,
+    }
 
 
-def reduced_conserved(y: dict) -> dict:
-    """``lambda_Q^2 - lambda_K^2`` and ``|gamma|^2 - |beta|^2 - lambda_Q^2 - lambda_K^2``."""
-    return {"qk": y["lam_q"] ** 2 - y["lam_k"] ** 2,
-            "norms": y["gamma"] @ y["gamma"] - y["beta"] @ y["beta"] - y["lam_q"] ** 2 - y["lam_k"] ** 2}
+def reduced_conserved(y: dict) -> dict[str, jax.Array]:
+    """(R5) conserves ``qk = lam_q^2 - lam_k^2`` and ``norms = |gamma|^2 - |beta|^2 - lam_q^2 - lam_k^2``."""
+    return {
+        "qk": y["lam_q"] ** 2 - y["lam_k"] ** 2,
+        "norms": y["gamma"] @ y["gamma"] - y["beta"] @ y["beta"] - y["lam_q"] ** 2 - y["lam_k"] ** 2,
+    }
+
+
+def reduced_loss(y: dict, chain: MarkovChain, tau: Any = 1.0) -> jax.Array:
+    """The population loss (P2) of the rank-one state ``y`` (`theta_from_reduced`)."""
+    return population_loss(theta_from_reduced(y), chain, tau)
+
+
+def reduced_gradient(t: Any, y: dict, setup: Setup) -> dict[str, jax.Array]:
+    """``grad_y L_red(y)``: the gradient of `reduced_loss` (with the chain and ``tau`` of
+    ``setup``), whose zeros `degenerate_point` finds. A vector-field signature, so it can be
+    passed to `attnflow.fixed_point`."""
+    return jax.grad(reduced_loss)(y, setup.chain, setup.tau)
+
+
+def rank_one_part(theta: dict) -> dict[str, jax.Array]:
+    """The rank-one coordinates of a full state: ``a1 = v1(W0)`` (top right singular vector),
+    ``gamma = W0 a1``, ``beta = W1^T a1``, ``lam_q = a1^T WQ u``, ``lam_k = a1^T WK u`` with
+    ``u = v1(WQ)``. Exact on the invariant set ``W0 = gamma alpha^T``, ``W1 = alpha beta^T``,
+    ``W_{Q,K} = lam_{q,k} alpha u^T`` (R5); a warm start for `degenerate_point` elsewhere."""
+    a1 = jnp.linalg.svd(theta["W0"], full_matrices=False)[2][0]
+    u = jnp.linalg.svd(theta["WQ"], full_matrices=False)[2][0]
+    return {
+        "gamma": theta["W0"] @ a1,
+        "beta": theta["W1"].T @ a1,
+        "lam_q": a1 @ theta["WQ"] @ u,
+        "lam_k": a1 @ theta["WK"] @ u,
+    }
 
 
 # ----------------------------------------------------------------------------- rates and critical points
 def centred_log_pi(pi: Any) -> jax.Array:
-    """``ell = log pi - mean(log pi)``."""
+    """``ell = log pi - mean(log pi) 1``: the logits of the unigram law with zero mean."""
     lp = jnp.log(jnp.asarray(pi))
     return lp - jnp.mean(lp)
 
 
 def sigma(pi: Any) -> jax.Array:
-    """Stage I rate ``sigma = ||pi|| ||pi - 1/d||`` (``||M||`` grows at ``2 sigma``)."""
+    """(R1): the Stage I rate ``sigma = |pi| |pi - 1/d|`` (top singular value of ``-G_M`` at the
+    origin); ``|M|`` grows as ``e^{2 sigma t}`` (for ``eta = 1``)."""
     pi = jnp.asarray(pi)
     return jnp.linalg.norm(pi) * jnp.linalg.norm(pi - 1.0 / pi.shape[0])
 
 
-def critical_point_c1(pi: Any, alpha: Any) -> dict:
-    """``theta_c^1``: ``W0 = gamma alpha^T``, ``W1 = alpha beta^T``, ``W_{Q,K} = 0`` with
-    ``gamma = a pi/|pi|``, ``beta = a ell/|ell|``, ``a^2 = |ell|/|pi|``; ``alpha`` a unit vector in R^m."""
+def critical_point_c1(pi: Any, alpha: Any) -> dict[str, jax.Array]:
+    """(R2): the condensation point ``theta_c^1``: ``W0 = gamma alpha^T``, ``W1 = alpha beta^T``,
+    ``W_{Q,K} = 0`` with ``gamma = a pi/|pi|``, ``beta = a ell/|ell|``, ``a^2 = |ell|/|pi|``;
+    ``alpha`` is normalised to a unit vector of ``R^m`` (``m = alpha.size``, and ``mk = m``).
+    Returns the four matrices and ``gamma``, ``beta``, ``a2``. The output there is the
+    unigram law: ``G_M = 0`` and ``L = H(pi)``."""
     pi = jnp.asarray(pi)
     alpha = jnp.asarray(alpha, dtype=pi.dtype)
     alpha = alpha / jnp.linalg.norm(alpha)
@@ -163,13 +289,21 @@ def critical_point_c1(pi: Any, alpha: Any) -> dict:
     a = jnp.sqrt(jnp.linalg.norm(ell) / jnp.linalg.norm(pi))
     gamma = a * pi / jnp.linalg.norm(pi)
     beta = a * ell / jnp.linalg.norm(ell)
-    return {"W0": jnp.outer(gamma, alpha), "W1": jnp.outer(alpha, beta),
-            "WQ": jnp.zeros((alpha.shape[0], alpha.shape[0])), "WK": jnp.zeros((alpha.shape[0], alpha.shape[0])),
-            "gamma": gamma, "beta": beta, "a2": a**2}
+    m = alpha.shape[0]
+    return {
+        "W0": jnp.outer(gamma, alpha),
+        "W1": jnp.outer(alpha, beta),
+        "WQ": jnp.zeros((m, m), pi.dtype),
+        "WK": jnp.zeros((m, m), pi.dtype),
+        "gamma": gamma,
+        "beta": beta,
+        "a2": a**2,
+    }
 
 
 def attention_rate(pi: Any, P: Any, tau: Any, gamma: Any, beta: Any) -> jax.Array:
-    """General Stage II rate ``c = tau Var_pi(gamma) Cov_{pi,P}(gamma(X_t), beta(X_{t+1}))``."""
+    """(R3): the general Stage II rate ``c = tau Var_pi(gamma) Cov_{pi,P}(gamma(X_t), beta(X_{t+1}))``
+    (the unstable eigenvalue of the attention block at a rank-one critical point)."""
     pi, P, gamma, beta = map(jnp.asarray, (pi, P, gamma, beta))
     var = jnp.sum(pi * gamma**2) - jnp.sum(pi * gamma) ** 2
     cov = jnp.sum(pi * gamma * (P @ beta)) - jnp.sum(pi * gamma) * jnp.sum(pi * beta)
@@ -177,7 +311,8 @@ def attention_rate(pi: Any, P: Any, tau: Any, gamma: Any, beta: Any) -> jax.Arra
 
 
 def attention_rate_lazy(pi: Any, lam: Any, tau: Any = 1.0) -> jax.Array:
-    """Lazy-chain closed form ``c = tau lam |ell| Var_pi(pi) Cov_pi(pi, log pi) / |pi|^5``."""
+    """(R4): the lazy-chain closed form of (R3) at ``theta_c^1``,
+    ``c = tau lam |ell| Var_pi(pi) Cov_pi(pi, log pi) / |pi|^5``."""
     pi = jnp.asarray(pi)
     ell = centred_log_pi(pi)
     var = jnp.sum(pi**3) - jnp.sum(pi**2) ** 2
@@ -185,74 +320,97 @@ def attention_rate_lazy(pi: Any, lam: Any, tau: Any = 1.0) -> jax.Array:
     return tau * lam * jnp.linalg.norm(ell) * var * cov / jnp.linalg.norm(pi) ** 5
 
 
-def transverse_rate(G_M: jax.Array) -> jax.Array:
-    """Stage IV rate ``mu_perp = sigma_max(G_M)`` at the perturbed degenerate point."""
-    return jnp.linalg.svd(G_M, compute_uv=False)[0]
+def transverse_rate(G_M: Any) -> jax.Array:
+    """(R7): the Stage IV rate ``mu_perp = sigma_max(G_M)`` of a direction orthogonal to the
+    rank-one manifold, evaluated at the degenerate point ``theta_delta`` (`degenerate_point`,
+    ``G_M`` from `gradient_blocks`); ``Theta(delta)`` for a ``delta``-perturbed ``pi``."""
+    return jnp.linalg.svd(jnp.asarray(G_M), compute_uv=False)[0]
 
 
-def stage_predictions(chain: MarkovChain, tau: Any = 1.0, eps: float = 1e-3) -> dict:
-    """Predicted plateaus and rates: ``log d``, ``H(pi)``, ``L_*``, ``sigma``, ``c`` (general formula
-    at ``theta_c^1``) and the escape times ``log(1/eps)/rate``."""
-    pi = chain.pi
-    c1 = critical_point_c1(pi, jnp.eye(1, 1)[0])
-    c = attention_rate(pi, chain.P, tau, c1["gamma"], c1["beta"])
-    s = sigma(pi)
-    return {"log_d": float(np.log(chain.d)), "H_pi": float(chain.entropy()), "L_star": float(chain.bayes_floor()),
-            "sigma": float(s), "c": float(c), "T_I": float(np.log(1 / eps) / s),
-            "T_II": float(np.log(1 / eps) / c) if float(c) > 0 else float("inf")}
+def stage_predictions(setup: Setup) -> dict[str, jax.Array]:
+    """Predicted plateaus and rates of ``setup`` (rates on its clock, i.e. times ``eta``):
+    ``log_d``; ``H_pi`` (S2); ``L_star`` (S1); ``sigma`` (R1); ``c`` by the general formula (R3)
+    at ``theta_c^1`` (its sign predicts focus); escape times (R8) ``T_I = log(1/eps)/sigma`` and
+    ``T_II = log(1/eps)/c`` (``inf`` when ``c <= 0``). Traceable."""
+    chain = setup.chain
+    c1 = critical_point_c1(chain.pi, jnp.ones(1))
+    c = setup.eta * attention_rate(chain.pi, chain.P, setup.tau, c1["gamma"], c1["beta"])
+    s = setup.eta * sigma(chain.pi)
+    log_eps = jnp.log(1.0 / setup.eps)
+    return {
+        "log_d": jnp.log(jnp.asarray(float(chain.d))),
+        "H_pi": chain.entropy(),
+        "L_star": chain.bayes_floor(),
+        "sigma": s,
+        "c": c,
+        "T_I": log_eps / s,
+        "T_II": jnp.where(c > 0, log_eps / jnp.where(c > 0, c, 1.0), jnp.inf),
+    }
 
 
-def reduced_loss(y: dict, chain: Any, tau: Any = 1.0) -> jax.Array:
-    """Population loss of the rank-one (m = mk = 1) model."""
-    return population_loss(theta_from_reduced(y), chain, tau)
+DEGENERATE_TOL = 1e-8
+"""`degenerate_point` raises when the largest entry of ``grad L_red`` stays above this."""
 
 
-def rank_one_part(theta: dict) -> dict:
-    """Project a full state on the rank-one manifold: ``a1 = v1(W0)``, ``gamma = W0 a1``,
-    ``beta = W1^T a1``, ``lambda_Q = a1^T WQ u``, ``lambda_K = a1^T WK u`` with ``u`` the top right
-    singular vector of ``WQ``."""
-    _, _, Vt = jnp.linalg.svd(theta["W0"], full_matrices=False)
-    a1 = Vt[0]
-    u = jnp.linalg.svd(theta["WQ"], full_matrices=False)[2][0]
-    return {"gamma": theta["W0"] @ a1, "beta": theta["W1"].T @ a1, "lam_q": a1 @ theta["WQ"] @ u,
-            "lam_k": a1 @ theta["WK"] @ u}
+@eqx.filter_jit
+def _largest_gradient(y: dict, setup: Setup) -> jax.Array:
+    g = reduced_gradient(0.0, y, setup)
+    return jnp.max(jnp.stack([jnp.max(jnp.abs(v)) for v in jax.tree_util.tree_leaves(g)]))
 
 
-def degenerate_point(chain: Any, tau: Any = 1.0, warm_start: dict | None = None, max_steps: int = 2000) -> dict:
-    """Critical point of the rank-one model (section 5.4): ``grad L_red = 0`` solved by
-    Levenberg-Marquardt on the gradient (a pseudo-inverse Newton method, robust to the
-    symmetry null directions), warm-started from ``warm_start`` (a reduced state, e.g. the
-    `rank_one_part` of a flowed state on the Stage IV plateau)."""
-    import optimistix as optx
+def degenerate_point(
+    warm_start: dict, setup: Setup, *, solver: optx.AbstractLeastSquaresSolver | None = None, max_steps: int = 2000
+) -> dict[str, jax.Array]:
+    """The Stage IV critical point ``theta_delta`` of the rank-one model (R5): a zero of
+    `reduced_gradient` (``G_Phi = 0``, ``G_M beta = 0``, ``G_M^T gamma = 0``; ``G_M`` itself is
+    nonzero when ``delta != 0``).
 
-    if warm_start is None:
-        raise ValueError("degenerate_point needs a warm_start (e.g. rank_one_part of a state on the Stage IV plateau)")
-    y0 = jax.tree_util.tree_map(jnp.asarray, warm_start)
-    res = lambda y, a: jax.grad(reduced_loss)(y, chain, tau)  # noqa: E731
-    sol = optx.least_squares(res, optx.LevenbergMarquardt(rtol=1e-12, atol=1e-14), y0, max_steps=max_steps, throw=False)
-    g = res(sol.value, None)
-    size = max(float(jnp.max(jnp.abs(v))) for v in jax.tree_util.tree_leaves(g))
-    if not np.isfinite(size) or size > 1e-8:
-        raise RuntimeError(f"degenerate_point: Levenberg-Marquardt stopped with |grad L| = {size:.3g}; try another warm start")
-    return sol.value
+    Found by `attnflow.fixed_point` with a least-squares solver (default
+    ``optx.LevenbergMarquardt(rtol=1e-12, atol=1e-14)``: damped steps, robust to the null
+    directions of the rescaling symmetries), from ``warm_start``, a reduced state
+    ``{gamma, beta, lam_q, lam_k}`` such as the `rank_one_part` of a flowed state on the
+    Stage IV plateau. Repeated calls reuse the compiled solve. Raises ``RuntimeError`` when
+    the largest gradient entry stays above `DEGENERATE_TOL`.
+    """
+    if not isinstance(setup, Setup):
+        raise ValueError(f"setup must be an attnflow.focus.Setup, got {setup!r}")
+    keys = {"gamma", "beta", "lam_q", "lam_k"}
+    if not isinstance(warm_start, Mapping) or set(warm_start) != keys:
+        raise ValueError(f"warm_start must be a reduced state with keys {sorted(keys)}, got {warm_start!r}")
+    y0 = {k: jnp.asarray(v, dtype=jnp.result_type(float)) for k, v in warm_start.items()}
+    solver = optx.LevenbergMarquardt(rtol=1e-12, atol=1e-14) if solver is None else solver
+    # fixed_point takes least-squares solvers too (its annotation names root finders only)
+    y = fixed_point(reduced_gradient, y0, setup, solver=cast(Any, solver), max_steps=max_steps, throw=False)
+    if not V.any_traced((y0, setup)):
+        size = float(_largest_gradient(y, setup))
+        if not size <= DEGENERATE_TOL:
+            raise RuntimeError(
+                f"degenerate_point: the solve stopped with max |grad L_red| = {size:.3g} > "
+                f"{DEGENERATE_TOL:g}; try another warm start or more max_steps"
+            )
+    return y
 
 
-def refine_critical_point(theta: dict, chain: Any, tau: Any = 1.0, max_steps: int = 200) -> dict:
-    """Refine an approximate critical point of the population flow by a Levenberg-Marquardt root
-    find on the gradient (core `attnflow.fixed_point`; robust to the rotation symmetries)."""
-    import optimistix as optx
+def refine_critical_point(
+    theta: dict, setup: Setup, *, solver: Any = None, max_steps: int = 200
+) -> dict[str, jax.Array]:
+    """A critical point of the full flow (P6) near ``theta``: `attnflow.fixed_point` on
+    `flow_field` with a least-squares solver (default ``optx.LevenbergMarquardt(rtol=1e-12,
+    atol=1e-14)``, robust to the rotation symmetries of ``theta``)."""
+    solver = optx.LevenbergMarquardt(rtol=1e-12, atol=1e-14) if solver is None else solver
+    return fixed_point(flow_field, dict(theta), setup, solver=solver, max_steps=max_steps)
 
-    from ..saddle import fixed_point
 
-    return fixed_point(flow_field, theta, {"chain": chain, "tau": tau},
-                       solver=optx.LevenbergMarquardt(rtol=1e-12, atol=1e-14), max_steps=max_steps)
-
-
-def jacobian_blocks(theta: dict, chain: Any, tau: Any = 1.0) -> dict:
-    """Jacobian of the flow at ``theta`` split into the outer ``(W0, W1)`` block, the attention
-    ``(WQ, WK)`` block and the coupling between them (section 5.2: block-diagonal at theta_c^1)."""
-    from ..saddle import jacobian
-
-    J = jacobian(flow_field, theta, {"chain": chain, "tau": tau})
+def jacobian_blocks(theta: dict, setup: Setup) -> dict[str, jax.Array]:
+    """The Jacobian of the flow (P6) at ``theta`` on the flattened state (order ``W0, W1, WK, WQ``),
+    split into the ``outer`` ``(W0, W1)`` block, the ``attention`` ``(WK, WQ)`` block, their
+    ``coupling`` and the ``full`` matrix. At ``theta_c^1`` the coupling vanishes and the
+    attention block has eigenvalues ``+-c`` (R3) with multiplicity ``mk``."""
+    J = jacobian(flow_field, dict(theta), setup)
     n_outer = theta["W0"].size + theta["W1"].size
-    return {"outer": J[:n_outer, :n_outer], "attention": J[n_outer:, n_outer:], "coupling": J[:n_outer, n_outer:], "full": J}
+    return {
+        "outer": J[:n_outer, :n_outer],
+        "attention": J[n_outer:, n_outer:],
+        "coupling": J[:n_outer, n_outer:],
+        "full": J,
+    }

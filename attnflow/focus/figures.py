@@ -1,0 +1,170 @@
+"""Figures of focus and dilution: pure functions of trajectories returning matplotlib Figures."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
+from matplotlib.figure import Figure
+
+from ..trajectory import Trajectory
+from .metrics import embedding_pca
+
+__all__ = ["attention_snapshots", "cycle_figure", "embedding_pca_figure", "rates_figure", "symmetry_figure"]
+
+
+def cycle_figure(tr: Trajectory, pred: Mapping[str, float], rates: Mapping[str, Any], title: str) -> Figure:
+    """Four panels of a population flow over a cycle: the stepwise loss against ``log d``,
+    ``H(pi)`` and ``L_*``; the ``pi``-weighted attention entropy; the spectra of the four
+    matrices (needs ``sv_W1``, ``sv_WQ``, ``sv_WK`` beside ``sv_W0``); ``|M|`` and ``q_plus``
+    against the predicted slopes ``2 sigma`` and ``c`` (``rates``: ``two_sigma``, ``c`` and the
+    Stage II ``window``)."""
+    ts = np.asarray(tr.ts)
+    fig = Figure(figsize=(11, 7.2), layout="constrained")
+    (a1, a2), (a3, a4) = fig.subplots(2, 2)
+    a1.semilogx(ts, tr["loss"], "k-", lw=1.8, label="population loss")
+    for lev, lab, ls in (
+        (pred["log_d"], "log d", ":"),
+        (pred["H_pi"], "H(pi)", "--"),
+        (pred["L_star"], "L_* (Bayes)", "-."),
+    ):
+        a1.axhline(lev, color="C3", ls=ls, lw=1, label=lab)
+    a1.set_xlabel("t")
+    a1.set_ylabel("loss")
+    a1.legend(fontsize=7)
+    a1.set_title("Stepwise loss")
+    a2.semilogx(ts, tr["entropy"], "C0-", label="pi-weighted token entropy")
+    a2.set_xlabel("t")
+    a2.set_ylabel("attention entropy")
+    a2.set_title("Focus (down), dilution (up), re-focus (down)")
+    a2.legend(fontsize=7)
+    for k, c in (("sv_W0", "C0"), ("sv_W1", "C1"), ("sv_WQ", "C2"), ("sv_WK", "C3")):
+        sv = np.asarray(tr[k])
+        for j in range(min(3, sv.shape[1])):
+            a3.semilogy(
+                ts,
+                sv[:, j],
+                color=c,
+                lw=1.4 - 0.4 * j,
+                ls=["-", "--", ":"][j],
+                label=f"s{j + 1}({k[3:]})" if j == 0 else None,
+            )
+    a3.set_xscale("log")
+    a3.set_xlabel("t")
+    a3.set_ylabel("singular values (solid s1, dashed s2, dotted s3)")
+    a3.legend(fontsize=7)
+    a3.set_title("Spectra")
+    M, q = np.asarray(tr["norm_M"]), np.asarray(tr["q_plus"])
+    a4.semilogy(ts, M, "C0-", label="|M| = |W0 W1| (flow)")
+    a4.semilogy(ts, q, "C2-", label="q+ = |a1^T (WQ + WK)|/sqrt2 (flow)")
+    tI = ts[ts < 12]
+    a4.semilogy(
+        tI,
+        M[0] * np.exp(2 * pred["sigma"] * tI),
+        "C0--",
+        lw=1,
+        label=f"predicted slope 2 sigma = {2 * pred['sigma']:.4f}",
+    )
+    wa, wb = rates["window"]
+    i0 = int(np.argmin(np.abs(ts - wa)))
+    tII = ts[(ts >= wa) & (ts <= wb)]
+    if tII.size:
+        a4.semilogy(
+            tII, q[i0] * np.exp(pred["c"] * (tII - tII[0])), "C2--", lw=1, label=f"slope c(theta_c^1) = {pred['c']:.4f}"
+        )
+    a4.set_xlabel("t")
+    a4.set_ylabel("norm")
+    a4.set_xlim(0, min(ts[-1], 250))
+    a4.set_ylim(1e-7, 1e2)
+    a4.legend(fontsize=7)
+    a4.set_title(f"Rates (measured 2 sigma = {rates['two_sigma']:.4f}, c = {rates['c']:.4f})")
+    fig.suptitle(title)
+    return fig
+
+
+def attention_snapshots(tr: Trajectory) -> Figure:
+    """The population attention ``A`` at the start, ``t = 20``, the focus minimum of the entropy,
+    half-way to and at the dilution maximum, and the end."""
+    ts = np.asarray(tr.ts)
+    A = np.asarray(tr["A"])
+    ent = np.asarray(tr["entropy"])
+    d = A.shape[-1]
+    i_min = int(np.argmin(ent))
+    i_max = i_min + int(np.argmax(ent[i_min:]))
+    picks = sorted({0, int(np.argmin(np.abs(ts - 20))), i_min, (i_min + i_max) // 2, i_max, len(ts) - 1})
+    fig = Figure(figsize=(2.6 * len(picks), 2.9), layout="constrained")
+    axes = fig.subplots(1, len(picks))
+    images = []
+    for ax, i in zip(axes, picks, strict=True):
+        images.append(ax.imshow(A[i], vmin=0, vmax=1, cmap="magma"))
+        ax.set_title(f"t = {ts[i]:.3g}\nentropy {ent[i]:.3f}", fontsize=8)
+        ax.set_xlabel("key token")
+        ax.set_ylabel("query token")
+        ax.set_xticks(range(d))
+        ax.set_yticks(range(d))
+    fig.colorbar(images[-1], ax=list(axes), label="attention A_qk")
+    return fig
+
+
+def embedding_pca_figure(tr: Trajectory, pi: Sequence[float]) -> Figure:
+    """Rows of ``W0`` over time (needs the observable ``W0``) on their first two principal axes."""
+    ts = np.asarray(tr.ts)
+    pcs = embedding_pca(np.asarray(tr["W0"]))  # (T, d, 2)
+    fig = Figure(figsize=(5.4, 4.4), layout="constrained")
+    ax = fig.subplots()
+    color = np.log10(ts + 1e-2)
+    for k in range(pcs.shape[1]):
+        ax.plot(pcs[:, k, 0], pcs[:, k, 1], "-", color=f"C{k}", lw=1, alpha=0.7)
+        ax.scatter(pcs[:, k, 0], pcs[:, k, 1], c=color, cmap="viridis", vmin=color.min(), vmax=color.max(), s=8)
+        ax.annotate(f"token {k} (pi={float(pi[k]):.2f})", pcs[-1, k], fontsize=7)
+    fig.colorbar(ScalarMappable(Normalize(color.min(), color.max()), "viridis"), ax=ax, label="log10 t")
+    ax.set_xlabel("PC1 of embedding rows")
+    ax.set_ylabel("PC2 of embedding rows")
+    ax.set_title("Embedding rows of W0 over time", fontsize=10)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def rates_figure(rows: np.ndarray) -> Figure:
+    """Measured Stage II rate against the closed form over a ``(lambda, tau)`` grid; ``rows``:
+    ``lambda, tau, 2 sigma predicted, 2 sigma measured, c predicted, c measured``."""
+    rows = np.asarray(rows)
+    fig = Figure(figsize=(5.2, 4.0), layout="constrained")
+    ax = fig.subplots()
+    x = rows[:, 0] * rows[:, 1]
+    order = np.argsort(x)
+    ax.plot(x[order], rows[order, 4], "k-", label="closed form c (prop. to tau lambda)")
+    ax.plot(x, rows[:, 5], "o", mfc="none", ms=8, label="measured growth rate of q+ from theta_c^1")
+    ax.set_xlabel("tau * lambda")
+    ax.set_ylabel("Stage II rate c")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    ax.set_title("Focus rate over a (lambda, tau) grid")
+    return fig
+
+
+def symmetry_figure(ts: np.ndarray, s2: np.ndarray, deltas: np.ndarray, escape: np.ndarray, threshold: float) -> Figure:
+    """``sigma_2(W0)`` over time for each ``delta`` (rows of ``s2``) and the escape time against
+    ``delta`` with a slope ``-1`` guide."""
+    fig = Figure(figsize=(10, 3.8), layout="constrained")
+    a1, a2 = fig.subplots(1, 2)
+    for i, dl in enumerate(deltas):
+        a1.loglog(ts[1:], s2[i, 1:], label=f"delta = {dl:g}")
+    a1.set_xlabel("t")
+    a1.set_ylabel("sigma_2(W0)")
+    a1.set_title("Stage IV: a second embedding direction")
+    a1.legend(fontsize=7)
+    nz = (deltas > 0) & np.isfinite(escape)
+    if nz.any():
+        a2.loglog(deltas[nz], escape[nz], "o-", label=f"measured: sigma2(W0) reaches {threshold:g}x its plateau")
+        a2.loglog(deltas[nz], escape[nz][0] * deltas[nz][0] / deltas[nz], "k--", lw=1, label="slope -1 (T ~ 1/delta)")
+    a2.set_xlabel("delta")
+    a2.set_ylabel("escape time")
+    a2.legend(fontsize=7)
+    a2.set_title("Symmetry breaking: escape time vs delta")
+    for ax in (a1, a2):
+        ax.grid(alpha=0.3, which="both")
+    return fig

@@ -1,0 +1,80 @@
+"""`Setup` of focus and dilution: the chain, the score scale, the widths and the initial draw."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from .. import _validate as V
+from ..setup import AbstractSetup
+from .data import SYNTHETIC_PI, MarkovChain
+from .model import init_theta
+
+__all__ = ["INIT_SEED", "REFERENCE_LAM", "Setup"]
+
+INIT_SEED = 0
+"""Seed of the reference initial draw ``theta0``."""
+
+REFERENCE_LAM = 0.5
+"""Laziness ``lam`` of the reference chain (`MarkovChain.lazy` on `SYNTHETIC_PI`)."""
+
+
+def _floats(x: Any) -> jax.Array:
+    return jnp.asarray(x, dtype=jnp.result_type(float))
+
+
+def _reference_chain() -> MarkovChain:
+    return MarkovChain.lazy(SYNTHETIC_PI, REFERENCE_LAM)
+
+
+class Setup(AbstractSetup):
+    """One-layer attention learning a Markov chain from small initialisation.
+
+    Fields (numbers are arrays, so any of them can be a `attnflow.sweep` axis and a new value
+    never compiles again):
+
+    - ``chain``: the data, a `MarkovChain` (reference: the lazy chain with ``lam = 0.5`` on
+      ``pi = (0.75, 0.19, 0.05, 0.01)``); its ``pi`` and ``P`` may be traced;
+    - ``tau``: the score scale (attention logits ``tau Phi``), reference 1;
+    - ``eps``: the initial scale, every weight ``N(0, eps^2)``, reference ``1e-3``;
+    - ``eta``: the learning rate of the flow ``d theta/dt = -eta grad L`` (reference 1); SGD
+      with time step ``dt`` uses the learning rate ``eta dt``, so ``t = dt * step``;
+    - ``m``, ``mk`` (static): embedding and query-key widths, reference 16 and 16;
+    - ``init_seed`` (static): the seed of the initial draw ``theta0`` (`theta0`), shared by
+      `attnflow.focus.solve` and `attnflow.focus.train`, so both start from the same weights.
+    """
+
+    chain: MarkovChain = eqx.field(default_factory=_reference_chain)
+    tau: jax.Array = eqx.field(converter=_floats, default=1.0)
+    eps: jax.Array = eqx.field(converter=_floats, default=1e-3)
+    eta: jax.Array = eqx.field(converter=_floats, default=1.0)
+    m: int = eqx.field(static=True, default=16)
+    mk: int = eqx.field(static=True, default=16)
+    init_seed: int = eqx.field(static=True, default=INIT_SEED)
+
+    def validate(self) -> None:
+        if not isinstance(self.chain, MarkovChain):
+            raise ValueError(f"chain must be an attnflow.focus.MarkovChain, got {self.chain!r}")
+        for name in ("tau", "eps", "eta"):
+            value = getattr(self, name)
+            if not V.any_traced(value) and jnp.ndim(value) != 0:
+                raise ValueError(f"{name} must be a scalar, got shape {jnp.shape(value)}")
+        V.positive("tau (score scale)", self.tau)
+        V.positive("eps (initial scale)", self.eps)
+        V.positive("eta (learning rate)", self.eta)
+        V.positive_int("m (embedding width)", self.m)
+        V.positive_int("mk (query-key width)", self.mk)
+        V.positive_int("init_seed", self.init_seed, minimum=0)
+
+    @property
+    def d(self) -> int:
+        """Vocabulary size (of the chain)."""
+        return self.chain.d
+
+    def theta0(self) -> dict[str, jax.Array]:
+        """The initial weights: `attnflow.focus.init_theta` with ``init_seed``, the widths and
+        ``eps``."""
+        return init_theta(self.init_seed, self.d, self.m, self.mk, self.eps)

@@ -1,0 +1,172 @@
+"""`train`: the one-layer network of a `Setup`, trained by online SGD on finite contexts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, Literal
+
+import equinox as eqx
+import jax
+import numpy as np
+import optax
+
+from .. import _validate as V
+from ..options import LogGrid, SaveGrid, TimeGrid
+from ..simulate import OnlineSGD, check_divergence, simulate
+from ..trajectory import Trajectory
+from .data import MarkovChain, random_windows
+from .model import PARAMETERS, OneLayerAttention, next_token_loss
+from .observe import record
+from .setup import Setup
+
+__all__ = ["DEFAULT_BATCH", "DEFAULT_CONTEXT", "DEFAULT_DT", "DEFAULT_TRAIN_SAVE", "REFERENCE_T", "TOLERANCE", "train"]
+
+DEFAULT_TRAIN_SAVE = LogGrid(60)
+"""`train`'s save grid when none is given (read in time units, laid on the step axis)."""
+
+DEFAULT_DT = 0.02
+"""Time per SGD step (learning rate ``eta dt``)."""
+
+DEFAULT_CONTEXT = 256
+"""Context length ``s`` (tokens before the predicted one)."""
+
+DEFAULT_BATCH = 64
+"""Contexts per SGD step."""
+
+REFERENCE_T = 40.0
+"""Horizon of the documented comparison `TOLERANCE`: Stage I and the start of the ``H(pi)``
+plateau at the reference `Setup`."""
+
+TOLERANCE = MappingProxyType({"loss": 0.03, "sv_W0": 0.05, "entropy": 1e-3})
+"""``af.compare(solve(Setup(), REFERENCE_T), train(Setup(), REFERENCE_T, key=k))`` stays below
+these (maximum absolute gap over the save grid) for the default options of `train`. The gap
+in ``loss`` and ``sv_W0`` is mostly the Euler delay of the Stage I escape (``O(dt)``); the
+attention is frozen in Stage I, so the ``entropy`` gap is tiny."""
+
+
+class _ChainContexts(eqx.Module):
+    chain: MarkovChain
+    length: int = eqx.field(static=True)
+    start: Literal["uniform", "pi"] = eqx.field(static=True)
+
+    def __call__(self, key: jax.Array, batch_size: int) -> jax.Array:
+        return self.chain.sample(key, batch_size, self.length, self.start)
+
+
+class _StreamContexts(eqx.Module):
+    tokens: jax.Array
+    length: int = eqx.field(static=True)
+
+    def __call__(self, key: jax.Array, batch_size: int) -> jax.Array:
+        return random_windows(key, self.tokens, batch_size, self.length)
+
+
+def train(
+    setup: Setup,
+    t1: float,
+    *,
+    key: Any = 0,
+    dt: float = DEFAULT_DT,
+    context: int = DEFAULT_CONTEXT,
+    batch: int = DEFAULT_BATCH,
+    start: Literal["uniform", "pi"] = "uniform",
+    tokens: Any = None,
+    theta0: dict | None = None,
+    save: SaveGrid | None = None,
+    observe: Callable[[dict, Setup], Mapping] | None = None,
+    progress: bool = False,
+) -> Trajectory:
+    """The network (M1) of ``setup`` trained by online SGD to time ``t1``, from ``setup.theta0()``
+    (the draw `attnflow.focus.solve` starts from) or ``theta0``.
+
+    Each step draws ``batch`` fresh sequences of ``context + 1`` tokens from ``setup.chain``
+    (first token uniform, ``start="uniform"``, or from ``pi``, ``start="pi"``) or, with
+    ``tokens`` (a 1-D stream of token ids, e.g. `CorpusChain.stream`), random windows of it;
+    the loss is the cross-entropy of the last token given the others, the learning rate
+    ``eta dt`` and the clock ``t = dt * step`` (the population flow's time). ``key`` seeds the
+    draws and may be traced (a sweep over seeds); ``tau`` is not trained.
+
+    Records `attnflow.focus.OBSERVABLES` (population quantities of the weights) plus
+    ``observe(theta, setup)`` if given, at the save grid (default `DEFAULT_TRAIN_SAVE`, in
+    time units). At the reference `Setup` and the default options the gap to `solve` up to
+    `REFERENCE_T` is below `TOLERANCE` (``loss`` and ``entropy``): the flow is the limit of
+    infinite context, small ``dt`` and large batch. A diverging run raises
+    `attnflow.DivergenceError` naming the step. Compiled once per step count, save grid,
+    ``context``, ``batch``, widths and ``observe``: new ``tau``, ``eta``, ``eps`` and chains
+    reuse it.
+    """
+    if not isinstance(setup, Setup):
+        raise ValueError(f"setup must be an attnflow.focus.Setup, got {setup!r}")
+    context = V.positive_int("context", context)
+    batch = V.positive_int("batch", batch)
+    V.choice("start", start, ("uniform", "pi"))
+    V.positive("dt", dt)
+    if observe is not None and not callable(observe):
+        raise ValueError(f"observe must be callable (theta, setup) -> {{name: array}}, got {observe!r}")
+    if theta0 is None:
+        theta0 = setup.theta0()
+    elif not isinstance(theta0, Mapping) or set(theta0) != set(PARAMETERS):
+        raise ValueError(f"theta0 must be a dict with keys {PARAMETERS}, got {theta0!r}")
+    if tokens is not None:
+        tokens = np.asarray(tokens) if not V.any_traced(tokens) else tokens
+        if tokens.ndim != 1 or tokens.shape[0] <= context + 1:
+            raise ValueError(
+                f"tokens must be a 1-D stream longer than context + 1 = {context + 1}, got shape {tokens.shape}"
+            )
+        if not V.any_traced(tokens) and (tokens.min() < 0 or tokens.max() >= setup.d):
+            raise ValueError(
+                f"token ids must lie in [0, {setup.d}) for this chain, got {tokens.min()} .. {tokens.max()}"
+            )
+    total, steps = (save or DEFAULT_TRAIN_SAVE).steps_for(t1, dt)
+    traj, bad = _train(
+        setup,
+        dict(theta0),
+        V.prng_key(key),
+        tokens,
+        observe,
+        total,
+        tuple(int(s) for s in steps),
+        float(dt),
+        context,
+        batch,
+        start,
+        progress,
+    )
+    return check_divergence(traj, bad, dt)
+
+
+@eqx.filter_jit
+def _train(setup, theta0, key, tokens, observe, total, steps, dt, context, batch, start, progress):
+    model = OneLayerAttention.from_theta(theta0, setup.tau)
+    trainable = eqx.tree_at(lambda m: m.tau, jax.tree_util.tree_map(lambda _: True, model), False)
+    if tokens is None:
+        contexts = _ChainContexts(setup.chain, context + 1, start)
+    else:
+        contexts = _StreamContexts(tokens, context + 1)
+
+    def observe_model(m):
+        return record(m.theta, setup, observe)
+
+    return simulate(
+        next_token_loss,
+        model,
+        optax.sgd(setup.eta * dt),
+        total,
+        mode=OnlineSGD(contexts, batch),
+        key=key,
+        observe=observe_model,
+        save=TimeGrid(np.asarray(steps)),
+        clock=dt,
+        filter_spec=trainable,
+        progress=progress,
+        throw=False,
+        meta={
+            "theory": "focus",
+            "dt": dt,
+            "context": context,
+            "batch": batch,
+            "start": start,
+            "data": "chain" if tokens is None else "token stream",
+        },
+    )
