@@ -27,7 +27,7 @@ from . import _validate as V
 from ._errors import fail_if
 from ._jit import filter_jit
 from .options import LinearGrid, SaveGrid, SolverOptions, TimeGrid
-from .trajectory import Trajectory
+from .trajectory import Trajectory, flatten_names
 
 __all__ = ["UnrolledTsit5", "integrate", "gradient_flow", "require_x64", "enable_x64", "x64_enabled", "as_data",
            "DivergenceError", "MaxStepsError", "UNROLL_MAX_PRIMITIVES"]
@@ -176,22 +176,11 @@ def require_x64(where: str) -> None:
 
 def _default_observe(t, y, args):
     if isinstance(y, Mapping):
-        return _flatten_names(y)
+        return flatten_names(y)
     if isinstance(y, (jax.Array, np.ndarray)):
         return {"y": y}
     leaves, _ = jax.tree_util.tree_flatten_with_path(y)
     return {"y" + jax.tree_util.keystr(p): leaf for p, leaf in leaves}
-
-
-def _flatten_names(d: Mapping, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        name = f"{prefix}{k}"
-        if isinstance(v, Mapping):
-            out.update(_flatten_names(v, name + "."))
-        else:
-            out[name] = v
-    return out
 
 
 class _EventFn(eqx.Module):
@@ -288,7 +277,10 @@ def integrate(
     t0, t1 = jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)
     # Shape check: the field must return the state's structure and shapes. The traced field
     # also gives its size, which picks the default solver below.
-    field_jaxpr, out_struct = jax.make_jaxpr(field, return_shape=True)(t0, y0, args)
+    # trace with the arrays of args as inputs and everything else (functions, strings) closed over
+    dyn_args, static_args = eqx.partition(args, eqx.is_array)
+    field_jaxpr, out_struct = jax.make_jaxpr(lambda t, y, a: field(t, y, eqx.combine(a, static_args)),
+                                             return_shape=True)(t0, y0, dyn_args)
     in_struct = jax.eval_shape(lambda y: y, y0)
     if jax.tree_util.tree_structure(out_struct) != jax.tree_util.tree_structure(in_struct) or any(
         a.shape != b.shape for a, b in zip(jax.tree_util.tree_leaves(out_struct), jax.tree_util.tree_leaves(in_struct))
@@ -364,7 +356,7 @@ class _Observer(eqx.Module):
         out = self.fn(t, y, args)
         if not isinstance(out, Mapping):
             raise ValueError(f"observe must return a mapping name -> array, got {type(out).__name__}")
-        return _flatten_names(out)
+        return flatten_names(out)
 
 
 def _check_observe(obs, t0, y0, args) -> None:
@@ -381,8 +373,9 @@ def _check_observe(obs, t0, y0, args) -> None:
                 out[name] = 0.0
         return out
 
+    dyn_args, static_args = eqx.partition(args, eqx.is_array)
     try:
-        jax.eval_shape(probe, t0, y0, args)
+        jax.eval_shape(lambda t, y, a: probe(t, y, eqx.combine(a, static_args)), t0, y0, dyn_args)
     except (TypeError, AttributeError) as err:
         raise ValueError(f"observe(t, y, args) failed on the initial state: {type(err).__name__}: {err}") from None
     if bad:

@@ -33,7 +33,7 @@ def fixed_point(
     args: Any = None,
     *,
     t: Any = 0.0,
-    solver: optx.AbstractRootFinder | None = None,
+    solver: optx.AbstractRootFinder | optx.AbstractLeastSquaresSolver | None = None,
     rtol: float = 1e-10,
     atol: float = 1e-12,
     max_steps: int = 256,

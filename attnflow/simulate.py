@@ -33,7 +33,7 @@ from ._errors import fail_if
 from ._jit import filter_jit
 from .ode import DivergenceError
 from .options import LogGrid, SaveGrid
-from .trajectory import Trajectory
+from .trajectory import Trajectory, flatten_names
 
 __all__ = ["simulate", "check_divergence", "FullBatch", "OnlineSGD", "Minibatch", "TrainingMode"]
 
@@ -234,7 +234,10 @@ def _run(loss, params, static, optimizer, mode, key, observe, s_save, progress):
     lengths = jnp.asarray(np.diff(np.asarray(s_save)), dtype=jnp.int32)
 
     def observe_p(p):
-        return dict(observe(eqx.combine(p, static)))
+        out = observe(eqx.combine(p, static))
+        if not isinstance(out, Mapping):
+            raise ValueError(f"observe must return a mapping name -> array, got {type(out).__name__}")
+        return flatten_names(out)
 
     def step_fn(i, carry):
         p, o, k, bad = carry

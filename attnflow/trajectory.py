@@ -24,7 +24,20 @@ import numpy as np
 
 from ._io import atomic_write, json_default, optional_import, strict_json
 
-__all__ = ["Trajectory", "compare", "versions"]
+__all__ = ["Trajectory", "compare", "versions", "flatten_names"]
+
+
+def flatten_names(d: Mapping, prefix: str = "") -> dict:
+    """A nested mapping of observables as one flat mapping with dotted names:
+    ``{"a": {"b": x}, "c": y}`` gives ``{"a.b": x, "c": y}``."""
+    out = {}
+    for k, v in d.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten_names(v, name + "."))
+        else:
+            out[name] = v
+    return out
 
 
 def versions() -> dict[str, str]:
