@@ -66,6 +66,8 @@ from .simulate import OnlineSGD as OnlineSGD
 from .simulate import TrainingMode as TrainingMode
 from .simulate import check_divergence as check_divergence
 from .simulate import simulate as simulate
+from .stiff import AutoStiff as AutoStiff
+from .stiff import KrylovW as KrylovW
 from .sweep import SweepError as SweepError
 from .sweep import SweepResult as SweepResult
 from .sweep import sweep as sweep
@@ -74,7 +76,7 @@ from .trajectory import Trajectory as Trajectory
 from .trajectory import compare as compare
 
 __all__ = [
-    "AbstractSetup", "CompileCount", "DivergenceError", "FullBatch", "GaussianBank", "LinearGrid", "LogGrid",
+    "AbstractSetup", "AutoStiff", "CompileCount", "KrylovW", "DivergenceError", "FullBatch", "GaussianBank", "LinearGrid", "LogGrid",
     "MaxStepsError", "Minibatch", "OnlineSGD", "Report", "SaveGrid", "SolverOptions", "SweepError", "SweepResult", "TimeGrid",
     "Trajectory", "TrainingMode", "UnrolledTsit5", "analysis", "as_data", "check_divergence", "clear_compilation_cache", "compare", "count_compilations", "data_path",
     "detect_plateaus", "enable_x64", "escape_time", "expect", "family", "first_crossing", "fit_line", "fit_power_law",

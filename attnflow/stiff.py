@@ -1,0 +1,369 @@
+"""Solvers for flows that turn stiff: `KrylovW` and the automatic switch `AutoStiff`.
+
+Late in training, gradient flows of attention models are stiff: one or a few directions of
+the loss are very sharp (the top Hessian eigenvalue of the focus-and-dilution flow grows to
+about 260 while the next is about 3), so an explicit solver's step is capped by stability,
+not accuracy, and it takes hundreds of thousands of steps. An implicit solver takes few
+steps but rebuilds and factors a dense Jacobian at each of them.
+
+`KrylovW` is a Rosenbrock-W method, ROS34PW2 (Rang and Angermann 2005: four stages, order 3
+with an embedded order-2 error estimate, L-stable). A W-method keeps its order with *any*
+matrix ``A`` in place of the Jacobian ``J`` in its linear solves ``(I - h gamma A) k = r``.
+Here ``A = V H V^T`` is the projection of ``J`` on a ``rank``-dimensional subspace that
+holds its largest eigenvalues: the few sharp, stiff directions, found by subspace
+iteration with Jacobian-vector products (``jax.linearize``). Each stage then solves a
+``rank x rank`` system, ``(I - c A)^{-1} = (I - V V^T) + V (I - c H)^{-1} V^T``, and the
+subspace is advanced by one iteration every ``refresh`` accepted steps (``2 rank``
+Jacobian-vector products), never built as a dense matrix.
+
+`AutoStiff` follows a solution into stiffness on its own, as LSODA does: it takes Tsit5
+steps (the same steps and values as `attnflow.UnrolledTsit5`) while the problem is not
+stiff, watching Hairer's estimate ``h rho`` of the largest eigenvalue along the step (from
+Tsit5's last two stages, both at the end of the step); after 15 steps at Tsit5's stability
+limit it switches to `KrylovW`, and back when ``h ||H||`` shows that an explicit step of
+that size would be stable again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+__all__ = ["KrylovW", "AutoStiff", "PolynomialInterpolation", "ROS34PW2"]
+
+
+class _RosWTableau(eqx.Module):
+    gamma: float = eqx.field(static=True)
+    alpha: tuple = eqx.field(static=True)  # strictly lower triangular, rows of the stage arguments
+    gammas: tuple = eqx.field(static=True)  # strictly lower triangular, couplings through A
+    b: tuple = eqx.field(static=True)
+    b_hat: tuple = eqx.field(static=True)
+
+
+ROS34PW2 = _RosWTableau(
+    gamma=4.3586652150845900e-01,
+    alpha=((), (8.7173304301691801e-01,), (8.4457060015369423e-01, -1.1299064236484185e-01), (0.0, 0.0, 1.0)),
+    gammas=((), (-8.7173304301691801e-01,), (-9.0338057013044082e-01, 5.4180672388095326e-02),
+            (2.4212380706095346e-01, -1.2232505839045147e00, 5.4526025533510214e-01)),
+    b=(2.4212380706095346e-01, -1.2232505839045147e00, 1.5452602553351020e00, 4.3586652150845900e-01),
+    b_hat=(3.7810903145819369e-01, -9.6042292212423178e-02, 0.5, 2.1793326075422950e-01),
+)
+"""Coefficients of ROS34PW2 (Rang & Angermann, BIT 45 (2005) 761-787), in the form
+``(I - h gamma A) k_i = h f(y0 + sum_j alpha_ij k_j) + h A sum_j gamma_ij k_j``,
+``y1 = y0 + sum_i b_i k_i``, error ``sum_i (b_i - b_hat_i) k_i``."""
+
+
+class PolynomialInterpolation(diffrax.AbstractLocalInterpolation):
+    """Dense output as a polynomial in ``theta = (t - t0) / (t1 - t0)``: ``coeffs`` holds, per
+    leaf of the state, the coefficients of degree 4 down to 0 (``polyval`` order)."""
+
+    t0: Any
+    t1: Any
+    coeffs: Any
+
+    def evaluate(self, t0, t1=None, left=True):
+        del left
+        if t1 is not None:
+            return jax.tree_util.tree_map(lambda a, b: b - a, self.evaluate(t0), self.evaluate(t1))
+        theta = (t0 - self.t0) / (self.t1 - self.t0)
+        return jax.tree_util.tree_map(lambda c: jnp.polyval(c, theta.astype(c.dtype)), self.coeffs)
+
+
+def _hermite_coeffs(y0, y1, k0, k1):
+    """Cubic Hermite through ``(y0, h f0)`` and ``(y1, h f1)``, as degree-4 coefficients."""
+    a = k0 + k1 + 2 * y0 - 2 * y1
+    b = -2 * k0 - k1 - 3 * y0 + 3 * y1
+    return jnp.stack([jnp.zeros_like(y0), a, b, k0, y0])
+
+
+def _tsit5_matrix() -> np.ndarray:
+    """``(7, 4)``: the coefficients of ``theta^4 .. theta^1`` of Tsit5's interpolation weights."""
+    with jax.ensure_compile_time_eval():  # may be first needed while tracing a solve
+        interp = diffrax.Tsit5.interpolation_cls(t0=0.0, t1=1.0, y0=jnp.zeros(7), y1=jnp.zeros(7), k=jnp.eye(7))
+        thetas = np.linspace(0.1, 1.0, 9)
+        vals = np.stack([np.asarray(interp.evaluate(float(t))) for t in thetas])  # (9, 7)
+    V = np.stack([thetas**p for p in (4, 3, 2, 1)], axis=1)
+    coef, *_ = np.linalg.lstsq(V, vals, rcond=None)  # (4, 7): exact, the weights are quartics without constant
+    return coef.T
+
+
+_TSIT5 = diffrax.Tsit5.tableau
+_TSIT5_POLY = None
+
+
+def _tsit5_coeffs(y0, ks):
+    global _TSIT5_POLY
+    if _TSIT5_POLY is None:
+        _TSIT5_POLY = _tsit5_matrix()
+    c = jnp.tensordot(jnp.asarray(_TSIT5_POLY.T, ks.dtype), ks, axes=1)  # (4, n)
+    return jnp.concatenate([c, y0[None]])
+
+
+def _depends_on_time(fn: Callable, t0, x0) -> bool:
+    """Whether ``fn(t, x)`` reads ``t`` (decided once, while tracing)."""
+    jaxpr = jax.make_jaxpr(fn)(t0, x0).jaxpr
+    t_var = jaxpr.invars[0]
+    used = {v for eqn in jaxpr.eqns for v in eqn.invars if isinstance(v, jax.extend.core.Var)}
+    used |= {v for v in jaxpr.outvars if isinstance(v, jax.extend.core.Var)}
+    return t_var in used
+
+
+class _Flat(eqx.Module):
+    """The vector field on the flattened state."""
+
+    terms: Any
+    args: Any
+    unravel: Callable = eqx.field(static=True)
+
+    def __call__(self, t, x):
+        return ravel_pytree(self.terms.vf(t, self.unravel(x), self.args))[0]
+
+
+def _subspace(f: _Flat, t, x, V, iterations: int):
+    """Orthonormal ``V (n, k)`` spanning the dominant invariant subspace of ``J = df/dx`` at
+    ``(t, x)``, by ``iterations`` steps of subspace iteration from ``V``, and ``H = V^T J V``.
+
+    Subspace iteration (not a single-vector Krylov space) so that a stiff eigenvalue of
+    multiplicity up to ``k`` is captured in full; warm-started from the previous basis it
+    tracks the stiff directions as they turn. Costs ``(iterations + 1) k`` Jacobian-vector
+    products (one batched ``jax.linearize``)."""
+    _, jvp = jax.linearize(lambda z: f(t, z), x)
+    apply_J = jax.vmap(jvp, in_axes=1, out_axes=1)
+    for _ in range(iterations):
+        V, _ = jnp.linalg.qr(apply_J(V))
+    return V, V.T @ apply_J(V)
+
+
+_INIT_ITERATIONS = 3
+"""Subspace-iteration steps from the random start basis (later refreshes take one each)."""
+
+
+def _start_vectors(n: int, rank: int, dtype) -> jax.Array:
+    return jax.random.normal(jax.random.PRNGKey(20050701), (n, rank), dtype=dtype)
+
+
+class _WState(eqx.Module):
+    V: jax.Array
+    H: jax.Array
+    age: jax.Array
+    f0: jax.Array
+
+
+def _w_step(tab: _RosWTableau, f: _Flat, t0, t1, x0, f0, V, H, time_dependent: bool):
+    """One ROS34PW2 step with ``A = V H V^T``; returns ``x1, error, f1, hermite coefficients``."""
+    h = t1 - t0
+    c = h * tab.gamma
+    k = H.shape[0]
+    lu = jax.scipy.linalg.lu_factor(jnp.eye(k, dtype=x0.dtype) - c * H)
+
+    def solve(r):
+        z = V.T @ r
+        return r - V @ z + V @ jax.scipy.linalg.lu_solve(lu, z)
+
+    def apply_A(v):
+        return V @ (H @ (V.T @ v))
+
+    ft = None
+    if time_dependent:
+        ft = jax.jvp(lambda tt: f(tt, x0), (t0,), (jnp.ones_like(t0),))[1]
+    ks = []
+    for i in range(4):
+        if i == 0:
+            fi = f0
+            xi = x0
+        else:
+            xi = x0 + sum(a * kj for a, kj in zip(tab.alpha[i], ks, strict=True) if a != 0.0)
+            fi = f(t0 + sum(tab.alpha[i]) * h, xi)
+        r = h * fi
+        couple = [g * kj for g, kj in zip(tab.gammas[i], ks, strict=True) if g != 0.0]
+        if couple:
+            r = r + h * apply_A(sum(couple))
+        if ft is not None:
+            r = r + h * h * (tab.gamma + sum(tab.gammas[i])) * ft
+        ks.append(solve(r))
+    x1 = x0 + sum(b * kk for b, kk in zip(tab.b, ks, strict=True))
+    err = sum((b - bh) * kk for b, bh, kk in zip(tab.b, tab.b_hat, ks, strict=True))
+    f1 = f(t1, x1)
+    return x1, err, f1, _hermite_coeffs(x0, x1, h * f0, h * f1)
+
+
+class KrylovW(diffrax.AbstractAdaptiveSolver):
+    """Rosenbrock-W method ROS34PW2 with a rank-``rank`` approximation of the Jacobian on its
+    dominant subspace, advanced every ``refresh`` accepted steps (see the module documentation).
+
+    For stiff flows whose stiffness lives in a few directions (the sharp directions of a
+    loss). Order 3, L-stable in the captured directions; in the others it is as stable as
+    an explicit method, so ``rank`` must cover the stiff directions (at most the state's
+    size). Costs per step: four evaluations of the field (one is the next step's first), a
+    ``rank x rank`` LU, and ``2 rank`` Jacobian-vector products every ``refresh`` steps.
+    """
+
+    rank: int = eqx.field(static=True, default=8)
+    refresh: int = eqx.field(static=True, default=10)
+    tableau: _RosWTableau = eqx.field(static=True, default=ROS34PW2)
+
+    term_structure: ClassVar = diffrax.AbstractTerm
+    interpolation_cls: ClassVar = PolynomialInterpolation
+
+    def __check_init__(self):
+        if not (isinstance(self.rank, int) and self.rank >= 1):
+            raise ValueError(f"rank must be a positive integer, got {self.rank!r}")
+        if not (isinstance(self.refresh, int) and self.refresh >= 1):
+            raise ValueError(f"refresh must be a positive integer, got {self.refresh!r}")
+
+    def order(self, terms):
+        return 3
+
+    def error_order(self, terms):
+        return 3
+
+    def strong_order(self, terms):
+        return None
+
+    def _flat(self, terms, y0, args):
+        x0, unravel = ravel_pytree(y0)
+        return x0, unravel, _Flat(terms, args, unravel)
+
+    def init(self, terms, t0, t1, y0, args):
+        x0, _, f = self._flat(terms, y0, args)
+        k = min(self.rank, x0.shape[0])
+        V0, _ = jnp.linalg.qr(_start_vectors(x0.shape[0], k, x0.dtype))
+        V, H = _subspace(f, t0, x0, V0, _INIT_ITERATIONS)
+        return _WState(V, H, jnp.asarray(0, jnp.int32), f(t0, x0))
+
+    def func(self, terms, t0, y0, args):
+        return terms.vf(t0, y0, args)
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        x0, unravel, f = self._flat(terms, y0, args)
+        st = solver_state
+        f0 = st.f0
+        if made_jump is not False:
+            f0 = jax.lax.cond(made_jump, lambda: f(t0, x0), lambda: f0)
+        V, H = jax.lax.cond(st.age >= self.refresh, lambda: _subspace(f, t0, x0, st.V, 1), lambda: (st.V, st.H))
+        age = jnp.where(st.age >= self.refresh, 0, st.age)
+        x1, err, f1, coeffs = _w_step(self.tableau, f, t0, t1, x0, f0, V, H, _depends_on_time(f, t0, x0))
+        dense = {"coeffs": jax.vmap(unravel)(coeffs)}
+        return unravel(x1), unravel(err), dense, _WState(V, H, age + 1, f1), diffrax.RESULTS.successful
+
+
+class _AutoState(eqx.Module):
+    stiff: jax.Array
+    n_stiff: jax.Array
+    n_calm: jax.Array
+    f0: jax.Array
+    w: _WState
+
+
+class AutoStiff(diffrax.AbstractAdaptiveSolver):
+    """Tsit5 while the problem is not stiff, `KrylovW` once it is, and back (see the module
+    documentation). While it never switches it takes exactly Tsit5's steps.
+
+    ``rank`` and ``refresh`` are `KrylovW`'s; ``threshold`` (default 3.0; Tsit5's stability
+    interval on the negative real axis ends at -3.51, and its controller holds a step at the
+    limit near 3.2) and ``patience`` (15 steps) decide the
+    switch to the stiff solver, ``calm`` (2.0) and ``calm_steps`` (6) the switch back (and,
+    in explicit mode, ``calm_steps`` steps below the threshold reset the count to the switch).
+    Under ``jax.vmap`` both branches are computed at every step (a batched condition becomes
+    a select), so batches of stiff flows pay the cost of both solvers.
+    """
+
+    rank: int = eqx.field(static=True, default=8)
+    refresh: int = eqx.field(static=True, default=10)
+    threshold: float = eqx.field(static=True, default=3.0)
+    patience: int = eqx.field(static=True, default=15)
+    calm: float = eqx.field(static=True, default=2.0)
+    calm_steps: int = eqx.field(static=True, default=6)
+
+    term_structure: ClassVar = diffrax.AbstractTerm
+    interpolation_cls: ClassVar = PolynomialInterpolation
+
+    def __check_init__(self):
+        for name in ("rank", "refresh", "patience", "calm_steps"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("threshold", "calm"):
+            if not float(getattr(self, name)) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+
+    def order(self, terms):
+        return 5
+
+    def error_order(self, terms):
+        # Tsit5's, so that while it never switches the controller takes Tsit5's very steps
+        return 5
+
+    def strong_order(self, terms):
+        return None
+
+    def func(self, terms, t0, y0, args):
+        return terms.vf(t0, y0, args)
+
+    def _w(self) -> KrylovW:
+        return KrylovW(rank=self.rank, refresh=self.refresh)
+
+    def init(self, terms, t0, t1, y0, args):
+        w = self._w().init(terms, t0, t1, y0, args)
+        zero = jnp.asarray(0, jnp.int32)
+        # the stiff solver's Jacobian is rebuilt when it takes over
+        w = _WState(w.V, w.H, jnp.asarray(self.refresh, jnp.int32), w.f0)
+        return _AutoState(jnp.asarray(False), zero, zero, w.f0, w)
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        x0, unravel = ravel_pytree(y0)
+        f = _Flat(terms, args, unravel)
+        st = solver_state
+        f0 = st.f0
+        if made_jump is not False:
+            f0 = jax.lax.cond(made_jump, lambda: f(t0, x0), lambda: f0)
+        h = t1 - t0
+        time_dependent = _depends_on_time(f, t0, x0)
+        w_solver = self._w()
+
+        def explicit():
+            ks = [h * f0]
+            xs = x0
+            for c_i, a_i in zip(_TSIT5.c, _TSIT5.a_lower, strict=True):
+                xs = x0 + sum(float(a) * kk for a, kk in zip(a_i, ks, strict=False) if a != 0)
+                fi = f(t0 + float(c_i) * h, xs)
+                ks.append(h * fi)
+            x1, f1 = xs, fi
+            err = sum(float(b) * kk for b, kk in zip(_TSIT5.b_error, ks, strict=True) if b != 0)
+            kmat = jnp.stack(ks)
+            # Hairer's stiffness estimate: stages 6 and 7 both sit at the end of the step
+            g6 = x0 + sum(float(a) * kk for a, kk in zip(_TSIT5.a_lower[-2], ks, strict=False) if a != 0)
+            h_rho = jnp.linalg.norm(ks[-1] - ks[-2]) / (jnp.linalg.norm(x1 - g6) + 1e-300)
+            return x1, err, f1, _tsit5_coeffs(x0, kmat), h_rho, st.w
+
+        def implicit():
+            V, H = jax.lax.cond(st.w.age >= self.refresh, lambda: _subspace(f, t0, x0, st.w.V, 1),
+                                lambda: (st.w.V, st.w.H))
+            age = jnp.where(st.w.age >= self.refresh, 0, st.w.age)
+            x1, err, f1, coeffs = _w_step(w_solver.tableau, f, t0, t1, x0, f0, V, H, time_dependent)
+            h_rho = jnp.abs(h) * jnp.linalg.norm(H, ord=2)
+            return x1, err, f1, coeffs, h_rho, _WState(V, H, age + 1, f1)
+
+        x1, err, f1, coeffs, h_rho, w_state = jax.lax.cond(st.stiff, implicit, explicit)
+        # switch to the stiff solver after `patience` steps at the explicit stability limit,
+        # back after `calm_steps` steps at which an explicit step would be stable
+        at_limit = h_rho > self.threshold
+        n_stiff = jnp.where(st.stiff, 0, jnp.where(at_limit, st.n_stiff + 1, st.n_stiff))
+        n_calm_explicit = jnp.where(at_limit, 0, st.n_calm + 1)
+        n_stiff = jnp.where(~st.stiff & (n_calm_explicit >= self.calm_steps), 0, n_stiff)
+        n_calm = jnp.where(st.stiff, jnp.where(h_rho < self.calm, st.n_calm + 1, 0), n_calm_explicit)
+        to_stiff = ~st.stiff & (n_stiff >= self.patience)
+        to_explicit = st.stiff & (n_calm >= self.calm_steps)
+        stiff = (st.stiff | to_stiff) & ~to_explicit
+        w_state = _WState(w_state.V, w_state.H, jnp.where(to_stiff, self.refresh, w_state.age), f1)
+        new = _AutoState(stiff, jnp.where(to_stiff | to_explicit, 0, n_stiff),
+                         jnp.where(to_stiff | to_explicit, 0, n_calm), f1, w_state)
+        dense = {"coeffs": jax.vmap(unravel)(coeffs)}
+        return unravel(x1), unravel(err), dense, new, diffrax.RESULTS.successful

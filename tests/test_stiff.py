@@ -1,0 +1,114 @@
+"""Stiff solvers: `KrylovW` (ROS34PW2 with a Krylov approximation of the Jacobian) and `AutoStiff`."""
+
+import diffrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attnflow as af
+from attnflow.deeplinear import mode_field, mode_strength
+
+S = jnp.array([3.0, 2.0, 1.0, 0.5])
+L = 1e4  # stiffness of the scalar test problem
+
+
+def _relax(t, y, a):
+    # y' = -L (y - cos t): a stiff, time-dependent problem with a closed form
+    return -a["L"] * (y - jnp.cos(t))
+
+
+def _relax_exact(t, y0, lam):
+    return (lam**2 * np.cos(t) + lam * np.sin(t)) / (lam**2 + 1) + (y0 - lam**2 / (lam**2 + 1)) * np.exp(-lam * t)
+
+
+def _sharp(t, y, a):
+    # a gradient flow whose stiffness lives in one direction: eigenvalues -a["big"] and -1 .. -0.1
+    return {"u": -a["big"] * (y["u"] - jnp.sin(y["v"][0])), "v": -a["rates"] * y["v"]}
+
+
+def _steps(solver, field, y0, t1, args, rtol):
+    sol = diffrax.diffeqsolve(diffrax.ODETerm(field), solver, 0.0, t1, None, y0, args,
+                              stepsize_controller=diffrax.PIDController(rtol=rtol, atol=rtol * 1e-3), max_steps=1_000_000)
+    return int(sol.stats["num_steps"]), sol.ys
+
+
+def test_auto_stiff_is_tsit5_while_the_problem_is_not_stiff():
+    kw = dict(args={"s": S, "tau": 1.0}, save=af.LogGrid(60))
+    tsit5 = af.integrate(mode_field, jnp.full(4, 1e-3), 14.0, solver=af.SolverOptions(rtol=1e-9, atol=1e-12), **kw)
+    auto = af.integrate(mode_field, jnp.full(4, 1e-3), 14.0, solver=af.SolverOptions(af.AutoStiff(), rtol=1e-9,
+                                                                                      atol=1e-12), **kw)
+    # the same steps, the same values and the same dense output (Tsit5's interpolant as a polynomial)
+    np.testing.assert_allclose(auto["y"], tsit5["y"], rtol=1e-12, atol=1e-14)
+    n_auto, _ = _steps(af.AutoStiff(), mode_field, jnp.full(4, 1e-3), 14.0, {"s": S, "tau": 1.0}, 1e-9)
+    n_tsit5, _ = _steps(af.UnrolledTsit5(), mode_field, jnp.full(4, 1e-3), 14.0, {"s": S, "tau": 1.0}, 1e-9)
+    assert n_auto == n_tsit5
+
+
+@pytest.mark.parametrize("solver", [af.KrylovW(rank=1), af.AutoStiff(rank=1)], ids=["KrylovW", "AutoStiff"])
+def test_stiff_time_dependent_problem_against_its_closed_form(solver):
+    tr = af.integrate(_relax, jnp.ones(1), 10.0, args={"L": L}, save=af.LinearGrid(50),
+                      solver=af.SolverOptions(solver, rtol=1e-8, atol=1e-10))
+    err = np.max(np.abs(np.asarray(tr["y"][:, 0]) - _relax_exact(np.asarray(tr.ts), 1.0, L)))
+    assert err < 5e-8, err
+    n, _ = _steps(solver, _relax, jnp.ones(1), 10.0, {"L": L}, 1e-8)
+    n_tsit5, _ = _steps(af.UnrolledTsit5(), _relax, jnp.ones(1), 10.0, {"L": L}, 1e-8)
+    assert n * 20 < n_tsit5, (n, n_tsit5)  # the explicit solver is held at h ~ 3.3 / L
+
+
+def _lotka_volterra(t, y, a):
+    return jnp.array([1.5 * y[0] - y[0] * y[1], -3.0 * y[1] + y[0] * y[1], 0.3 * y[0] - 0.2 * y[2]])
+
+
+def test_krylov_w_is_third_order():
+    # fixed steps h and h/2 on a nonlinear coupled problem: the error falls by 2^3
+    y0 = jnp.array([1.0, 1.0, 0.5])
+    ref = af.integrate(_lotka_volterra, y0, 2.0, save=af.LinearGrid(2), solver=af.SolverOptions(rtol=1e-13, atol=1e-14))
+    errs = []
+    for n in (25, 50, 100, 200):
+        tr = af.integrate(_lotka_volterra, y0, 2.0, save=af.LinearGrid(2),
+                          solver=af.SolverOptions(af.KrylovW(rank=3), dt0=2.0 / n,
+                                                  stepsize_controller=diffrax.ConstantStepSize()))
+        errs.append(float(jnp.max(jnp.abs(tr["y"][-1] - ref["y"][-1]))))
+    orders = np.log2(np.asarray(errs[:-1]) / np.asarray(errs[1:]))
+    assert np.all((orders > 2.7) & (orders < 3.5)), orders
+
+
+def test_low_rank_jacobian_captures_the_sharp_directions():
+    # three equal stiff eigenvalues -2e4 (a repeated eigenvalue: subspace iteration, not a single
+    # Krylov vector, captures all three) and ten slow ones in [-1, -0.1]
+    big, t1 = 2e4, 20.0
+    args = {"big": big, "rates": jnp.linspace(0.1, 1.0, 10)}
+    y0 = {"u": jnp.ones(3), "v": jnp.linspace(1.0, 2.0, 10)}
+    tsit5_floor = t1 * big / 3.51  # Tsit5's steps at its stability limit
+    v_exact = np.linspace(1.0, 2.0, 10) * np.exp(-np.linspace(0.1, 1.0, 10) * t1)
+    for solver in (af.KrylovW(rank=4), af.AutoStiff(rank=4)):
+        n, y = _steps(solver, _sharp, y0, t1, args, 1e-6)
+        assert n * 20 < tsit5_floor, (type(solver).__name__, n)
+        np.testing.assert_allclose(y["v"][-1], v_exact, rtol=1e-4, atol=1e-9)
+        # u sits on the slow manifold u = sin(v_0) up to O(1/big)
+        np.testing.assert_allclose(y["u"][-1], np.sin(v_exact[0]), atol=1e-5)
+
+
+def test_events_and_sweeps_with_auto_stiff():
+    def stop(t, y, a):
+        return y[0] - 0.5
+
+    tr = af.integrate(_relax, jnp.ones(1), 10.0, args={"L": L}, event=stop, save=af.LinearGrid(2),
+                      solver=af.SolverOptions(af.AutoStiff(rank=1), rtol=1e-9, atol=1e-12))
+    # y follows cos t closely: it reaches 1/2 near t = pi/3
+    assert abs(float(tr.t_event) - np.pi / 3) < 1e-3
+    res = af.sweep(lambda lam: af.integrate(_relax, jnp.ones(1), 2.0, args={"L": lam}, save=af.LinearGrid(2),
+                                            solver=af.SolverOptions(af.AutoStiff(rank=1), rtol=1e-8,
+                                                                    atol=1e-10))["y"][-1, 0],
+                   {"lam": np.array([1e3, 1e4])}, progress=False)
+    np.testing.assert_allclose(res.values, [_relax_exact(2.0, 1.0, 1e3), _relax_exact(2.0, 1.0, 1e4)], atol=5e-8)
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match="rank must be a positive integer"):
+        af.KrylovW(rank=0)
+    with pytest.raises(ValueError, match="refresh"):
+        af.KrylovW(refresh=0)
+    with pytest.raises(ValueError, match="patience"):
+        af.AutoStiff(patience=0)
