@@ -19,20 +19,31 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax.extend.core import get_opaque_trace_state
 
 __all__ = ["fail_if", "collecting", "status_code"]
 
-_SINK: contextvars.ContextVar[list[tuple[Any, str]] | None] = contextvars.ContextVar("attnflow_fail_sink", default=None)
+class _Sink(list):
+    """The failures recorded by `collecting`, and the trace it records them for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trace = get_opaque_trace_state()
+
+
+_SINK: contextvars.ContextVar[_Sink | None] = contextvars.ContextVar("attnflow_fail_sink", default=None)
 
 
 def fail_if(tree: Any, pred: Any, message: str) -> Any:
     """``tree``, failing with ``message`` where the (traced) boolean ``pred`` is true.
 
     Outside `collecting`: ``equinox.error_if`` (a runtime error). Inside: the inexact leaves
-    of ``tree`` become NaN where ``pred`` holds, and ``(pred, message)`` is recorded.
+    of ``tree`` become NaN where ``pred`` holds, and ``(pred, message)`` is recorded; but only
+    in the trace `collecting` was entered in: inside a further ``jit`` of the user's (whose
+    values cannot leave it), ``equinox.error_if`` again.
     """
     sink = _SINK.get()
-    if sink is None:
+    if sink is None or get_opaque_trace_state() != sink.trace:
         return eqx.error_if(tree, pred, message)
     sink.append((pred, message))
 
@@ -47,7 +58,7 @@ def fail_if(tree: Any, pred: Any, message: str) -> Any:
 @contextlib.contextmanager
 def collecting() -> Iterator[list[tuple[Any, str]]]:
     """Record the failures of `fail_if` calls traced inside the block instead of raising."""
-    sink: list[tuple[Any, str]] = []
+    sink = _Sink()
     token = _SINK.set(sink)
     try:
         yield sink

@@ -156,42 +156,78 @@ class _WState(eqx.Module):
     f0: jax.Array
 
 
+def _lower(rows: tuple, s: int) -> np.ndarray:
+    """A strictly lower triangular ``(s, s)`` matrix from its rows."""
+    M = np.zeros((s, s))
+    for i, row in enumerate(rows):
+        M[i, : len(row)] = row
+    return M
+
+
 def _w_step(tab: _RosWTableau, f: _Flat, t0, t1, x0, f0, V, H, time_dependent: bool):
-    """One ROS34PW2 step with ``A = V H V^T``; returns ``x1, error, f1, hermite coefficients``."""
+    """One ROS34PW2 step with ``A = V H V^T``; returns ``x1, error, f1, hermite coefficients``.
+
+    The stages after the first run in a ``fori_loop`` (the field is traced once for them, not
+    three times: a large field compiles in a fraction of the time)."""
     h = t1 - t0
     c = h * tab.gamma
     k = H.shape[0]
+    s = len(tab.b)
+    alpha = jnp.asarray(_lower(tab.alpha, s), x0.dtype)
+    gammas = jnp.asarray(_lower(tab.gammas, s), x0.dtype)
+    c_stage = alpha.sum(axis=1)
+    g_stage = tab.gamma + gammas.sum(axis=1)
     lu = jax.scipy.linalg.lu_factor(jnp.eye(k, dtype=x0.dtype) - c * H)
 
     def solve(r):
         z = V.T @ r
         return r - V @ z + V @ jax.scipy.linalg.lu_solve(lu, z)
 
-    def apply_A(v):
-        return V @ (H @ (V.T @ v))
-
     ft = None
     if time_dependent:
         ft = jax.jvp(lambda tt: f(tt, x0), (t0,), (jnp.ones_like(t0),))[1]
-    ks = []
-    for i in range(4):
-        if i == 0:
-            fi = f0
-            xi = x0
-        else:
-            xi = x0 + sum(a * kj for a, kj in zip(tab.alpha[i], ks, strict=True) if a != 0.0)
-            fi = f(t0 + sum(tab.alpha[i]) * h, xi)
-        r = h * fi
-        couple = [g * kj for g, kj in zip(tab.gammas[i], ks, strict=True) if g != 0.0]
-        if couple:
-            r = r + h * apply_A(sum(couple))
-        if ft is not None:
-            r = r + h * h * (tab.gamma + sum(tab.gammas[i])) * ft
-        ks.append(solve(r))
-    x1 = x0 + sum(b * kk for b, kk in zip(tab.b, ks, strict=True))
-    err = sum((b - bh) * kk for b, bh, kk in zip(tab.b, tab.b_hat, ks, strict=True))
+
+    def rhs(i, fi, ks):
+        r = h * fi + h * (V @ (H @ (V.T @ (gammas[i] @ ks))))
+        return r if ft is None else r + h * h * g_stage[i] * ft
+
+    ks = jnp.zeros((s, x0.shape[0]), x0.dtype)
+    ks = ks.at[0].set(solve(rhs(0, f0, ks)))
+
+    def stage(i, ks):
+        fi = f(t0 + c_stage[i] * h, x0 + alpha[i] @ ks)
+        return ks.at[i].set(solve(rhs(i, fi, ks)))
+
+    ks = jax.lax.fori_loop(1, s, stage, ks)
+    b = jnp.asarray(tab.b, x0.dtype)
+    x1 = x0 + b @ ks
+    err = (b - jnp.asarray(tab.b_hat, x0.dtype)) @ ks
     f1 = f(t1, x1)
     return x1, err, f1, _hermite_coeffs(x0, x1, h * f0, h * f1)
+
+
+def _tsit5_step(f: _Flat, t0, t1, x0, f0):
+    """One Tsit5 step (the tableau of ``diffrax.Tsit5``; stages 2..7 in a ``fori_loop``), with
+    Hairer's stiffness estimate ``h rho = |k7 - k6| / |x7 - x6|`` from the last two stages, both
+    at the end of the step. Returns ``x1, error, f1, dense coefficients, h rho``."""
+    h = t1 - t0
+    s = len(_TSIT5.c) + 1
+    A = jnp.asarray(_lower(((),) + tuple(_TSIT5.a_lower), s)[1:], x0.dtype)  # rows of stages 2..7
+    c = jnp.asarray(_TSIT5.c, x0.dtype)
+    ks = jnp.zeros((s, x0.shape[0]), x0.dtype).at[0].set(h * f0)
+
+    def stage(i, carry):
+        ks, _ = carry
+        xi = x0 + A[i - 1] @ ks
+        fi = f(t0 + c[i - 1] * h, xi)
+        return ks.at[i].set(h * fi), fi
+
+    ks, f1 = jax.lax.fori_loop(1, s, stage, (ks, f0))
+    x1 = x0 + A[-1] @ ks  # FSAL: the last stage is the new point
+    x6 = x0 + A[-2] @ ks
+    err = jnp.asarray(_TSIT5.b_error, x0.dtype) @ ks
+    h_rho = jnp.linalg.norm(ks[-1] - ks[-2]) / (jnp.linalg.norm(x1 - x6) + jnp.finfo(x0.dtype).tiny)
+    return x1, err, f1, _tsit5_coeffs(x0, ks), h_rho
 
 
 class KrylovW(diffrax.AbstractAdaptiveSolver):
@@ -329,19 +365,8 @@ class AutoStiff(diffrax.AbstractAdaptiveSolver):
         w_solver = self._w()
 
         def explicit():
-            ks = [h * f0]
-            xs = x0
-            for c_i, a_i in zip(_TSIT5.c, _TSIT5.a_lower, strict=True):
-                xs = x0 + sum(float(a) * kk for a, kk in zip(a_i, ks, strict=False) if a != 0)
-                fi = f(t0 + float(c_i) * h, xs)
-                ks.append(h * fi)
-            x1, f1 = xs, fi
-            err = sum(float(b) * kk for b, kk in zip(_TSIT5.b_error, ks, strict=True) if b != 0)
-            kmat = jnp.stack(ks)
-            # Hairer's stiffness estimate: stages 6 and 7 both sit at the end of the step
-            g6 = x0 + sum(float(a) * kk for a, kk in zip(_TSIT5.a_lower[-2], ks, strict=False) if a != 0)
-            h_rho = jnp.linalg.norm(ks[-1] - ks[-2]) / (jnp.linalg.norm(x1 - g6) + 1e-300)
-            return x1, err, f1, _tsit5_coeffs(x0, kmat), h_rho, st.w
+            x1, err, f1, coeffs, h_rho = _tsit5_step(f, t0, t1, x0, f0)
+            return x1, err, f1, coeffs, h_rho, st.w
 
         def implicit():
             V, H = jax.lax.cond(st.w.age >= self.refresh, lambda: _subspace(f, t0, x0, st.w.V, 1),

@@ -244,3 +244,16 @@ def test_sweep_of_an_integrate_with_an_event_on_one_device():
     res = af.sweep(ev, {"eta": etas}, progress=False, devices=jax.devices()[:1])
     assert res.meta["shard_map"] is False
     np.testing.assert_allclose(res.values, np.log(3.0 / 1e-3 - 1.0) / (6.0 * etas), rtol=1e-6)
+
+
+def test_a_users_own_jit_inside_a_sweep_keeps_its_errors_inside():
+    import equinox as eqx
+    import optax
+
+    @eqx.filter_jit
+    def run(lr):
+        return af.simulate(lambda p, _: jnp.sum(p["w"] ** 2), {"w": jnp.ones(2)}, optax.sgd(lr), 20,
+                           save=af.LinearGrid(2))["loss"][-1]
+
+    res = af.sweep(run, {"lr": np.array([0.1, 0.2])}, progress=False)
+    np.testing.assert_allclose(res.values, 2.0 * (1 - 2 * np.array([0.1, 0.2])) ** 40, rtol=1e-10)

@@ -28,6 +28,7 @@ import optimistix as optx
 
 from .. import _validate as V
 from ..ode import integrate
+from ..stiff import AutoStiff
 from ..options import LogGrid, SaveGrid, SolverOptions
 from ..saddle import fixed_point, jacobian
 from ..trajectory import Trajectory
@@ -121,9 +122,11 @@ def conserved(theta: dict) -> dict[str, jax.Array]:
 DEFAULT_SAVE = LogGrid(200, t_min=1e-2)
 """`solve`'s save grid when none is given: log-spaced (plateaus last decades)."""
 
-DEFAULT_SOLVER = SolverOptions(rtol=1e-9, atol=1e-12, max_steps=1_000_000)
-"""`solve`'s solver options when none are given: Tsit5 with a PID controller, tolerances tight
-enough that the loss is non-increasing on the save grid over a whole cycle."""
+DEFAULT_SOLVER = SolverOptions(AutoStiff(), rtol=1e-9, atol=1e-12, max_steps=1_000_000)
+"""`solve`'s solver options when none are given: `attnflow.AutoStiff` (Tsit5 steps until the
+flow turns stiff late in the cycle, where one Hessian direction sharpens, then the
+Rosenbrock-W solver `attnflow.KrylovW`) with a PID controller, tolerances tight enough that
+the loss is non-increasing on the save grid over a whole cycle."""
 
 
 class _SolveArgs(eqx.Module):
