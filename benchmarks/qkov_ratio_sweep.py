@@ -25,14 +25,26 @@ import numpy as np
 jax.config.update("jax_enable_x64", True)
 
 import attnflow as af  # noqa: E402
-from attnflow.qkov import QKOVParams, authors_rk4, first_integral, solve_reduced  # noqa: E402
+from attnflow import qkov  # noqa: E402
 
 m, n, b, M = 5.0, 50.0, 50.0, 20.0
 TARGET = 1e-4
 
 
 def params(r):
-    return QKOVParams.create(m=m, n=n, b=b, M=M, eta_ov=1.0, ratio=r)
+    return qkov.paper_setup(r)
+
+
+def reduced_final(r, rtol, atol):
+    """attnflow's adaptive solve to the loss target (time t; horizon 5e7 in the authors' tau), final state."""
+    s = params(r)
+    return qkov.solve(
+        s,
+        qkov.from_tau(qkov.PAPER_HORIZON_TAU, s),
+        loss_target=TARGET,
+        save=af.LinearGrid(2),
+        solver=af.SolverOptions(rtol=rtol, atol=atol, max_steps=4_000_000),
+    ).final()
 
 
 def numpy_rk4(r, d_tau=10.0, horizon=5e7):
@@ -44,8 +56,10 @@ def numpy_rk4(r, d_tau=10.0, horizon=5e7):
         em = np.exp(np.clip(y[1], -60, 60))
         a = m * em / (m * em + n + 1e-12)
         E = np.exp(np.clip(a * y[0], -60, 60)) + M - 1 + 1e-12
-        return np.array([eta_ov * a / (b * E + 1e-12),
-                         eta_qk * (M - 1) * a * (1 - a) * y[0] / (M * b**2 * E + 1e-12)]) / scale
+        return (
+            np.array([eta_ov * a / (b * E + 1e-12), eta_qk * (M - 1) * a * (1 - a) * y[0] / (M * b**2 * E + 1e-12)])
+            / scale
+        )
 
     def loss(y):
         em = np.exp(np.clip(y[1], -60, 60))
@@ -85,7 +99,7 @@ def scipy_one(r):
 
 
 def residual(y, r):
-    return abs(float(first_integral({"mu_ov": jnp.asarray(y[0]), "mu_qk": jnp.asarray(y[1])}, params(r))))
+    return abs(float(qkov.first_integral({"mu_ov": jnp.asarray(y[0]), "mu_qk": jnp.asarray(y[1])}, params(r))))
 
 
 def main():
@@ -93,9 +107,16 @@ def main():
     ap.add_argument("--rk4-ratios", type=int, default=3)
     ap.add_argument("--scipy-ratios", type=int, default=101)
     ap.add_argument("--sgd-steps", type=int, default=2000)
-    ap.add_argument("--part", choices=["all", "ode", "sgd"], default="all", help="run only the ODE or the SGD comparison")
+    ap.add_argument(
+        "--part", choices=["all", "ode", "sgd"], default="all", help="run only the ODE or the SGD comparison"
+    )
     ap.add_argument("--par", default="CACO", help="parametrisation of the SGD comparison")
-    ap.add_argument("--rtol", type=float, default=1e-14, help="sweep tolerance (1e-14: first-integral residual at or below the RK4 one)")
+    ap.add_argument(
+        "--rtol",
+        type=float,
+        default=1e-14,
+        help="sweep tolerance (1e-14: first-integral residual at or below the RK4 one)",
+    )
     ap.add_argument("--atol", type=float, default=1e-16)
     args = ap.parse_args()
     if args.part in ("all", "ode"):
@@ -106,8 +127,7 @@ def main():
 
 def ode_part(args):
     ratios = np.geomspace(1e-2, 1e2, 101)
-    fn = lambda r: solve_reduced(params(r), loss_target=TARGET, n_save=2, rtol=args.rtol, atol=args.atol,  # noqa: E731
-                                 max_steps=4_000_000).final()
+    fn = lambda r: reduced_final(r, args.rtol, args.atol)
     t0 = time.perf_counter()
     af.sweep(fn, {"r": ratios}, progress=False)
     t_first = time.perf_counter() - t0
@@ -117,7 +137,11 @@ def ode_part(args):
     res_sweep = max(residual((res.values["mu_ov"][i], res.values["mu_qk"][i]), r) for i, r in enumerate(ratios))
 
     # step counts of the authors' scheme for all 101 ratios, from the compiled replica
-    rk = af.sweep(lambda r: authors_rk4(params(r), n_save=2).ts[-1], {"r": ratios}, progress=False)
+    rk = af.sweep(
+        lambda r: qkov.to_tau(qkov.authors_rk4(params(r), save=af.LinearGrid(2)).ts[-1], params(r)),
+        {"r": ratios},
+        progress=False,
+    )
     steps_all = np.asarray(rk.values) / 10.0
     sub = np.geomspace(1e-2, 1e2, args.rk4_ratios)
     t0 = time.perf_counter()
@@ -125,28 +149,29 @@ def ode_part(args):
     t_np_sub = time.perf_counter() - t0
     steps_sub = sum(k for _, k in outs)
     t_np_all = t_np_sub / steps_sub * steps_all.sum()
-    res_np = max(residual(y, r) for (y, _), r in zip(outs, sub))
+    res_np = max(residual(y, r) for (y, _), r in zip(outs, sub, strict=True))
 
     sp_r = ratios[:: max(1, 101 // args.scipy_ratios)]
     t0 = time.perf_counter()
     ys = [scipy_one(r) for r in sp_r]
     t_sp = (time.perf_counter() - t0) * len(ratios) / len(sp_r)
-    res_sp = max(residual(y, r) for y, r in zip(ys, sp_r))
+    res_sp = max(residual(y, r) for y, r in zip(ys, sp_r, strict=True))
 
     print(f"Reduced CACO ODE, 101 ratios in [1e-2, 1e2], to loss {TARGET:g}; devices={jax.device_count()}")
     print(f"{'method':52s} {'seconds':>10s} {'max FI residual':>16s}")
-    print(f"{'attnflow sweep (Tsit5 + event, one jit+vmap), warm':52s} {t_sweep:10.3f} {res_sweep:16.2e}  (rtol {args.rtol:g})")
+    label = "attnflow sweep (Tsit5 + event, one jit+vmap), warm"
+    print(f"{label:52s} {t_sweep:10.3f} {res_sweep:16.2e}  (rtol {args.rtol:g})")
     print(f"{'  first call incl. compile':52s} {t_first:10.3f}")
     print(f"{'NumPy RK4 loop, authors style (extrapolated)':52s} {t_np_all:10.1f} {res_np:16.2e}")
-    print(f"{'  measured on %d ratios, %d steps' % (len(sub), steps_sub):52s} {t_np_sub:10.1f}")
+    label = f"  measured on {len(sub)} ratios, {steps_sub} steps"
+    print(f"{label:52s} {t_np_sub:10.1f}")
     print(f"{'scipy solve_ivp loop (RK45, event)':52s} {t_sp:10.3f} {res_sp:16.2e}")
     print(f"ratio vs NumPy RK4: {t_np_all / t_sweep:10.0f}x  (target >= 1000x)")
     # at the accuracy of the SciPy loop: the sweep at the tightest of a few tolerances whose
     # residual is no worse than SciPy's
-    fn_m = lambda r, rtol: solve_reduced(params(r), loss_target=TARGET, n_save=2, rtol=rtol, atol=rtol * 1e-2,  # noqa: E731
-                                         max_steps=4_000_000).final()
+    fn_m = lambda r, rtol: reduced_final(r, rtol, rtol * 1e-2)
     for rtol_m in (1e-10, 3e-11, 1e-11, 3e-12):
-        g = lambda r, rtol_m=rtol_m: fn_m(r, rtol_m)  # noqa: E731
+        g = lambda r, rtol_m=rtol_m: fn_m(r, rtol_m)
         af.sweep(g, {"r": ratios}, progress=False)
         t0 = time.perf_counter()
         rm = af.sweep(g, {"r": ratios}, progress=False)
@@ -155,7 +180,10 @@ def ode_part(args):
         if res_m <= res_sp:
             break
     print(f"{'attnflow sweep at matched accuracy, warm':52s} {t_m:10.3f} {res_m:16.2e}  (rtol {rtol_m:g})")
-    print(f"ratio vs SciPy:     {t_sp / t_sweep:10.1f}x  at rtol {args.rtol:g} (residual {res_sp / res_sweep:.0f}x smaller than SciPy's)")
+    print(
+        f"ratio vs SciPy:     {t_sp / t_sweep:10.1f}x  at rtol {args.rtol:g} "
+        f"(residual {res_sp / res_sweep:.0f}x smaller than SciPy's)"
+    )
     print(f"ratio vs SciPy at equal or better accuracy: {t_sp / t_m:10.1f}x  (target >= 100x)")
 
 
@@ -165,14 +193,17 @@ def sgd_part(args):
     `attnflow.sweep` nests one vmap per axis, so each seed's batches are drawn once and
     shared by its 16 ratios; the flat layout (one vmap over the 64 points) is timed too.
     """
-    from attnflow.qkov.data import CodeGenerator
-    from attnflow.qkov.experiments import _train
-
-    gen = CodeGenerator(64)
+    gen = qkov.CodeGenerator(64)
     ev = gen.sample(jax.random.PRNGKey(7), 500)
     sgd_r = np.geomspace(0.1, 30, 16)
     seeds = np.arange(4)
-    f = lambda r, seed: _train(args.par, "torch_default", {"qk": r * 0.01, "ov": 0.01}, args.sgd_steps, gen, seed, ev, n_save=10)[0]["loss"]  # noqa: E731
+
+    def f(r, seed):
+        tr, _ = qkov.train_on_generator(
+            args.par, r * 0.01, 0.01, args.sgd_steps, key=seed, generator=gen, eval_set=ev, save=af.LogGrid(10)
+        )
+        return tr["loss"]
+
     timings = {}
     for nest in (True, False):
         af.sweep(f, {"r": sgd_r, "seed": seeds}, nest=nest, progress=False)  # compile
@@ -189,8 +220,13 @@ def sgd_part(args):
     print(f"SGD {args.par}, 16 ratios x 4 seeds x {args.sgd_steps} steps (batch 32), devices={jax.device_count()}")
     print(f"  one call, nested vmap (samples shared across ratios): {timings[True]:8.2f} s")
     print(f"  one call, flat vmap over the 64 points:               {timings[False]:8.2f} s")
-    print(f"  loop of 64 jitted single runs:                        {t_loop:8.2f} s   (max |loss gap| vs sweep {gap:.1e})")
-    print(f"ratio nested sweep vs loop: {t_loop / timings[True]:.1f}x (target >= 3x); flat sweep vs loop: {t_loop / timings[False]:.1f}x")
+    print(
+        f"  loop of 64 jitted single runs:                        {t_loop:8.2f} s   (max |loss gap| vs sweep {gap:.1e})"
+    )
+    print(
+        f"ratio nested sweep vs loop: {t_loop / timings[True]:.1f}x (target >= 3x); "
+        f"flat sweep vs loop: {t_loop / timings[False]:.1f}x"
+    )
 
 
 if __name__ == "__main__":

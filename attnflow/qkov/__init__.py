@@ -1,13 +1,184 @@
-"""attnflow.qkov: faster query-key learning sharpens attention (spec `qkov.md`)."""
+"""attnflow.qkov: faster query-key learning sharpens attention (Vashisht & Ramaswamy, ICML 2026).
 
-from .theory import (
-    PARAMETRISATIONS, QKOVParams, alpha, asymptotics, authors_rk4, balance_diagnostic, balanced_factorise,
-    effective_rate, factor_conserved, first_integral, invariant, loss, loss_to_margin, reduced_field,
-    solve_reduced, state_at_loss, upper_bounds,
-)
+A one-layer attention model whose query-key (QK) and output-value (OV) circuits learn at
+rates ``eta_QK`` and ``eta_OV``; on the theory's data model gradient flow reduces to two
+scalars, the OV margin ``mu_OV`` and the QK score gap ``mu_QK``, and a faster QK circuit
+reaches a given loss with sharper attention.
+
+```python
+from attnflow import qkov
+s = qkov.Setup()                    # CACO, m, n, b, M = 5, 50, 4, 4, |C| = 1000, eta_QK = 3, eta_OV = 1
+th = qkov.solve(s, 3000.0)          # the reduced ODE in time t
+sim = qkov.train(s, 3000.0)         # gradient flow of the full 1016-token matrices, same clock
+```
+"""
+
+from .data import QUERY_MODES as QUERY_MODES
+from .data import CodeGenerator as CodeGenerator
+from .data import TheoryTask as TheoryTask
+from .metrics import DTAP_EDGES as DTAP_EDGES
+from .metrics import attention_concentration as attention_concentration
+from .metrics import comprehensiveness_sufficiency as comprehensiveness_sufficiency
+from .metrics import confident_concentration as confident_concentration
+from .metrics import dtap as dtap
+from .metrics import relevant_mass as relevant_mass
+from .metrics import rollout as rollout
+from .metrics import separability as separability
+from .model import CACO as CACO
+from .model import CAFO as CAFO
+from .model import CODE_SCORE_SCALE as CODE_SCORE_SCALE
+from .model import CODE_VOCAB as CODE_VOCAB
+from .model import FACO as FACO
+from .model import FAFO as FAFO
+from .model import MODEL_CLASSES as MODEL_CLASSES
+from .model import PAPER_EPS as PAPER_EPS
+from .model import PARAMETRISATIONS as PARAMETRISATIONS
+from .model import EpsIdentity as EpsIdentity
+from .model import Init as Init
+from .model import QKOVModel as QKOVModel
+from .model import TorchDefault as TorchDefault
+from .model import Zeros as Zeros
+from .model import balance_diagnostic as balance_diagnostic
+from .model import balanced_factorise as balanced_factorise
+from .model import circuit_labels as circuit_labels
+from .model import code_model as code_model
+from .model import cross_entropy as cross_entropy
+from .model import factor_conserved as factor_conserved
+from .model import make_aligned as make_aligned
+from .model import make_model as make_model
+from .observe import OBSERVABLES as OBSERVABLES
+from .observe import conserved_quantities as conserved_quantities
+from .observe import model_observables as model_observables
+from .observe import mu_ov_difference as mu_ov_difference
+from .observe import mu_ov_projection as mu_ov_projection
+from .observe import mu_qk_distinct as mu_qk_distinct
+from .observe import mu_qk_from_attention as mu_qk_from_attention
+from .observe import mu_qk_gap as mu_qk_gap
+from .observe import state_observables as state_observables
+from .setup import PAPER_HORIZON_TAU as PAPER_HORIZON_TAU
+from .setup import PAPER_LOSS_TARGET as PAPER_LOSS_TARGET
+from .setup import PAPER_RATIOS as PAPER_RATIOS
+from .setup import PAPER_SIZES as PAPER_SIZES
+from .setup import REFERENCE_R001 as REFERENCE_R001
+from .setup import Setup as Setup
+from .setup import paper_setup as paper_setup
+from .theory import AUTHORS_SAVE as AUTHORS_SAVE
+from .theory import DEFAULT_SAVE as DEFAULT_SAVE
+from .theory import DEFAULT_SOLVER as DEFAULT_SOLVER
+from .theory import alpha as alpha
+from .theory import authors_rk4 as authors_rk4
+from .theory import effective_rate as effective_rate
+from .theory import first_integral as first_integral
+from .theory import from_tau as from_tau
+from .theory import invariant as invariant
+from .theory import large_t_asymptotics as large_t_asymptotics
+from .theory import loss as loss
+from .theory import loss_to_margin as loss_to_margin
+from .theory import reduced_field as reduced_field
+from .theory import solve as solve
+from .theory import state_at_loss as state_at_loss
+from .theory import to_tau as to_tau
+from .theory import upper_bounds as upper_bounds
+from .train import BATCH_SEED_OFFSET as BATCH_SEED_OFFSET
+from .train import DEFAULT_TRAIN_SAVE as DEFAULT_TRAIN_SAVE
+from .train import EVAL_SEED as EVAL_SEED
+from .train import EVAL_SIZE as EVAL_SIZE
+from .train import FINAL_EVAL_SEED as FINAL_EVAL_SEED
+from .train import FIXED_ATTENTION_SAVE as FIXED_ATTENTION_SAVE
+from .train import FIXED_EVAL_SEED as FIXED_EVAL_SEED
+from .train import FLOW_SOLVER as FLOW_SOLVER
+from .train import GENERATOR_BATCH as GENERATOR_BATCH
+from .train import GENERATOR_OBSERVABLES as GENERATOR_OBSERVABLES
+from .train import GENERATOR_SAVE as GENERATOR_SAVE
+from .train import TRAIN_TOLERANCE as TRAIN_TOLERANCE
+from .train import fixed_attention_logits as fixed_attention_logits
+from .train import linear_ramp as linear_ramp
+from .train import train as train
+from .train import train_fixed_attention as train_fixed_attention
+from .train import train_on_generator as train_on_generator
 
 __all__ = [
-    "PARAMETRISATIONS", "QKOVParams", "alpha", "asymptotics", "authors_rk4", "balance_diagnostic",
-    "balanced_factorise", "effective_rate", "factor_conserved", "first_integral", "invariant", "loss",
-    "loss_to_margin", "reduced_field", "solve_reduced", "state_at_loss", "upper_bounds",
+    "AUTHORS_SAVE",
+    "BATCH_SEED_OFFSET",
+    "CACO",
+    "CAFO",
+    "CODE_SCORE_SCALE",
+    "CODE_VOCAB",
+    "DEFAULT_SAVE",
+    "DEFAULT_SOLVER",
+    "DEFAULT_TRAIN_SAVE",
+    "DTAP_EDGES",
+    "EVAL_SEED",
+    "EVAL_SIZE",
+    "FACO",
+    "FAFO",
+    "FINAL_EVAL_SEED",
+    "FIXED_ATTENTION_SAVE",
+    "FIXED_EVAL_SEED",
+    "FLOW_SOLVER",
+    "GENERATOR_BATCH",
+    "GENERATOR_OBSERVABLES",
+    "GENERATOR_SAVE",
+    "MODEL_CLASSES",
+    "OBSERVABLES",
+    "PAPER_EPS",
+    "PAPER_HORIZON_TAU",
+    "PAPER_LOSS_TARGET",
+    "PAPER_RATIOS",
+    "PAPER_SIZES",
+    "PARAMETRISATIONS",
+    "QUERY_MODES",
+    "REFERENCE_R001",
+    "TRAIN_TOLERANCE",
+    "CodeGenerator",
+    "EpsIdentity",
+    "Init",
+    "QKOVModel",
+    "Setup",
+    "TheoryTask",
+    "TorchDefault",
+    "Zeros",
+    "alpha",
+    "attention_concentration",
+    "authors_rk4",
+    "balance_diagnostic",
+    "balanced_factorise",
+    "circuit_labels",
+    "code_model",
+    "comprehensiveness_sufficiency",
+    "confident_concentration",
+    "conserved_quantities",
+    "cross_entropy",
+    "dtap",
+    "effective_rate",
+    "factor_conserved",
+    "first_integral",
+    "fixed_attention_logits",
+    "from_tau",
+    "invariant",
+    "large_t_asymptotics",
+    "linear_ramp",
+    "loss",
+    "loss_to_margin",
+    "make_aligned",
+    "make_model",
+    "model_observables",
+    "mu_ov_difference",
+    "mu_ov_projection",
+    "mu_qk_distinct",
+    "mu_qk_from_attention",
+    "mu_qk_gap",
+    "paper_setup",
+    "reduced_field",
+    "relevant_mass",
+    "rollout",
+    "separability",
+    "solve",
+    "state_at_loss",
+    "state_observables",
+    "to_tau",
+    "train",
+    "train_fixed_attention",
+    "train_on_generator",
+    "upper_bounds",
 ]

@@ -1,10 +1,11 @@
-"""Tasks of the QK/OV theory (spec `qkov.md` section 3).
+"""The two tasks of `attnflow.qkov`.
 
-- `TheoryTask`: the theory's data model (M classes, b distinct tokens per class, a
-  common set C, m distinct and n common context positions, a query token), with the
-  mean-embedding population loss (exact on the invariant manifold) and a Monte Carlo
-  estimator of the exact population loss on sampled sequences.
-- `CodeGenerator`: the synthetic generator of the paper's experiments (section 3.1).
+- `TheoryTask`: the theory's data model (``M`` classes, ``b`` distinct tokens per class, a
+  common set ``C``, ``m`` distinct and ``n`` common context positions, a query token), with
+  the mean-embedding population loss (eq. (9) of the qkov docs page; exact on the invariant
+  manifold) and a Monte Carlo estimator of the exact population loss on sampled sequences.
+- `CodeGenerator`: the synthetic generator of the authors' code (``V = 50``), on which the
+  paper's SGD experiments run (`attnflow.qkov.train_on_generator`).
 """
 
 from __future__ import annotations
@@ -18,11 +19,15 @@ import numpy as np
 
 from .. import _validate as V
 
-__all__ = ["TheoryTask", "CodeGenerator"]
+__all__ = ["QUERY_MODES", "CodeGenerator", "TheoryTask"]
+
+QUERY_MODES = ("distinct_uniform", "dedicated")
+"""How the query token is drawn: uniformly from the class's distinct set, or one dedicated
+query token per class."""
 
 
 class TheoryTask(eqx.Module):
-    """The theory data model of section 3.2 on one-hot tokens.
+    """The theory's data model on one-hot tokens.
 
     Token ids: class ``c`` owns ``c b .. c b + b - 1``; the common set is
     ``M b .. M b + |C| - 1``; with ``query_mode="dedicated"`` class ``c`` has its own query
@@ -36,14 +41,21 @@ class TheoryTask(eqx.Module):
     n_common: int = eqx.field(static=True)
     query_mode: str = eqx.field(static=True)
 
-    def __init__(self, m: int = 5, n: int = 50, b: int = 50, M: int = 20, n_common: int = 50,
-                 query_mode: str = "distinct_uniform"):
+    def __init__(
+        self,
+        m: int = 5,
+        n: int = 50,
+        b: int = 50,
+        M: int = 20,
+        n_common: int = 50,
+        query_mode: str = "distinct_uniform",
+    ):
         self.m = V.positive_int("m", m)
         self.n = V.positive_int("n", n)
         self.b = V.positive_int("b", b)
         self.M = V.positive_int("M", M, minimum=2)
         self.n_common = V.positive_int("n_common", n_common)
-        self.query_mode = V.choice("query_mode", query_mode, ("distinct_uniform", "dedicated"))
+        self.query_mode = V.choice("query_mode", query_mode, QUERY_MODES)
 
     @property
     def V(self) -> int:
@@ -56,7 +68,7 @@ class TheoryTask(eqx.Module):
     def distinct_ids(self, c: int) -> np.ndarray:
         return np.arange(c * self.b, (c + 1) * self.b)
 
-    # -- structure of section 5.1 ----------------------------------------------------------
+    # -- the invariant manifold (eq. (10)) ----------------------------------------------------------
     def distinct_embeddings(self) -> jax.Array:
         """Rows ``1_{D_c} / b`` (M, V)."""
         E = np.zeros((self.M, self.V))
@@ -96,7 +108,7 @@ class TheoryTask(eqx.Module):
 
     # -- population loss --------------------------------------------------------------------
     def mean_embedding_loss(self, W_qk: jax.Array, W_ov: jax.Array, score_scale: Any = 1.0) -> jax.Array:
-        """Mean-embedding population loss (section 3.3): query and distinct (common) tokens
+        """Mean-embedding population loss (eq. (9)): query and distinct (common) tokens
         replaced by their class means; attention over ``m`` copies of the distinct score and
         ``n`` of the common score. Equals the exact population loss, with its gradient, on the
         invariant manifold."""
@@ -138,7 +150,7 @@ class TheoryTask(eqx.Module):
 
 
 class CodeGenerator(eqx.Module):
-    """Synthetic generator of the paper's experiments (section 3.1).
+    """Synthetic generator of the authors' code (not an instance of the theory model).
 
     ``V = 50``; common ids ``0..9``; class ``k`` in ``0..3`` owns ids ``10(k+1) .. 10(k+1)+9``;
     context tokens iid with weight 1 per common id and ``0.1 (i+1)`` on id ``10(k+1)+i``;
@@ -162,7 +174,7 @@ class CodeGenerator(eqx.Module):
         W = np.zeros((self.n_classes, self.vocab))
         W[:, :10] = 1.0
         for k in range(self.n_classes):
-            W[k, 10 * (k + 1): 10 * (k + 1) + 10] = 0.1 * (np.arange(10) + 1)
+            W[k, 10 * (k + 1) : 10 * (k + 1) + 10] = 0.1 * (np.arange(10) + 1)
         with np.errstate(divide="ignore"):
             return jnp.asarray(np.log(W))
 

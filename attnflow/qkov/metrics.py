@@ -1,7 +1,9 @@
-"""Attention metrics of the QK/OV paper (spec `qkov.md` section 10)."""
+"""Attention metrics of the QK/OV paper: relevant-token mass, DTAP histograms, separability,
+AC / ACMC, ERASER comprehensiveness and sufficiency, attention rollout."""
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 import jax
@@ -10,25 +12,37 @@ import numpy as np
 
 from .. import _validate as V
 
-__all__ = ["DTAP_EDGES", "relevant_mass", "dtap", "separability", "attention_concentration",
-           "confident_concentration", "comprehensiveness_sufficiency", "rollout"]
+__all__ = [
+    "DTAP_EDGES",
+    "attention_concentration",
+    "comprehensiveness_sufficiency",
+    "confident_concentration",
+    "dtap",
+    "relevant_mass",
+    "rollout",
+    "separability",
+]
 
-#: DTAP bin edges of the paper (section 10.2); the same edges on both axes by default.
-DTAP_EDGES = {
-    "synthetic": (0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
-    "hatexplain": (0.0, 0.33, 0.66, 1.1),
-    "sva": (0.0, 0.1, 0.5, 1.1),
-    "squad": (0.0, 0.05, 0.1, 0.5, 1.001),
-}
+DTAP_EDGES = MappingProxyType(
+    {
+        "synthetic": (0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+        "hatexplain": (0.0, 0.33, 0.66, 1.1),
+        "sva": (0.0, 0.1, 0.5, 1.1),
+        "squad": (0.0, 0.05, 0.1, 0.5, 1.001),
+    }
+)
+"""DTAP bin edges of the paper per dataset (`dtap` uses the same edges on both axes by default)."""
 
 
 def relevant_mass(a: jax.Array, relevant: jax.Array) -> jax.Array:
-    """``A_rel = sum_{i in R} a_i`` per example (10.1)."""
+    """``A_rel = sum_{i in R} a_i`` per example: the attention mass on the relevant positions."""
     return jnp.sum(jnp.where(relevant, a, 0.0), axis=-1)
 
 
 def _edges(e: Any) -> np.ndarray:
-    e = np.asarray(DTAP_EDGES[e] if isinstance(e, str) else e, dtype=float)
+    if isinstance(e, str):
+        raise ValueError(f"bin edges must be a sequence of numbers (e.g. DTAP_EDGES[{e!r}]), got {e!r}")
+    e = np.asarray(e, dtype=float)
     if e.ndim != 1 or e.size < 2 or np.any(np.diff(e) <= 0):
         raise ValueError(f"bin edges must be increasing with at least two entries, got {e!r}")
     return e
@@ -42,8 +56,9 @@ def _bin(x: jax.Array, edges: np.ndarray) -> jax.Array:
     return jnp.where((x < e[0]) | (x > e[-1]) | (i > e.size - 2), -1, i)
 
 
-def dtap(a_rel: Any, p_true: Any, edges_attention: Any = "synthetic", edges_prob: Any = None) -> jax.Array:
-    """DTAP histogram (10.2): percent of examples per (attention bin, probability bin).
+def dtap(a_rel: Any, p_true: Any, edges_attention: Any = DTAP_EDGES["synthetic"], edges_prob: Any = None) -> jax.Array:
+    """DTAP histogram (distinct-token attention vs probability): percent of examples per
+    (attention bin, probability bin).
 
     Rows: bins of ``A_rel``; columns: bins of ``p_true``. Bins are left-closed, the last
     closed; out-of-range values are dropped (but still count in the denominator, as the
@@ -69,7 +84,7 @@ def dtap(a_rel: Any, p_true: Any, edges_attention: Any = "synthetic", edges_prob
 
 
 def separability(a: jax.Array, relevant: jax.Array) -> jax.Array:
-    """Mean over examples of ``max_{i in R} a_i - min_{i not in R} a_i`` (10.3)."""
+    """Mean over examples of ``max_{i in R} a_i - min_{i not in R} a_i``."""
     mx = jnp.max(jnp.where(relevant, a, -jnp.inf), axis=-1)
     mn = jnp.min(jnp.where(relevant, jnp.inf, a), axis=-1)
     return jnp.mean(mx - mn)
@@ -81,15 +96,17 @@ def _threshold(name: str, value: float) -> None:
 
 
 def attention_concentration(a_rel: Any, tau_a: float = 0.1, strict: bool = False) -> jax.Array:
-    """AC: fraction of examples with ``A_rel >= tau_a`` (``>`` if strict) (10.6, default [open] form)."""
+    """AC: fraction of examples with ``A_rel >= tau_a`` (``>`` if strict). The paper describes AC only
+    in words; this is the attention-only reading."""
     _threshold("tau_a", tau_a)
     a_rel = jnp.asarray(a_rel)
     return jnp.mean(a_rel > tau_a if strict else a_rel >= tau_a)
 
 
-def confident_concentration(a_rel: Any, confidence: Any, tau_a: float = 0.1, tau_p: float = 0.1,
-                            strict: bool = False) -> jax.Array:
-    """ACMC: fraction with ``A_rel >= tau_a`` and ``confidence >= tau_p`` (10.6).
+def confident_concentration(
+    a_rel: Any, confidence: Any, tau_a: float = 0.1, tau_p: float = 0.1, strict: bool = False
+) -> jax.Array:
+    """ACMC: fraction with ``A_rel >= tau_a`` and ``confidence >= tau_p``.
 
     ``confidence`` is what the option ``confidence`` selects: the true-class probability
     (default), the predicted-class probability, or correctness (0/1 with ``tau_p`` in (0, 1])."""
@@ -102,7 +119,7 @@ def confident_concentration(a_rel: Any, confidence: Any, tau_a: float = 0.1, tau
 
 
 def rollout(attn: jax.Array, alpha_r: float = 1.0) -> jax.Array:
-    """Attention rollout (10.4) of per-layer attention ``(layers, B, L, L)`` (heads averaged):
+    """Attention rollout of per-layer attention ``(layers, B, L, L)`` (heads averaged):
     ``A~ = alpha_r A + (1 - alpha_r) I`` row-normalised, last row of ``A~_L ... A~_1``."""
     L = attn.shape[-1]
     At = alpha_r * attn + (1 - alpha_r) * jnp.eye(L)
@@ -113,9 +130,10 @@ def rollout(attn: jax.Array, alpha_r: float = 1.0) -> jax.Array:
     return out[..., -1, :]
 
 
-def comprehensiveness_sufficiency(model: Any, tokens: jax.Array, top_percent: float = 5.0,
-                                  lengths: jax.Array | None = None) -> dict[str, jax.Array]:
-    """ERASER comprehensiveness and sufficiency with top-k% deletion (10.5), one-layer model
+def comprehensiveness_sufficiency(
+    model: Any, tokens: jax.Array, top_percent: float = 5.0, lengths: jax.Array | None = None
+) -> dict[str, jax.Array]:
+    """ERASER comprehensiveness and sufficiency with top-k% deletion, one-layer model
     (rollout = the attention row). ``k = ceil(top_percent/100 * len)`` tokens with the
     largest attention; deletion keeps order (a masked key). ``y^`` = predicted class.
 

@@ -1,73 +1,113 @@
-"""Parameters -> the named observables that `theory.py` evolves (spec `qkov.md` section 5.1).
+"""Observables of the QK/OV theory, recorded alike by `solve` and `train`, and the readouts of
+full matrices (eq. (10) of the qkov docs page).
 
-Readouts act on the full (product) matrices, so collapsed and factorised models are read
-the same way.
+Readouts act on the product matrices, so collapsed and factorised models are read the same
+way. On the invariant manifold the two ``mu_OV`` readouts agree, and so do the three
+``mu_QK`` readouts.
 """
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from .. import _validate as V
 from .data import TheoryTask
+from .model import QKOVModel, factor_conserved
+from .theory import alpha, loss
 
-__all__ = ["mu_ov", "mu_qk", "readouts", "flow_readouts"]
+__all__ = [
+    "OBSERVABLES",
+    "conserved_quantities",
+    "model_observables",
+    "mu_ov_difference",
+    "mu_ov_projection",
+    "mu_qk_distinct",
+    "mu_qk_from_attention",
+    "mu_qk_gap",
+    "state_observables",
+]
+
+OBSERVABLES = MappingProxyType(
+    {
+        "mu_ov": "OV margin mu_OV: W_OV = mu_OV D_OV (projection readout of W_OV on D_OV)",
+        "mu_qk": "QK score gap mu_QK = c (W_QK[q, d] - W_QK[q, k]), q, d distinct, k common (gap readout)",
+        "alpha": "attention mass on the m distinct positions, m e^mu_QK / (m e^mu_QK + n)",
+        "loss": "population cross-entropy (mean-embedding form, exact on the invariant manifold)",
+    }
+)
+"""What `attnflow.qkov.solve` and `attnflow.qkov.train` both record."""
 
 
-def mu_ov(W_ov: jax.Array, task: TheoryTask, readout: str = "projection") -> jax.Array:
-    """``projection``: ``<W_OV, D_OV> / ||D_OV||^2``; ``difference``: ``W_OV[c, j] - W_OV[c', j]``
-    for ``j`` in ``D_c`` (class 0 against class 1, first distinct token). Equal on the manifold."""
-    V.choice("mu_ov_readout", readout, ("projection", "difference"))
-    if readout == "projection":
-        D = task.D_ov()
-        return jnp.sum(W_ov * D) / jnp.sum(D * D)
+def state_observables(state: dict, setup: Any) -> dict[str, jax.Array]:
+    """`OBSERVABLES` of a reduced state ``{mu_ov, mu_qk}`` (eq. (2))."""
+    return {
+        "mu_ov": state["mu_ov"],
+        "mu_qk": state["mu_qk"],
+        "alpha": alpha(state["mu_qk"], setup),
+        "loss": loss(state, setup),
+    }
+
+
+def model_observables(model: QKOVModel, task: TheoryTask) -> dict[str, jax.Array]:
+    """`OBSERVABLES` of a model of ``task``: ``mu_ov`` by `mu_ov_projection`, ``mu_qk`` by
+    `mu_qk_gap`, ``alpha`` from ``mu_qk``, ``loss`` the mean-embedding population loss."""
+    W_qk, W_ov = model.W_QK(), model.W_OV()
+    mq = mu_qk_gap(W_qk, task, model.score_scale)
+    return {
+        "mu_ov": mu_ov_projection(W_ov, task),
+        "mu_qk": mq,
+        "alpha": jax.nn.sigmoid(mq + np.log(task.m / task.n)),
+        "loss": task.mean_embedding_loss(W_qk, W_ov, model.score_scale),
+    }
+
+
+def conserved_quantities(model: QKOVModel, eta_qk: Any, eta_ov: Any) -> dict[str, jax.Array]:
+    """``{"conserved_qk": ..., "conserved_ov": ...}``: for each factorised circuit ``W = A B``
+    (`QKOVModel.factors`), ``A^T A / eta - B B^T / eta``, constant under gradient flow with
+    the circuit's rate (eq. (8)). Empty for `CACO`."""
+    rates = {"qk": eta_qk, "ov": eta_ov}
+    return {f"conserved_{c}": factor_conserved(A, B, rates[c], rates[c]) for c, (A, B) in model.factors().items()}
+
+
+def mu_ov_projection(W_ov: jax.Array, task: TheoryTask) -> jax.Array:
+    """``<W_OV, D_OV> / ||D_OV||_F^2``: the coordinate of ``W_OV`` along ``D_OV``."""
+    D = task.D_ov()
+    return jnp.sum(W_ov * D) / jnp.sum(D * D)
+
+
+def mu_ov_difference(W_ov: jax.Array, task: TheoryTask) -> jax.Array:
+    """``W_OV[c, j] - W_OV[c', j]`` for ``j`` in ``D_c`` (class 0 against class 1, first distinct token)."""
     j = int(task.distinct_ids(0)[0])
     return W_ov[0, j] - W_ov[1, j]
 
 
-def mu_qk(W_qk: jax.Array, task: TheoryTask, score_scale: Any = 1.0, readout: str = "gap",
-          alpha_measured: Any = None) -> jax.Array:
-    """``gap`` (default): ``c (W_QK[q, d] - W_QK[q, k])``, ``q, d`` in ``D_c``, ``k`` in ``C``;
-    ``distinct``: ``c W_QK[q, d]``; ``attention``: ``log(n alpha / (m (1 - alpha)))`` from a
-    measured ``alpha``. Averaged over the class blocks (exact on the manifold)."""
-    V.choice("mu_qk_readout", readout, ("gap", "distinct", "attention"))
-    if readout == "attention":
-        if alpha_measured is None:
-            raise ValueError("the 'attention' readout needs alpha_measured")
-        a = jnp.asarray(alpha_measured)
-        return jnp.log(task.n * a / (task.m * (1 - a)))
-    Q = task.query_embeddings() * (task.b if task.query_mode == "distinct_uniform" else 1.0)
-    Qn = Q / jnp.sum(Q, axis=1, keepdims=True)
+def _query_rows(task: TheoryTask) -> jax.Array:
+    Q = task.query_embeddings()
+    return Q / jnp.sum(Q, axis=1, keepdims=True)
+
+
+def mu_qk_gap(W_qk: jax.Array, task: TheoryTask, score_scale: Any = 1.0) -> jax.Array:
+    """``c (W_QK[q, d] - W_QK[q, k])`` with ``q, d`` in ``D_c`` and ``k`` in ``C``, averaged
+    over the class blocks: the score gap that sets the attention."""
+    Qn = _query_rows(task)
     s_d = jnp.mean(jnp.einsum("cv,vw,cw->c", Qn, W_qk, task.distinct_embeddings()))
-    if readout == "distinct":
-        return score_scale * s_d
     s_c = jnp.mean(Qn @ W_qk @ task.common_embedding())
     return score_scale * (s_d - s_c)
 
 
-def readouts(W_qk: jax.Array, W_ov: jax.Array, task: TheoryTask, score_scale: Any = 1.0,
-             mu_qk_readout: str = "gap", mu_ov_readout: str = "projection") -> dict[str, jax.Array]:
-    """``mu_ov, mu_qk, alpha, loss`` of full matrices (loss: mean-embedding population loss)."""
-    mq = mu_qk(W_qk, task, score_scale, mu_qk_readout)
-    return {
-        "mu_ov": mu_ov(W_ov, task, mu_ov_readout),
-        "mu_qk": mq,
-        "alpha": jax.nn.sigmoid(mq + jnp.log(task.m / task.n)),
-        "loss": task.mean_embedding_loss(W_qk, W_ov, score_scale),
-    }
+def mu_qk_distinct(W_qk: jax.Array, task: TheoryTask, score_scale: Any = 1.0) -> jax.Array:
+    """``c W_QK[q, d]`` with ``q, d`` in ``D_c``, averaged over the class blocks (equals the gap
+    while the common scores stay at 0)."""
+    Qn = _query_rows(task)
+    return score_scale * jnp.mean(jnp.einsum("cv,vw,cw->c", Qn, W_qk, task.distinct_embeddings()))
 
 
-def flow_readouts(model: Any, task: TheoryTask, eta_qk: Any, eta_ov: Any) -> dict[str, jax.Array]:
-    """`readouts` of a model plus, for each factorised circuit, its conserved quantity under
-    gradient flow with rates ``eta_qk``, ``eta_ov`` (``conserved_qk``, ``conserved_ov``)."""
-    from .theory import factor_conserved
-
-    out = readouts(model.W_QK(), model.W_OV(), task)
-    if hasattr(model, "W_q"):
-        out["conserved_qk"] = factor_conserved(model.W_q.T, model.W_k, eta_qk, eta_qk)
-    if hasattr(model, "W_o"):
-        out["conserved_ov"] = factor_conserved(model.W_o, model.W_v, eta_ov, eta_ov)
-    return out
+def mu_qk_from_attention(alpha_measured: Any, m: Any, n: Any) -> jax.Array:
+    """``log(n alpha / (m (1 - alpha)))``: the ``mu_QK`` that gives a measured distinct
+    attention mass ``alpha`` (inverts eq. (2); usable on any model, e.g. the code generator's)."""
+    a = jnp.asarray(alpha_measured)
+    return jnp.log(n * a / (m * (1 - a)))

@@ -1,0 +1,168 @@
+"""`Setup` of the QK/OV theory: data model, parametrisation, learning rates, start."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from .. import _validate as V
+from ..setup import AbstractSetup
+from .data import QUERY_MODES, TheoryTask
+from .model import PARAMETRISATIONS, QKOVModel, make_aligned
+
+__all__ = [
+    "PAPER_HORIZON_TAU",
+    "PAPER_LOSS_TARGET",
+    "PAPER_RATIOS",
+    "PAPER_SIZES",
+    "REFERENCE_R001",
+    "Setup",
+    "paper_setup",
+]
+
+PAPER_SIZES = {"m": 5, "n": 50, "b": 50, "M": 20}
+"""``m, n, b, M`` of the authors' reduced-ODE runs."""
+
+PAPER_RATIOS = (0.01, 0.1, 1.0, 10.0, 100.0)
+"""The ratios ``r = eta_QK / eta_OV`` of the authors' reduced-ODE runs (``eta_OV = 1``)."""
+
+PAPER_LOSS_TARGET = 1e-4
+"""The authors stop their reduced-ODE runs at the first step with loss ``<= 1e-4``."""
+
+PAPER_HORIZON_TAU = 5e7
+"""The authors' largest horizon, in their clock ``tau = t min(eta_QK, eta_OV)``."""
+
+REFERENCE_R001 = {"tau_end": 2.55e6, "mu_ov": 81.669, "mu_qk": 0.559, "alpha": 0.149}
+"""The authors' printout for CACO at ``r = 0.01`` (`paper_setup`, loss target `PAPER_LOSS_TARGET`):
+the time ``tau`` at which the loss reaches the target and the state there, to the digits printed."""
+
+
+def _floats(x):
+    return jnp.asarray(x, dtype=jnp.result_type(float))
+
+
+class Setup(AbstractSetup):
+    """The theory's data model, one parametrisation, per-circuit learning rates and the start.
+
+    Numeric fields are arrays (any of them can be a `attnflow.sweep` axis; a new value never
+    compiles again):
+
+    - ``eta_qk``, ``eta_ov``: learning rates of the QK and OV circuits (``r = eta_qk / eta_ov``);
+      gradient flow ``dW/dt = -eta grad L`` per circuit, on the clock ``t`` of `solve`;
+    - ``mu0``: the initial ``mu`` of each *factorised* circuit (``W = 0`` is stationary for a
+      factorised circuit, which therefore starts on the invariant manifold at ``mu0 > 0``
+      with balanced factors); collapsed circuits start at ``mu = 0``.
+
+    Static fields (shapes and code paths; a new value compiles once):
+
+    - ``parametrisation``: ``"CACO"``, ``"FACO"``, ``"CAFO"`` or ``"FAFO"``;
+    - ``m``, ``n``: distinct and common context positions; ``b``: distinct tokens per class;
+      ``M``: classes; ``n_common``: common tokens ``|C|``; ``query_mode``:
+      ``"distinct_uniform"`` (the query is a uniform distinct token of the class) or
+      ``"dedicated"`` (one query token per class);
+    - ``common_correction``: use ``kappa = 1 + b / |C|`` in the collapsed-QK rate, the exact
+      rate of the full matrices (their common scores fall too); off by default, giving the
+      authors' equations (``kappa = 1``), exact for ``|C| >> b``. Factorised QK always uses
+      ``kappa = 1`` (its finite-``|C|`` correction is not known);
+    - ``score_scale``: ``c`` in ``s_i = c x_T^T W_QK x_i``; 1 in the theory.
+
+    The defaults are the reference configuration of `attnflow.qkov`: CACO, ``m, n, b, M =
+    5, 50, 4, 4``, ``|C| = 400`` (``V = 416`` tokens, ``b / |C| = 0.01``), ``eta_OV = 1``,
+    ``eta_QK = 3``. `solve` and `train` of it run in seconds and agree to the tolerance
+    documented in `attnflow.qkov.train`. The authors' reduced-ODE configuration is
+    `paper_setup`.
+    """
+
+    eta_qk: jax.Array = eqx.field(converter=_floats, default=3.0)
+    eta_ov: jax.Array = eqx.field(converter=_floats, default=1.0)
+    mu0: jax.Array = eqx.field(converter=_floats, default=0.05)
+    parametrisation: str = eqx.field(static=True, default="CACO")
+    m: int = eqx.field(static=True, default=5)
+    n: int = eqx.field(static=True, default=50)
+    b: int = eqx.field(static=True, default=4)
+    M: int = eqx.field(static=True, default=4)
+    n_common: int = eqx.field(static=True, default=400)
+    query_mode: str = eqx.field(static=True, default="distinct_uniform")
+    common_correction: bool = eqx.field(static=True, default=False)
+    score_scale: float = eqx.field(static=True, default=1.0)
+
+    def validate(self) -> None:
+        if self.parametrisation not in PARAMETRISATIONS:
+            raise ValueError(
+                f"unknown parametrisation {self.parametrisation!r}; expected one of {', '.join(PARAMETRISATIONS)}"
+            )
+        V.choice("query_mode", self.query_mode, QUERY_MODES)
+        V.positive("eta_qk (QK learning rate)", self.eta_qk)
+        V.positive("eta_ov (OV learning rate)", self.eta_ov)
+        V.positive("mu0 (initial mu of a factorised circuit)", self.mu0)
+        V.positive_int("m (distinct positions)", self.m)
+        V.positive_int("n (common positions)", self.n)
+        V.positive_int("b (distinct tokens per class)", self.b)
+        V.positive_int("M (classes)", self.M, minimum=2)
+        V.positive_int("n_common (common tokens |C|)", self.n_common)
+        if not isinstance(self.common_correction, bool):
+            raise ValueError(f"common_correction must be True or False, got {self.common_correction!r}")
+        if isinstance(self.score_scale, bool) or not isinstance(self.score_scale, (int, float)):
+            raise ValueError(f"score_scale must be a Python number (static), got {self.score_scale!r}")
+        V.positive("score_scale", self.score_scale)
+
+    # -- derived quantities ---------------------------------------------------------------
+    @property
+    def ratio(self) -> jax.Array:
+        """``r = eta_qk / eta_ov``."""
+        return self.eta_qk / self.eta_ov
+
+    @property
+    def factorised_qk(self) -> bool:
+        return self.parametrisation[:2] == "FA"
+
+    @property
+    def factorised_ov(self) -> bool:
+        return self.parametrisation[2:] == "FO"
+
+    @property
+    def kappa(self) -> float:
+        """``1 + b / |C|`` with ``common_correction`` and collapsed QK, else 1."""
+        return 1.0 + self.b / self.n_common if self.common_correction and not self.factorised_qk else 1.0
+
+    @property
+    def query_power(self) -> int:
+        """``p`` in the ``b^p`` of the QK rate: 2 for ``distinct_uniform`` queries, 1 for ``dedicated``."""
+        return 2 if self.query_mode == "distinct_uniform" else 1
+
+    @property
+    def task(self) -> TheoryTask:
+        """The data model as a `TheoryTask` (for the full matrices of `train`)."""
+        return TheoryTask(m=self.m, n=self.n, b=self.b, M=self.M, n_common=self.n_common, query_mode=self.query_mode)
+
+    def initial_state(self) -> dict[str, jax.Array]:
+        """The start of `solve` and `train`: ``mu0`` on factorised circuits, 0 on collapsed ones."""
+        zero = jnp.zeros_like(self.mu0)
+        return {"mu_ov": self.mu0 if self.factorised_ov else zero, "mu_qk": self.mu0 if self.factorised_qk else zero}
+
+    def model(self, initial: dict[str, Any] | None = None) -> QKOVModel:
+        """The full matrices of the theory task on the invariant manifold at ``initial``
+        (default `initial_state`): the start of `attnflow.qkov.train`."""
+        st = self.initial_state() if initial is None else initial
+        return make_aligned(self.task, self.parametrisation, st["mu_ov"], st["mu_qk"], score_scale=self.score_scale)
+
+
+def paper_setup(ratio: Any = 0.01, parametrisation: str = "CACO", **changes: Any) -> Setup:
+    """The authors' reduced-ODE configuration: ``m, n, b, M = 5, 50, 50, 20`` (`PAPER_SIZES`),
+    ``eta_OV = 1``, ``eta_QK = ratio * eta_OV``, ``kappa = c = 1``; ``|C| = 50`` (it enters only the full
+    matrices and the optional common correction). ``changes`` override any field. Factorised
+    circuits start at ``mu0 = 1e-3``."""
+    eta_ov = changes.pop("eta_ov", 1.0)
+    fields = dict(
+        PAPER_SIZES,
+        n_common=50,
+        eta_ov=eta_ov,
+        eta_qk=_floats(ratio) * _floats(eta_ov),
+        parametrisation=parametrisation,
+        mu0=1e-3,
+    )
+    fields.update(changes)
+    return Setup(**fields)

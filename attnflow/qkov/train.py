@@ -1,0 +1,459 @@
+"""Training the networks of `attnflow.qkov`.
+
+- `train`: the full matrices of a `Setup`'s theory task, from the invariant-manifold start,
+  by gradient flow (default), gradient descent or online SGD, on the clock of `solve`.
+- `train_on_generator`: SGD of the authors' code model on their synthetic generator (the
+  paper's experiments), with per-circuit rates and an optional linear QK ramp.
+- `train_fixed_attention`: SGD of the OV circuit alone under a fixed attention pattern.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .. import _validate as V
+from ..ode import integrate
+from ..optim import per_circuit
+from ..options import LogGrid, SaveGrid, SolverOptions, TimeGrid
+from ..simulate import FullBatch, OnlineSGD, check_divergence, simulate
+from ..trajectory import Trajectory
+from .data import CodeGenerator
+from .metrics import relevant_mass, separability
+from .model import Init, QKOVModel, TorchDefault, circuit_labels, code_model, cross_entropy, make_aligned
+from .observe import model_observables
+from .setup import Setup
+from .theory import DEFAULT_SAVE
+
+__all__ = [
+    "BATCH_SEED_OFFSET",
+    "DEFAULT_TRAIN_SAVE",
+    "EVAL_SEED",
+    "EVAL_SIZE",
+    "FINAL_EVAL_SEED",
+    "FIXED_ATTENTION_SAVE",
+    "FIXED_EVAL_SEED",
+    "FLOW_SOLVER",
+    "GENERATOR_BATCH",
+    "GENERATOR_OBSERVABLES",
+    "GENERATOR_SAVE",
+    "TRAIN_TOLERANCE",
+    "fixed_attention_logits",
+    "linear_ramp",
+    "train",
+    "train_fixed_attention",
+    "train_on_generator",
+]
+
+DEFAULT_TRAIN_SAVE = DEFAULT_SAVE
+"""`train`'s save grid when none is given: `attnflow.qkov.DEFAULT_SAVE`, so that a gradient-flow
+run and `solve` save at the same times."""
+
+FLOW_SOLVER = SolverOptions(rtol=1e-8, atol=1e-10, max_steps=100_000)
+"""`train`'s solver options for gradient flow when none are given."""
+
+TRAIN_TOLERANCE = MappingProxyType({"mu_ov": 0.025, "mu_qk": 0.05, "alpha": 0.012, "loss": 0.02})
+"""Largest gap ``attnflow.compare(solve(Setup(), T), train(Setup(), T))`` (max absolute difference)
+allowed per observable for the reference `Setup` and ``T <= 3000`` (tested; measured at ``T = 3000``:
+0.016, 0.030, 0.0074, 0.013, i.e. at most 0.7% of the values). The gap is the ``O(b / |C|)``
+effect of the common scores, which the authors' equations (``kappa = 1``) leave out; with
+``Setup(common_correction=True)`` it falls to the solver tolerance (see `train`)."""
+
+
+# ----------------------------------------------------------------------------- theory task
+def _rates(setup: Setup) -> dict[str, jax.Array]:
+    return {"qk": setup.eta_qk, "ov": setup.eta_ov}
+
+
+def _flow_field(t, model, setup):
+    # dW/dt = -eta_circuit grad L (eq. (9) loss); circuit labels are made at trace time
+    grads = jax.grad(setup.task.population_loss)(model)
+    rates = _rates(setup)
+    return jax.tree_util.tree_map(lambda g, lab: -rates[lab] * g, grads, circuit_labels(grads))
+
+
+def _observe(model, task, conserved):
+    out = model_observables(model, task)
+    if conserved:
+        for c, (A, B) in model.factors().items():
+            out[f"conserved_{c}"] = A.T @ A - B @ B.T
+    return out
+
+
+def _flow_observe(t, model, setup):
+    return _observe(model, setup.task, False)
+
+
+def _flow_observe_conserved(t, model, setup):
+    return _observe(model, setup.task, True)
+
+
+def train(
+    setup: Setup,
+    t1: Any,
+    *,
+    key: Any = 0,
+    dt: float | None = None,
+    batch: int | None = None,
+    initial: dict | None = None,
+    conserved: bool = False,
+    save: SaveGrid | None = None,
+    solver: SolverOptions | None = None,
+    progress: bool = False,
+) -> Trajectory:
+    """The full matrices of ``setup``'s theory task (`Setup.task`, ``V = M b + |C|`` tokens, the
+    model of `Setup.parametrisation` with ``n_out = M``, query not attended), trained to time
+    ``t1`` from the invariant-manifold start (`Setup.model`, the start of `solve`):
+
+    - ``dt=None`` (default): gradient flow ``dW/dt = -eta grad L`` per circuit on the
+      population loss (eq. (9)), integrated (``solver``, default `FLOW_SOLVER`): the exact
+      flow whose reduction is `solve`;
+    - ``dt``: gradient descent with learning rates ``eta_qk dt``, ``eta_ov dt`` (``t = dt *
+      step``), the Euler scheme of that flow (error ``O(dt)``);
+    - ``dt`` and ``batch``: online SGD on ``batch`` fresh sequences of the task per step
+      (``key`` seeds the draws; may be traced, a sweep over seeds), whose mean gradient is the
+      same on the manifold.
+
+    Records `attnflow.qkov.OBSERVABLES` at the save grid (default `DEFAULT_TRAIN_SAVE`, in time
+    units; for gradient flow the same times as `solve`); ``conserved=True`` adds, per
+    factorised circuit ``W = A B``, ``conserved_qk`` / ``conserved_ov`` = ``A^T A - B B^T``
+    (constant under gradient flow, eq. (8)). A diverging descent raises
+    `attnflow.DivergenceError` naming the step.
+
+    Agreement with `solve`: on the manifold the full matrices follow eq. (3) exactly except that
+    their common scores fall at ``b/|C|`` times the distinct rate, so the collapsed-QK rate is
+    ``kappa = 1 + b/|C|`` times the authors' (``Setup.common_correction=True`` puts it in
+    `solve`; factorised QK has no known correction). For the reference ``Setup()`` and
+    ``t1 <= 3000`` the gap per observable is below `TRAIN_TOLERANCE`.
+
+    New learning rates (``setup.replace(eta_qk=...)``) reuse the compiled run.
+    """
+    if not isinstance(setup, Setup):
+        raise ValueError(f"setup must be an attnflow.qkov.Setup, got {setup!r}")
+    if batch is not None:
+        batch = V.positive_int("batch", batch)
+        if dt is None:
+            raise ValueError(f"online SGD (batch={batch}) needs a time step dt")
+    save = save or DEFAULT_TRAIN_SAVE
+    st = setup.initial_state() if initial is None else initial
+    meta = {
+        "theory": "qkov",
+        "parametrisation": setup.parametrisation,
+        "dt": dt,
+        "batch": batch,
+        "clock": "t; gradient flow dW/dt = -eta grad L per circuit",
+    }
+    if dt is None:
+        solver = solver or FLOW_SOLVER
+        if progress:
+            solver = solver.replace(progress=True)
+        return integrate(
+            _flow_field,
+            setup.model(st),
+            t1,
+            args=setup,
+            save=save,
+            solver=solver,
+            observe=_flow_observe_conserved if conserved else _flow_observe,
+            meta={**meta, "method": "gradient flow"},
+        )
+    dt = V.finite_scalar("dt", dt)
+    V.positive("dt", dt)
+    total, steps = save.steps_for(t1, dt)
+    init = {k: jnp.asarray(st[k], jnp.result_type(float)) for k in ("mu_ov", "mu_qk")}
+    traj, bad = _descend(
+        setup,
+        V.prng_key(key),
+        init,
+        total,
+        tuple(int(s) for s in steps),
+        dt,
+        batch,
+        conserved,
+        progress,
+        {**meta, "method": "gradient descent" if batch is None else "online SGD"},
+    )
+    return check_divergence(traj, bad, dt)
+
+
+@eqx.filter_jit
+def _descend(setup, key, initial, total, steps, dt, batch, conserved, progress, meta):
+    task = setup.task
+    model = make_aligned(task, setup.parametrisation, initial["mu_ov"], initial["mu_qk"], score_scale=setup.score_scale)
+    opt = per_circuit(circuit_labels(model), {k: v * dt for k, v in _rates(setup).items()})
+    if batch is None:
+        mode = FullBatch()
+
+        def loss(m, _):
+            return task.population_loss(m)
+    else:
+        mode = OnlineSGD(task.sample, batch)
+        loss = cross_entropy
+    return simulate(
+        loss,
+        model,
+        opt,
+        total,
+        mode=mode,
+        key=key,
+        observe=lambda m: _observe(m, task, conserved),
+        save=TimeGrid(np.asarray(steps)),
+        clock=dt,
+        progress=progress,
+        throw=False,
+        meta=meta,
+    )
+
+
+# ----------------------------------------------------------------------------- code generator
+GENERATOR_OBSERVABLES = MappingProxyType(
+    {
+        "loss": "cross-entropy on the evaluation set",
+        "a_rel": "mean attention mass on the distinct (class-informative) tokens, A_rel",
+        "accuracy": "fraction of the evaluation set classified correctly",
+        "separability": "mean of max_{relevant} a_i - min_{other} a_i",
+    }
+)
+"""What `train_on_generator` records."""
+
+GENERATOR_BATCH = 32
+"""The authors' SGD batch size."""
+
+GENERATOR_SAVE = LogGrid(30)
+"""`train_on_generator`'s save grid (on the step axis) when none is given."""
+
+EVAL_SEED = 7
+"""Seed of `train_on_generator`'s default evaluation set."""
+
+EVAL_SIZE = 2000
+"""Size of `train_on_generator`'s default evaluation set."""
+
+BATCH_SEED_OFFSET = 10_000
+"""`train_on_generator` draws its batches from seed ``key + BATCH_SEED_OFFSET`` (the model from ``key``)."""
+
+
+def linear_ramp(base: Any, factor: Any, total_steps: int) -> optax.Schedule:
+    """The QK ramp of the authors' code: ``base * (1 + (factor - 1) step / total_steps)``, an
+    Optax schedule for `attnflow.per_circuit`; ``base`` and ``factor`` may be traced."""
+    V.positive("base learning rate", base)
+    V.positive("ramp factor", factor)
+    total = V.positive_int("total_steps", total_steps)
+    base, factor = jnp.asarray(base), jnp.asarray(factor)
+    return lambda step: base * (1.0 + (factor - 1.0) * step / total)
+
+
+def train_on_generator(
+    parametrisation: str,
+    eta_qk: Any,
+    eta_ov: Any,
+    steps: int,
+    *,
+    key: Any = 0,
+    init: Init | Mapping[str, Init] | None = None,
+    generator: CodeGenerator | None = None,
+    batch: int = GENERATOR_BATCH,
+    eval_set: tuple | None = None,
+    qk_ramp: Any = None,
+    save: SaveGrid | None = None,
+    progress: bool = False,
+) -> tuple[Trajectory, QKOVModel]:
+    """Online SGD of the authors' code model on their synthetic generator (the paper's experiments).
+
+    The model is `code_model` (``V = 50``, score scale ``1/sqrt(50)``, float32, the query
+    attended) of ``parametrisation`` with ``init`` (default PyTorch's), drawn from the integer
+    seed ``key``; each step draws ``batch`` fresh sequences of ``generator`` (default
+    ``CodeGenerator()``, length 64) from seed ``key + BATCH_SEED_OFFSET`` and takes a plain SGD
+    step with learning rate ``eta_qk`` on the QK matrices and ``eta_ov`` on the OV matrices
+    (arrays allowed, possibly traced: one compilation serves a sweep over rates and seeds).
+    ``qk_ramp=R`` multiplies the QK rate by ``1 + (R - 1) step / steps`` (`linear_ramp`).
+
+    Records `GENERATOR_OBSERVABLES` on ``eval_set`` ((tokens, targets, relevant mask); default
+    `EVAL_SIZE` sequences from seed `EVAL_SEED`) at the steps of ``save`` (default
+    `GENERATOR_SAVE`); ``ts`` counts steps. Returns the trajectory and the trained model.
+    """
+    steps = V.positive_int("steps", steps)
+    batch = V.positive_int("batch", batch)
+    generator = CodeGenerator() if generator is None else generator
+    if not isinstance(generator, CodeGenerator):
+        raise ValueError(f"generator must be a CodeGenerator, got {generator!r}")
+    if not (V.any_traced(key) or (np.ndim(key) == 0 and np.issubdtype(np.asarray(key).dtype, np.integer))):
+        raise ValueError(f"key must be an integer seed, got {key!r}")
+    V.positive("eta_qk", eta_qk)
+    V.positive("eta_ov", eta_ov)
+    if qk_ramp is not None:
+        V.positive("qk_ramp", qk_ramp)
+        qk_ramp = jnp.asarray(qk_ramp, jnp.result_type(float))
+    if eval_set is None:
+        eval_set = generator.sample(jax.random.PRNGKey(EVAL_SEED), EVAL_SIZE)
+    s_save = tuple(int(s) for s in (save or GENERATOR_SAVE).steps(steps))
+    f = jnp.result_type(float)
+    traj, model, bad = _generator_run(
+        parametrisation,
+        jnp.asarray(eta_qk, f),
+        jnp.asarray(eta_ov, f),
+        steps,
+        jnp.asarray(key),
+        init,
+        generator,
+        batch,
+        tuple(eval_set),
+        qk_ramp,
+        s_save,
+        progress,
+    )
+    return check_divergence(traj, bad), model
+
+
+def _eval_observe(eval_set):
+    tokens, y, rel = eval_set
+
+    def observe(m):
+        z, a = m(tokens)
+        logp = jnp.take_along_axis(jax.nn.log_softmax(z, axis=-1), y[:, None], axis=1)[:, 0]
+        return {
+            "loss": -jnp.mean(logp),
+            "a_rel": jnp.mean(relevant_mass(a, rel)),
+            "accuracy": jnp.mean(jnp.argmax(z, -1) == y),
+            "separability": separability(a, rel),
+        }
+
+    return observe
+
+
+@eqx.filter_jit
+def _generator_run(
+    parametrisation, eta_qk, eta_ov, steps, seed, init, generator, batch, eval_set, qk_ramp, s_save, progress
+):
+    model = code_model(parametrisation, init=init, key=jax.random.PRNGKey(seed), vocab=generator.vocab)
+    rate_qk = eta_qk if qk_ramp is None else linear_ramp(eta_qk, qk_ramp, steps)
+    opt = per_circuit(circuit_labels(model), {"qk": rate_qk, "ov": eta_ov})
+    return simulate(
+        cross_entropy,
+        model,
+        opt,
+        steps,
+        mode=OnlineSGD(generator.sample, batch),
+        key=seed + BATCH_SEED_OFFSET,
+        observe=_eval_observe(eval_set),
+        save=TimeGrid(np.asarray(s_save)),
+        progress=progress,
+        return_model=True,
+        throw=False,
+        meta={"parametrisation": parametrisation, "batch": batch},
+    )
+
+
+# ----------------------------------------------------------------------------- fixed attention
+FIXED_ATTENTION_SAVE = LogGrid(25)
+"""`train_fixed_attention`'s save grid (on the step axis) when none is given."""
+
+FIXED_EVAL_SEED = 5
+"""Seed of the 2000 sequences on which `train_fixed_attention` records the loss during training."""
+
+FINAL_EVAL_SEED = 123
+"""Seed of the fresh batches on which `train_fixed_attention` measures the final loss."""
+
+
+def fixed_attention_logits(
+    W_ov: jax.Array, bias: jax.Array | None, tokens: jax.Array, relevant: jax.Array, alpha: Any
+) -> jax.Array:
+    """Logits ``W_OV h (+ bias)`` with the attention fixed: mass ``alpha`` spread uniformly on the
+    relevant positions, ``1 - alpha`` on the others (all positions of ``tokens`` attended)."""
+    n_rel = jnp.maximum(jnp.sum(relevant, -1, keepdims=True), 1)
+    n_oth = jnp.maximum(jnp.sum(~relevant, -1, keepdims=True), 1)
+    a = jnp.where(relevant, alpha / n_rel, (1 - alpha) / n_oth)
+    h = jnp.einsum("bl,blv->bv", a, jax.nn.one_hot(tokens, W_ov.shape[1], dtype=W_ov.dtype))
+    z = h @ W_ov.T
+    return z if bias is None else z + bias
+
+
+def train_fixed_attention(
+    alpha: Any,
+    *,
+    factorised_ov: bool,
+    steps: int,
+    lr: Any = 1e-2,
+    batch: int = 128,
+    key: Any = 0,
+    generator: CodeGenerator | None = None,
+    eval_batches: int = 1000,
+    save: SaveGrid | None = None,
+) -> tuple[Trajectory, jax.Array]:
+    """Only the OV circuit trained, under attention fixed at ``alpha`` on the distinct tokens
+    (`fixed_attention_logits`): online SGD (rate ``lr``, ``batch`` fresh sequences of
+    ``generator`` per step, drawn from ``key``) of a collapsed OV map with bias
+    (``factorised_ov=False``; PyTorch default init) or a factorised ``W_o W_v`` without bias,
+    in float32 with ``V = generator.vocab``.
+
+    Returns the trajectory of ``loss`` on `FIXED_EVAL_SEED`'s 2000 sequences (``ts`` counts
+    steps; save grid ``save``, default `FIXED_ATTENTION_SAVE`) and the final loss, the mean
+    over ``eval_batches`` fresh batches (seed `FINAL_EVAL_SEED`). ``alpha``, ``lr`` and an
+    integer ``key`` may be traced.
+    """
+    steps = V.positive_int("steps", steps)
+    batch = V.positive_int("batch", batch)
+    eval_batches = V.positive_int("eval_batches", eval_batches)
+    if not V.any_traced(alpha):
+        a = V.finite_scalar("alpha", alpha)
+        if not 0.0 <= a <= 1.0:
+            raise ValueError(f"alpha (fixed attention mass) must lie in [0, 1], got {alpha!r}")
+    V.positive("lr", lr)
+    generator = CodeGenerator() if generator is None else generator
+    s_save = tuple(int(s) for s in (save or FIXED_ATTENTION_SAVE).steps(steps))
+    f = jnp.result_type(float)
+    traj, final, bad = _fixed_run(
+        jnp.asarray(alpha, f),
+        bool(factorised_ov),
+        steps,
+        jnp.asarray(lr, f),
+        batch,
+        V.prng_key(key),
+        generator,
+        eval_batches,
+        s_save,
+    )
+    return check_divergence(traj, bad), final
+
+
+@eqx.filter_jit
+def _fixed_run(alpha, factorised_ov, steps, lr, batch, key, generator, eval_batches, s_save):
+    vocab = generator.vocab
+    k1, k2 = jax.random.split(key)
+    if factorised_ov:
+        params = {"W_o": TorchDefault()(k1, (vocab, vocab)), "W_v": TorchDefault()(k2, (vocab, vocab))}
+    else:
+        bound = 1.0 / np.sqrt(vocab)
+        params = {
+            "W_ov": TorchDefault()(k1, (vocab, vocab)),
+            "b": jax.random.uniform(k2, (vocab,), minval=-bound, maxval=bound),
+        }
+    params = jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), params)
+
+    def loss(p, data):
+        W, bias = (p["W_o"] @ p["W_v"], None) if factorised_ov else (p["W_ov"], p["b"])
+        z = fixed_attention_logits(W, bias, data[0], data[2], alpha.astype(W.dtype))
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(z, -1), data[1][:, None], 1))
+
+    ev = generator.sample(jax.random.PRNGKey(FIXED_EVAL_SEED), 2000)
+    traj, p, bad = simulate(
+        loss,
+        params,
+        optax.sgd(lr),
+        steps,
+        mode=OnlineSGD(generator.sample, batch),
+        key=key,
+        observe=lambda q: {"loss": loss(q, ev)},
+        save=TimeGrid(np.asarray(s_save)),
+        return_model=True,
+        throw=False,
+    )
+    keys = jax.random.split(jax.random.PRNGKey(FINAL_EVAL_SEED), eval_batches)
+    final = jnp.mean(jax.lax.map(lambda k: loss(p, generator.sample(k, batch)), keys))
+    return traj, final, bad
