@@ -94,6 +94,10 @@ def data_path(name: str, data_dir: str | os.PathLike | None = None) -> Path:
     A path that exists as given (absolute, or relative to the working directory) is returned
     as is. Raises ``FileNotFoundError`` naming both places looked at when the file is missing.
     """
+    if not isinstance(name, (str, os.PathLike)) or not str(name):
+        raise TypeError(f"data file name must be a non-empty str or path, got {name!r}")
+    if data_dir is not None and not isinstance(data_dir, (str, os.PathLike)):
+        raise TypeError(f"data_dir must be a str or path, got {data_dir!r}")
     p = Path(name)
     if p.is_file():
         return p

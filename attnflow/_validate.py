@@ -33,6 +33,17 @@ def show(value: Any) -> str:
     return repr(value)
 
 
+def reals(name: str, value: Any) -> np.ndarray:
+    """``value`` as a float array, or ``ValueError`` naming ``name`` (strings, None, ragged lists,
+    objects)."""
+    if isinstance(value, (str, bytes)) or value is None:
+        raise ValueError(f"{name} must be a real number or array of them, got {show(value)}")
+    try:
+        return np.asarray(value, dtype=float)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{name} must be a real number or array of them, got {show(value)}") from None
+
+
 def positive(name: str, value: Any) -> None:
     """Raise ``ValueError`` unless every entry of ``value`` is finite and > 0.
 
@@ -41,15 +52,16 @@ def positive(name: str, value: Any) -> None:
     """
     if _is_traced(value):
         return
-    arr = np.asarray(value, dtype=float)
+    arr = reals(name, value)
     if arr.size == 0 or not np.all(np.isfinite(arr)) or not np.all(arr > 0):
         raise ValueError(f"{name} must be finite and positive, got {show(value)}")
 
 
 def nonnegative(name: str, value: Any) -> None:
+    """Raise ``ValueError`` unless every entry of ``value`` is finite and >= 0 (traced: let through)."""
     if _is_traced(value):
         return
-    arr = np.asarray(value, dtype=float)
+    arr = reals(name, value)
     if not np.all(np.isfinite(arr)) or not np.all(arr >= 0):
         raise ValueError(f"{name} must be finite and non-negative, got {show(value)}")
 
@@ -70,14 +82,18 @@ def finite_tree(name: str, tree: Any) -> None:
             )
 
 
-def positive_int(name: str, value: Any, minimum: int = 1) -> int:
+def positive_int(name: str, value: Any, minimum: int = 1, maximum: int = 2**31 - 1) -> int:
+    """``value`` as an int in ``[minimum, maximum]`` (whole floats accepted), else ``ValueError``
+    naming ``name`` (a size beyond ``2^31 - 1`` cannot be allocated anyway)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        if isinstance(value, float) and value.is_integer():
+        if isinstance(value, (float, np.floating)) and math.isfinite(value) and float(value).is_integer():
             value = int(value)
         else:
-            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+            raise ValueError(f"{name} must be an integer >= {minimum}, got {show(value)}")
     if value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {show(value)}")
+    if value > maximum:
+        raise ValueError(f"{name} must be an integer <= {maximum}, got {show(value)}")
     return int(value)
 
 
@@ -88,24 +104,42 @@ def choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
 
 
 def finite_scalar(name: str, value: Any) -> float:
+    """``value`` as a finite float, or ``ValueError`` naming ``name``."""
+    if isinstance(value, (str, bytes, bool)) or value is None:
+        raise ValueError(f"{name} must be a real number, got {show(value)}")
     try:
         v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a real number, got {value!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{name} must be a real number, got {show(value)}") from None
     if not math.isfinite(v):
-        raise ValueError(f"{name} must be finite, got {value!r}")
+        raise ValueError(f"{name} must be finite, got {show(value)}")
     return v
 
 
 def prng_key(key: Any) -> Any:
-    """A PRNG key from an integer seed (possibly traced, for vmap over seeds) or a key (returned as is)."""
+    """A PRNG key from an integer seed (possibly traced, for vmap over seeds) or a key (returned
+    as is); anything else raises ``ValueError`` naming ``key``."""
     import jax.numpy as jnp
 
-    if np.ndim(key) == 0 and not jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
-        return jax.random.PRNGKey(key)
-    return key
-
-
+    if _is_traced(key):
+        return jax.random.PRNGKey(key) if jnp.ndim(key) == 0 and jnp.issubdtype(key.dtype, jnp.integer) else key
+    if isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return key
+    if isinstance(key, bool) or key is None or isinstance(key, (str, bytes, float)):
+        raise ValueError(f"key must be an integer seed or a JAX PRNG key, got {key!r:.60}")
+    if isinstance(key, (int, np.integer)):
+        if not 0 <= int(key) < 2**63:
+            raise ValueError(f"key (a seed) must be an integer in [0, 2^63), got {key!r}")
+        return jax.random.PRNGKey(int(key))
+    try:
+        arr = np.asarray(key)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"key must be an integer seed or a JAX PRNG key, got {key!r:.60}") from None
+    if arr.dtype == np.uint32 and arr.shape[-1:] == (2,):
+        return jnp.asarray(arr)  # raw key data, as jax.random.PRNGKey makes
+    if arr.ndim == 0 and arr.dtype.kind in "iu":
+        return prng_key(int(arr))
+    raise ValueError(f"key must be an integer seed or a JAX PRNG key, got {key!r:.60}")
 def available_memory() -> int:
     """Bytes of physical memory available to this process (total if the available figure is
     unknown; 2**62 where neither can be read)."""

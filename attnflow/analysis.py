@@ -35,6 +35,14 @@ def first_crossing(ts: Real[ArrayLike, "*batch T"], y: Real[ArrayLike, "*batch T
     ts, y = jnp.asarray(ts), jnp.asarray(y)
     if ts.shape != y.shape:
         raise ValueError(f"ts and y must have the same shape, got {ts.shape} and {y.shape}")
+    if not isinstance(threshold, jax.core.Tracer):
+        threshold = V.reals("threshold", threshold)
+        try:
+            if np.broadcast_shapes(threshold.shape, y.shape[:-1]) != y.shape[:-1]:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"threshold must be a number or broadcast against the batch shape {y.shape[:-1]}, "
+                             f"got shape {threshold.shape}") from None
     hit = y >= threshold if above else y <= threshold
     i = jnp.argmax(hit, axis=-1)
     found = jnp.any(hit, axis=-1)
@@ -62,6 +70,14 @@ def value_at(x: Real[ArrayLike, "*batch T"], values: Real[ArrayLike, "*batch T"]
     x, values = jnp.asarray(x), jnp.asarray(values)
     if x.shape != values.shape:
         raise ValueError(f"x and values must have the same shape, got {x.shape} and {values.shape}")
+    if not isinstance(target, jax.core.Tracer):
+        target = V.reals("target", target)
+        try:
+            if np.broadcast_shapes(target.shape, x.shape[:-1]) != x.shape[:-1]:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"target must be a number or broadcast against the batch shape {x.shape[:-1]}, "
+                             f"got shape {target.shape}") from None
     hit = x >= target if above else x <= target
     i = jnp.argmax(hit, axis=-1)
     found = jnp.any(hit, axis=-1)

@@ -116,6 +116,7 @@ class GaussianBank(eqx.Module):
         dim = V.positive_int("dim", dim)
         if antithetic and n % 2:
             raise ValueError(f"an antithetic bank needs an even size n, got n={n}")
+        V.fits_in_memory(f"a Gaussian bank of n={n} draws in dim={dim}", 8.0 * 4 * n * dim)
         if isinstance(key, int):
             key = jax.random.PRNGKey(key)
         dtype = dtype or jnp.result_type(float)
@@ -163,7 +164,7 @@ class GaussianBank(eqx.Module):
 
 def hermite_rule(n_points: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
     """Tensor-product Gauss-Hermite nodes ``(n_points**dim, dim)`` and weights for N(0, I)."""
-    n_points = V.positive_int("n_points", n_points)
+    n_points = V.positive_int("n_points", n_points, maximum=1000)
     dim = V.positive_int("dim", dim)
     if n_points**dim > 10_000_000:
         raise ValueError(f"Gauss-Hermite grid of {n_points}**{dim} points is too large; use GaussianBank")

@@ -53,6 +53,9 @@ class SaveGrid(eqx.Module):
         if t1f <= 0 or dtf <= 0:
             raise ValueError(f"t1 and dt must be positive, got t1={t1!r}, dt={dt!r}")
         total = max(1, int(round(t1f / dtf)))
+        if total > 2**31 - 1:
+            raise ValueError(f"t1 / dt = {t1f:g} / {dtf:g} is {total} steps, more than 2^31 - 1: shorten t1 or "
+                             "raise dt")
         return total, self._steps_in_time(total, dtf)
 
     def _steps_in_time(self, total: int, dt: float) -> np.ndarray:

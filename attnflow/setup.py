@@ -25,9 +25,27 @@ from typing import Any, TypeVar
 
 import equinox as eqx
 
-__all__ = ["AbstractSetup"]
+__all__ = ["AbstractSetup", "array_field"]
 
 _S = TypeVar("_S", bound="AbstractSetup")
+
+
+def array_field(name: str, default: Any, dtype: Any = None) -> Any:
+    """A ``Setup`` field holding an array of reals (a number, a vector, ...): values are converted
+    to JAX arrays of ``dtype`` (default: JAX's float) on construction, so they are data, never
+    static; a value that is not an array of reals raises ``ValueError`` naming the field."""
+    import jax
+    import jax.numpy as jnp
+
+    from . import _validate as V
+
+    def convert(x: Any) -> Any:
+        kind = jnp.result_type(float) if dtype is None else dtype
+        if isinstance(x, jax.core.Tracer):
+            return jnp.asarray(x, dtype=kind)
+        return jnp.asarray(V.reals(name, x), dtype=kind)
+
+    return eqx.field(converter=convert, default=default)
 
 
 class AbstractSetup(eqx.Module):

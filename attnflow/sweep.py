@@ -364,7 +364,8 @@ def sweep(
     if chunk_size is None:
         chunk_size = min(n, 4096)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r:.60}")
+    chunk_size = min(int(chunk_size), n)  # a chunk never holds more than the grid
     if nest not in (None, True, False):
         raise ValueError(f"nest must be True, False or None, got {nest!r}")
     n_inner = n // len(coords[dims[0]])  # points in one row of the first axis

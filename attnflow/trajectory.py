@@ -84,6 +84,14 @@ class Trajectory:
         for k in ys:
             if not isinstance(k, str):
                 raise ValueError(f"observable names must be strings, got {k!r}")
+        if not isinstance(ts, jax.core.Tracer | jax.Array):
+            try:
+                arr = np.asarray(ts)
+            except (TypeError, ValueError, OverflowError):
+                arr = np.asarray(None)
+            if arr.dtype.kind not in "fiu":
+                raise ValueError(f"ts must be an array of real save times, got {ts!r:.80}")
+            ts = arr.astype(float) if arr.dtype.kind in "iu" else arr  # integer steps become times
         ts = jnp.asarray(ts)
         if ts.ndim < 1:
             raise ValueError(f"ts must have a time axis, got shape {ts.shape}")

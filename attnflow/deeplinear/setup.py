@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import _validate as V
-from ..setup import AbstractSetup
+from ..setup import AbstractSetup, array_field
 from .data import Teacher
 
 __all__ = ["Setup", "REFERENCE_MODES", "TEACHER_SEED"]
@@ -17,10 +17,6 @@ REFERENCE_MODES = (3.0, 2.0, 1.0, 0.5)
 
 TEACHER_SEED = 0
 """Seed of the reference teacher's singular frames ``U`` and ``V``."""
-
-
-def _floats(x):
-    return jnp.asarray(x, dtype=jnp.result_type(float))
 
 
 class Setup(AbstractSetup):
@@ -36,9 +32,9 @@ class Setup(AbstractSetup):
     - ``teacher_seed`` (static): seed of the teacher's orthonormal frames.
     """
 
-    s: jax.Array = eqx.field(converter=_floats, default=REFERENCE_MODES)
-    u0: jax.Array = eqx.field(converter=_floats, default=1e-3)
-    eta: jax.Array = eqx.field(converter=_floats, default=1.0)
+    s: jax.Array = array_field("s (mode strengths)", REFERENCE_MODES)
+    u0: jax.Array = array_field("u0 (initial mode strength)", 1e-3)
+    eta: jax.Array = array_field("eta (learning rate)", 1.0)
     n_in: int = eqx.field(static=True, default=8)
     n_out: int = eqx.field(static=True, default=6)
     teacher_seed: int = eqx.field(static=True, default=TEACHER_SEED)
@@ -54,7 +50,7 @@ class Setup(AbstractSetup):
         V.positive_int("teacher_seed", self.teacher_seed, minimum=0)
         k = self.s.shape[0]
         # teacher, two weight matrices and their gradients and optimizer copies, float64
-        V.fits_in_memory(f"a teacher of {self.n_out} x {self.n_in} with {k} modes",
+        V.fits_in_memory(f"a teacher of n_out x n_in = {self.n_out} x {self.n_in} with {k} modes",
                          8 * 6 * (self.n_out * self.n_in + k * (self.n_in + self.n_out)))
 
     @property
