@@ -99,7 +99,7 @@ class MarkovChain(eqx.Module):
         if V.any_traced((pi, P)):
             self.pi, self.P = _floats(pi), _floats(P)
             return
-        pi_np, P_np = np.asarray(pi, dtype=float), np.asarray(P, dtype=float)
+        pi_np, P_np = V.reals("pi", pi), V.reals("P", P)
         _check_chain(pi_np, P_np, tol)
         self.pi = _floats(pi_np)
         self.P = _floats(np.clip(P_np, 0.0, None))

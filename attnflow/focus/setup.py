@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import _validate as V
-from ..setup import AbstractSetup
+from ..setup import AbstractSetup, array_field
 from .data import SYNTHETIC_PI, MarkovChain
 from .model import init_theta
 
@@ -20,10 +20,6 @@ INIT_SEED = 0
 
 REFERENCE_LAM = 0.5
 """Laziness ``lam`` of the reference chain (`MarkovChain.lazy` on `SYNTHETIC_PI`)."""
-
-
-def _floats(x: Any) -> jax.Array:
-    return jnp.asarray(x, dtype=jnp.result_type(float))
 
 
 def _reference_chain() -> MarkovChain:
@@ -48,9 +44,9 @@ class Setup(AbstractSetup):
     """
 
     chain: MarkovChain = eqx.field(default_factory=_reference_chain)
-    tau: jax.Array = eqx.field(converter=_floats, default=1.0)
-    eps: jax.Array = eqx.field(converter=_floats, default=1e-3)
-    eta: jax.Array = eqx.field(converter=_floats, default=1.0)
+    tau: jax.Array = array_field("tau (score scale)", 1.0)
+    eps: jax.Array = array_field("eps (initial scale)", 1e-3)
+    eta: jax.Array = array_field("eta (learning rate)", 1.0)
     m: int = eqx.field(static=True, default=16)
     mk: int = eqx.field(static=True, default=16)
     init_seed: int = eqx.field(static=True, default=INIT_SEED)

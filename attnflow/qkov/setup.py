@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import _validate as V
-from ..setup import AbstractSetup
+from ..setup import AbstractSetup, array_field
 from .data import QUERY_MODES, TheoryTask
 from .model import PARAMETRISATIONS, QKOVModel, make_aligned
 
@@ -76,9 +76,9 @@ class Setup(AbstractSetup):
     `paper_setup`.
     """
 
-    eta_qk: jax.Array = eqx.field(converter=_floats, default=3.0)
-    eta_ov: jax.Array = eqx.field(converter=_floats, default=1.0)
-    mu0: jax.Array = eqx.field(converter=_floats, default=0.05)
+    eta_qk: jax.Array = array_field("eta_qk (QK learning rate)", 3.0)
+    eta_ov: jax.Array = array_field("eta_ov (OV learning rate)", 1.0)
+    mu0: jax.Array = array_field("mu0 (start of factorised circuits)", 0.05)
     parametrisation: str = eqx.field(static=True, default="CACO")
     m: int = eqx.field(static=True, default=5)
     n: int = eqx.field(static=True, default=50)

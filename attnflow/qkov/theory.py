@@ -163,6 +163,7 @@ def state_at_loss(setup: Setup, loss_target: Any, *, initial: dict | None = None
     """
     _check_setup(setup)
     iterations = V.positive_int("iterations", iterations)
+    V.positive("loss_target", loss_target)
     dtype = jnp.result_type(float)
     init = setup.initial_state() if initial is None else initial
     init = {k: jnp.asarray(init[k], dtype) for k in ("mu_ov", "mu_qk")}
