@@ -22,14 +22,14 @@ from . import plot as plot
 from . import rng as rng
 from . import saddle as saddle
 from ._io import data_path as data_path
-from .cache import clear_compilation_cache as clear_compilation_cache
-from .cache import use_compilation_cache as use_compilation_cache
 from .analysis import detect_plateaus as detect_plateaus
 from .analysis import first_crossing as first_crossing
 from .analysis import fit_line as fit_line
 from .analysis import fit_power_law as fit_power_law
 from .analysis import growth_rate as growth_rate
 from .analysis import value_at as value_at
+from .cache import clear_compilation_cache as clear_compilation_cache
+from .cache import use_compilation_cache as use_compilation_cache
 from .compilation import CompileCount as CompileCount
 from .compilation import count_compilations as count_compilations
 from .expect import GaussianBank as GaussianBank
@@ -76,11 +76,63 @@ from .trajectory import Trajectory as Trajectory
 from .trajectory import compare as compare
 
 __all__ = [
-    "AbstractSetup", "AutoStiff", "CompileCount", "KrylovW", "DivergenceError", "FullBatch", "GaussianBank", "LinearGrid", "LogGrid",
-    "MaxStepsError", "Minibatch", "OnlineSGD", "Report", "SaveGrid", "SolverOptions", "SweepError", "SweepResult", "TimeGrid",
-    "Trajectory", "TrainingMode", "UnrolledTsit5", "analysis", "as_data", "check_divergence", "clear_compilation_cache", "compare", "count_compilations", "data_path",
-    "detect_plateaus", "enable_x64", "escape_time", "expect", "family", "first_crossing", "fit_line", "fit_power_law",
-    "fixed_point", "gauss_hermite", "gradient_flow", "growth_rate", "heatmap", "integrate", "jacobian",
-    "label_by_path", "optim", "overlay", "per_circuit", "plot", "psd_sqrt", "rng", "saddle", "save_figure",
-    "simulate", "spectrum", "sweep", "unstable_subspace", "use_compilation_cache", "use_cpu_cores", "value_at",
+    "AbstractSetup",
+    "AutoStiff",
+    "CompileCount",
+    "KrylovW",
+    "DivergenceError",
+    "FullBatch",
+    "GaussianBank",
+    "LinearGrid",
+    "LogGrid",
+    "MaxStepsError",
+    "Minibatch",
+    "OnlineSGD",
+    "Report",
+    "SaveGrid",
+    "SolverOptions",
+    "SweepError",
+    "SweepResult",
+    "TimeGrid",
+    "Trajectory",
+    "TrainingMode",
+    "UnrolledTsit5",
+    "analysis",
+    "as_data",
+    "check_divergence",
+    "clear_compilation_cache",
+    "compare",
+    "count_compilations",
+    "data_path",
+    "detect_plateaus",
+    "enable_x64",
+    "escape_time",
+    "expect",
+    "family",
+    "first_crossing",
+    "fit_line",
+    "fit_power_law",
+    "fixed_point",
+    "gauss_hermite",
+    "gradient_flow",
+    "growth_rate",
+    "heatmap",
+    "integrate",
+    "jacobian",
+    "label_by_path",
+    "optim",
+    "overlay",
+    "per_circuit",
+    "plot",
+    "psd_sqrt",
+    "rng",
+    "saddle",
+    "save_figure",
+    "simulate",
+    "spectrum",
+    "sweep",
+    "unstable_subspace",
+    "use_compilation_cache",
+    "use_cpu_cores",
+    "value_at",
 ]

@@ -23,6 +23,7 @@ from jax.extend.core import get_opaque_trace_state
 
 __all__ = ["fail_if", "collecting", "status_code"]
 
+
 class _Sink(list):
     """The failures recorded by `collecting`, and the trace it records them for."""
 

@@ -126,4 +126,4 @@ def optional_import(module: str, what: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise ImportError(f"{what} needs the optional dependency {module}: pip install \"attnflow[xarray]\"") from None
+        raise ImportError(f'{what} needs the optional dependency {module}: pip install "attnflow[xarray]"') from None

@@ -26,7 +26,7 @@ def show(value: Any) -> str:
     """A value for an error message: numbers as numbers, small arrays as lists."""
     try:
         arr = np.asarray(value)
-    except Exception:  # noqa: BLE001 - anything unprintable as an array is shown by repr
+    except Exception:
         return repr(value)
     if arr.dtype.kind in "biuf" and arr.size <= 16:
         return repr(arr.item()) if arr.ndim == 0 else repr(arr.tolist())
@@ -77,9 +77,7 @@ def finite_tree(name: str, tree: Any) -> None:
             where = jax.tree_util.keystr(path) or "(root)"
             bad = np.argwhere(~np.isfinite(arr))
             first = tuple(int(i) for i in bad[0]) if bad.size else ()
-            raise ValueError(
-                f"{name}{where} must be finite; entry {first} is {arr[first] if first else arr!r}"
-            )
+            raise ValueError(f"{name}{where} must be finite; entry {first} is {arr[first] if first else arr!r}")
 
 
 def positive_int(name: str, value: Any, minimum: int = 1, maximum: int = 2**31 - 1) -> int:
@@ -140,6 +138,8 @@ def prng_key(key: Any) -> Any:
     if arr.ndim == 0 and arr.dtype.kind in "iu":
         return prng_key(int(arr))
     raise ValueError(f"key must be an integer seed or a JAX PRNG key, got {key!r:.60}")
+
+
 def available_memory() -> int:
     """Bytes of physical memory available to this process (total if the available figure is
     unknown; 2**62 where neither can be read)."""
@@ -163,5 +163,7 @@ def fits_in_memory(what: str, n_bytes: float, fraction: float = 0.5) -> None:
     the available memory (an estimate: ``n_bytes``)."""
     avail = available_memory()
     if n_bytes > fraction * avail:
-        raise ValueError(f"{what} needs about {n_bytes / 2**30:.3g} GiB, more than {fraction:.0%} of the "
-                         f"{avail / 2**30:.3g} GiB available; reduce the sizes")
+        raise ValueError(
+            f"{what} needs about {n_bytes / 2**30:.3g} GiB, more than {fraction:.0%} of the "
+            f"{avail / 2**30:.3g} GiB available; reduce the sizes"
+        )

@@ -23,8 +23,14 @@ from . import _validate as V
 __all__ = ["first_crossing", "value_at", "growth_rate", "detect_plateaus", "fit_line", "fit_power_law", "LineFit"]
 
 
-def first_crossing(ts: Real[ArrayLike, "*batch T"], y: Real[ArrayLike, "*batch T"], threshold: Real[ArrayLike, ""], *,
-                   above: bool = True, interpolate: bool = False) -> Float[Array, "*batch"]:
+def first_crossing(
+    ts: Real[ArrayLike, "*batch T"],
+    y: Real[ArrayLike, "*batch T"],
+    threshold: Real[ArrayLike, ""],
+    *,
+    above: bool = True,
+    interpolate: bool = False,
+) -> Float[Array, "*batch"]:
     """Time at which ``y`` first reaches ``threshold`` (``y >= threshold``; ``y <= threshold``
     with ``above=False``), along the last axis of ``ts`` (``y`` may carry the same batch axes);
     NaN where it never does.
@@ -41,8 +47,10 @@ def first_crossing(ts: Real[ArrayLike, "*batch T"], y: Real[ArrayLike, "*batch T
             if np.broadcast_shapes(threshold.shape, y.shape[:-1]) != y.shape[:-1]:
                 raise ValueError
         except ValueError:
-            raise ValueError(f"threshold must be a number or broadcast against the batch shape {y.shape[:-1]}, "
-                             f"got shape {threshold.shape}") from None
+            raise ValueError(
+                f"threshold must be a number or broadcast against the batch shape {y.shape[:-1]}, "
+                f"got shape {threshold.shape}"
+            ) from None
     hit = y >= threshold if above else y <= threshold
     i = jnp.argmax(hit, axis=-1)
     found = jnp.any(hit, axis=-1)
@@ -58,8 +66,14 @@ def first_crossing(ts: Real[ArrayLike, "*batch T"], y: Real[ArrayLike, "*batch T
     return jnp.where(found, t_hit, jnp.nan)
 
 
-def value_at(x: Real[ArrayLike, "*batch T"], values: Real[ArrayLike, "*batch T"], target: Real[ArrayLike, ""], *,
-             above: bool = False, log: bool = False) -> Float[Array, "*batch"]:
+def value_at(
+    x: Real[ArrayLike, "*batch T"],
+    values: Real[ArrayLike, "*batch T"],
+    target: Real[ArrayLike, ""],
+    *,
+    above: bool = False,
+    log: bool = False,
+) -> Float[Array, "*batch"]:
     """``values`` interpolated where ``x`` first reaches ``target`` (``x <= target`` by default,
     ``x >= target`` with ``above=True``), along the last axis; NaN where it never does.
 
@@ -76,8 +90,9 @@ def value_at(x: Real[ArrayLike, "*batch T"], values: Real[ArrayLike, "*batch T"]
             if np.broadcast_shapes(target.shape, x.shape[:-1]) != x.shape[:-1]:
                 raise ValueError
         except ValueError:
-            raise ValueError(f"target must be a number or broadcast against the batch shape {x.shape[:-1]}, "
-                             f"got shape {target.shape}") from None
+            raise ValueError(
+                f"target must be a number or broadcast against the batch shape {x.shape[:-1]}, got shape {target.shape}"
+            ) from None
     hit = x >= target if above else x <= target
     i = jnp.argmax(hit, axis=-1)
     found = jnp.any(hit, axis=-1)
@@ -92,8 +107,9 @@ def value_at(x: Real[ArrayLike, "*batch T"], values: Real[ArrayLike, "*batch T"]
     return jnp.where(found, v0 + jnp.clip(w, 0.0, 1.0) * (v1 - v0), jnp.nan)
 
 
-def growth_rate(ts: Real[ArrayLike, " T"] | Sequence[float], y: Real[ArrayLike, " T"] | Sequence[float], lo: float,
-                hi: float) -> float:
+def growth_rate(
+    ts: Real[ArrayLike, " T"] | Sequence[float], y: Real[ArrayLike, " T"] | Sequence[float], lo: float, hi: float
+) -> float:
     """Least-squares slope of ``log y`` against ``t`` over the first contiguous stretch of
     saves with ``lo <= y <= hi``: a measured exponential rate (NaN with fewer than 3 points)."""
     ts, y = np.asarray(ts, dtype=float), np.asarray(y, dtype=float)
@@ -108,8 +124,12 @@ def growth_rate(ts: Real[ArrayLike, " T"] | Sequence[float], y: Real[ArrayLike, 
     return float(np.polyfit(ts[seg], np.log(y[seg]), 1)[0])
 
 
-def detect_plateaus(ts: Real[ArrayLike, " T"] | Sequence[float], y: Real[ArrayLike, " T"] | Sequence[float],
-                    rel_tol: float = 1e-3, min_duration: float = 0.0) -> list[dict]:
+def detect_plateaus(
+    ts: Real[ArrayLike, " T"] | Sequence[float],
+    y: Real[ArrayLike, " T"] | Sequence[float],
+    rel_tol: float = 1e-3,
+    min_duration: float = 0.0,
+) -> list[dict]:
     """Plateaus of a positive curve (a loss): maximal runs of save times where the relative
     change per unit log-time, ``|d log y / d log t|``, stays below ``rel_tol``.
 
@@ -148,8 +168,9 @@ class LineFit(NamedTuple):
     n: int
 
 
-def fit_line(x: Real[ArrayLike, "*n"] | Sequence[float], y: Real[ArrayLike, "*n"] | Sequence[float],
-             level: float = 0.95) -> LineFit:
+def fit_line(
+    x: Real[ArrayLike, "*n"] | Sequence[float], y: Real[ArrayLike, "*n"] | Sequence[float], level: float = 0.95
+) -> LineFit:
     """Least-squares line through the finite points ``(x, y)`` (at least 2; the interval
     needs 3)."""
     from scipy import stats
@@ -171,8 +192,9 @@ def fit_line(x: Real[ArrayLike, "*n"] | Sequence[float], y: Real[ArrayLike, "*n"
     return LineFit(float(slope), float(intercept), se, (float(slope - q * se), float(slope + q * se)), n)
 
 
-def fit_power_law(x: Real[ArrayLike, "*n"] | Sequence[float], y: Real[ArrayLike, "*n"] | Sequence[float],
-                  level: float = 0.95) -> LineFit:
+def fit_power_law(
+    x: Real[ArrayLike, "*n"] | Sequence[float], y: Real[ArrayLike, "*n"] | Sequence[float], level: float = 0.95
+) -> LineFit:
     """``y ~ C x^p``: the line through ``(log x, log y)`` over positive finite points; ``slope``
     is the exponent ``p`` and ``intercept`` is ``log C``."""
     x, y = np.asarray(x, dtype=float).ravel(), np.asarray(y, dtype=float).ravel()

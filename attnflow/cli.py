@@ -14,7 +14,6 @@ experiment folders and its index ``OUT/summary.md`` / ``OUT/summary.json`` toget
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -44,10 +43,19 @@ def _parse_sets(items: list[str]) -> dict[str, str]:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="attnflow-out", help="output folder (default: attnflow-out)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
-    p.add_argument("--cpu-devices", type=int, default=None, metavar="N",
-                   help="split the CPU into N devices, over which sweeps shard their points (attnflow.use_cpu_cores)")
-    p.add_argument("--data-dir", default=None, metavar="DIR",
-                   help="folder of data files (corpora) for experiments that read them; default: $ATTNFLOW_DATA")
+    p.add_argument(
+        "--cpu-devices",
+        type=int,
+        default=None,
+        metavar="N",
+        help="split the CPU into N devices, over which sweeps shard their points (attnflow.use_cpu_cores)",
+    )
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        metavar="DIR",
+        help="folder of data files (corpora) for experiments that read them; default: $ATTNFLOW_DATA",
+    )
     p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
 
 
@@ -111,8 +119,13 @@ def _run_one(exp, overrides, stage: Path, quiet: bool) -> dict:
     status = "ok" if report.passed else "CHECKS FAILED"
     if not quiet:
         print(f"[attnflow] {exp.name}: {status} in {report.timings['total']:.1f} s", file=sys.stderr)
-    return {"name": exp.name, "passed": report.passed, "seconds": report.timings["total"],
-            "compilations": report.compilations, "checks": dict(report.checks)}
+    return {
+        "name": exp.name,
+        "passed": report.passed,
+        "seconds": report.timings["total"],
+        "compilations": report.compilations,
+        "checks": dict(report.checks),
+    }
 
 
 def _one_line(err: BaseException) -> str:
@@ -123,7 +136,7 @@ def _one_line(err: BaseException) -> str:
     for prefix in ("integrate:", "simulate:", "sweep:"):
         for ln in lines:
             if prefix in ln:
-                return ln[ln.index(prefix):]
+                return ln[ln.index(prefix) :]
     return lines[0] if lines else type(err).__name__
 
 
@@ -147,12 +160,25 @@ def main(argv: list[str] | None = None) -> int:
         from .ode import DivergenceError, MaxStepsError
         from .sweep import SweepError
 
-        bad_input = isinstance(err, (UsageError, ValueError, TypeError, FileNotFoundError, NotADirectoryError,
-                                     PermissionError, IsADirectoryError))
+        bad_input = isinstance(
+            err,
+            (
+                UsageError,
+                ValueError,
+                TypeError,
+                FileNotFoundError,
+                NotADirectoryError,
+                PermissionError,
+                IsADirectoryError,
+            ),
+        )
         failed = isinstance(err, (DivergenceError, MaxStepsError, SweepError)) or not bad_input
         kind = "run failed" if failed else "error"
-        hint = " (run again with --debug for the traceback)" if failed and not isinstance(
-            err, (DivergenceError, MaxStepsError, SweepError)) else ""
+        hint = (
+            " (run again with --debug for the traceback)"
+            if failed and not isinstance(err, (DivergenceError, MaxStepsError, SweepError))
+            else ""
+        )
         print(f"attnflow: {kind}: {_one_line(err)}{hint}", file=sys.stderr)
         return EXIT_FAILED if failed else EXIT_BAD_INPUT
 
@@ -166,8 +192,10 @@ def _main(args) -> tuple[int, Path | None]:
     if getattr(args, "cpu_devices", None) is not None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         if args.cpu_devices < 1 or args.cpu_devices > cores:
-            raise UsageError(f"--cpu-devices must be a positive integer of at most {cores} (the cores this process "
-                             f"may use), got {args.cpu_devices}")
+            raise UsageError(
+                f"--cpu-devices must be a positive integer of at most {cores} (the cores this process "
+                f"may use), got {args.cpu_devices}"
+            )
         from .sweep import use_cpu_cores
 
         use_cpu_cores(args.cpu_devices)  # before any JAX computation
@@ -188,7 +216,9 @@ def _main(args) -> tuple[int, Path | None]:
             print(f"compilation cache {folder}: removed {clear_compilation_cache(folder)} file(s)")
             return EXIT_OK, None
         files = [p for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else []
-        print(f"compilation cache {folder}: {len(files)} file(s), {sum(p.stat().st_size for p in files) / 2**20:.1f} MiB")
+        print(
+            f"compilation cache {folder}: {len(files)} file(s), {sum(p.stat().st_size for p in files) / 2**20:.1f} MiB"
+        )
         return EXIT_OK, None
     from .ode import enable_x64
     from .registry import get_experiment, headline, load_all
@@ -230,8 +260,10 @@ def _main(args) -> tuple[int, Path | None]:
     total = time.perf_counter() - t0
     _write_index(stage, results, total)
     _swap_in(stage, out, [r["name"] for r in results] + ["summary.json", "summary.md"])
-    print(f"[attnflow] {len(results)} experiment(s), {sum(r['passed'] for r in results)} passed their checks, "
-          f"{total:.1f} s; summary in {out / 'summary.md'}")
+    print(
+        f"[attnflow] {len(results)} experiment(s), {sum(r['passed'] for r in results)} passed their checks, "
+        f"{total:.1f} s; summary in {out / 'summary.md'}"
+    )
     return (EXIT_OK if all(r["passed"] for r in results) else EXIT_FAILED), None
 
 
@@ -240,12 +272,20 @@ def _write_index(folder: Path, results: list[dict], total: float) -> None:
 
     payload = strict_json({"experiments": results, "total_seconds": total}).encode()
     atomic_write(folder / "summary.json", lambda f: f.write(payload))
-    lines = ["# attnflow reproduce", "", f"Total time: {total:.1f} s", "",
-             "| experiment | checks | seconds | compilations | folder |", "|---|---|---|---|---|"]
+    lines = [
+        "# attnflow reproduce",
+        "",
+        f"Total time: {total:.1f} s",
+        "",
+        "| experiment | checks | seconds | compilations | folder |",
+        "|---|---|---|---|---|",
+    ]
     for r in results:
         comp = r.get("compilations") or {}
-        lines.append(f"| {r['name']} | {'pass' if r['passed'] else '**FAIL**'} | {r['seconds']:.1f} | "
-                     f"{int(comp.get('count', 0))} ({comp.get('seconds', 0.0):.1f} s) | {r['name']}/ |")
+        lines.append(
+            f"| {r['name']} | {'pass' if r['passed'] else '**FAIL**'} | {r['seconds']:.1f} | "
+            f"{int(comp.get('count', 0))} ({comp.get('seconds', 0.0):.1f} s) | {r['name']}/ |"
+        )
     lines.append("")
     for r in results:
         lines.append(f"## {r['name']}")

@@ -25,8 +25,16 @@ import numpy as np
 
 from . import _validate as V
 
-__all__ = ["GaussianBank", "psd_sqrt", "gauss_hermite", "hermite_rule", "antithetic_copies", "cyclic_permutations",
-           "all_permutations", "permuted_copies"]
+__all__ = [
+    "GaussianBank",
+    "psd_sqrt",
+    "gauss_hermite",
+    "hermite_rule",
+    "antithetic_copies",
+    "cyclic_permutations",
+    "all_permutations",
+    "permuted_copies",
+]
 
 
 def antithetic_copies(draws: Any, flip: Any) -> Any:

@@ -29,8 +29,18 @@ from ._jit import filter_jit
 from .options import LinearGrid, SaveGrid, SolverOptions, TimeGrid
 from .trajectory import Trajectory, flatten_names
 
-__all__ = ["UnrolledTsit5", "integrate", "gradient_flow", "require_x64", "enable_x64", "x64_enabled", "as_data",
-           "DivergenceError", "MaxStepsError", "UNROLL_MAX_PRIMITIVES"]
+__all__ = [
+    "UnrolledTsit5",
+    "integrate",
+    "gradient_flow",
+    "require_x64",
+    "enable_x64",
+    "x64_enabled",
+    "as_data",
+    "DivergenceError",
+    "MaxStepsError",
+    "UNROLL_MAX_PRIMITIVES",
+]
 
 
 _TSIT5 = diffrax.Tsit5.tableau
@@ -279,8 +289,9 @@ def integrate(
     # also gives its size, which picks the default solver below.
     # trace with the arrays of args as inputs and everything else (functions, strings) closed over
     dyn_args, static_args = eqx.partition(args, eqx.is_array)
-    field_jaxpr, out_struct = jax.make_jaxpr(lambda t, y, a: field(t, y, eqx.combine(a, static_args)),
-                                             return_shape=True)(t0, y0, dyn_args)
+    field_jaxpr, out_struct = jax.make_jaxpr(
+        lambda t, y, a: field(t, y, eqx.combine(a, static_args)), return_shape=True
+    )(t0, y0, dyn_args)
     in_struct = jax.eval_shape(lambda y: y, y0)
     if jax.tree_util.tree_structure(out_struct) != jax.tree_util.tree_structure(in_struct) or any(
         a.shape != b.shape for a, b in zip(jax.tree_util.tree_leaves(out_struct), jax.tree_util.tree_leaves(in_struct))
@@ -319,15 +330,29 @@ def integrate(
 
     traced = V.any_traced((y0, args, t0, t1, ts, rtol, atol))
     out_ts, out_ys, result, t_end, y_end = _solve(
-        field, y0, args, t0, t1, ts, obs, method, controller, dt0, solver.max_steps, ev, solver.progress,
-        solver.adjoint, endpoints,
+        field,
+        y0,
+        args,
+        t0,
+        t1,
+        ts,
+        obs,
+        method,
+        controller,
+        dt0,
+        solver.max_steps,
+        ev,
+        solver.progress,
+        solver.adjoint,
+        endpoints,
     )
     if traced:
         # Inside jit/vmap the time cannot be formatted into the message; fail loudly anyway.
         # Attach the checks to every output so none is dead-code-eliminated away.
         finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(v)) for v in jax.tree_util.tree_leaves(out_ys)]))
         out_ts, out_ys = fail_if(
-            (out_ts, out_ys), ~_ok(result),
+            (out_ts, out_ys),
+            ~_ok(result),
             f"integrate: solver failed before t1 (max_steps={solver.max_steps} reached or step size "
             "collapsed); increase max_steps, loosen rtol/atol, or use an implicit solver",
         )
@@ -383,8 +408,9 @@ def _check_observe(obs, t0, y0, args) -> None:
 
 
 @filter_jit
-def _solve(field, y0, args, t0, t1, ts, observe, solver, controller, dt0, max_steps, event, progress, adjoint,
-           endpoints=False):
+def _solve(
+    field, y0, args, t0, t1, ts, observe, solver, controller, dt0, max_steps, event, progress, adjoint, endpoints=False
+):
     term = diffrax.ODETerm(field)
     where = {"t0": True, "t1": True} if endpoints else {"ts": ts}
     saveat = diffrax.SaveAt(
@@ -397,7 +423,13 @@ def _solve(field, y0, args, t0, t1, ts, observe, solver, controller, dt0, max_st
     if adjoint is not None:
         kw["adjoint"] = adjoint
     sol = diffrax.diffeqsolve(
-        term, solver, t0, t1, dt0, y0, args,
+        term,
+        solver,
+        t0,
+        t1,
+        dt0,
+        y0,
+        args,
         saveat=saveat,
         stepsize_controller=controller,
         max_steps=max_steps,
@@ -415,8 +447,7 @@ def _solve(field, y0, args, t0, t1, ts, observe, solver, controller, dt0, max_st
     obs_end = observe(t_end, y_end, args)
     out_ts = jnp.where(reached, save_ts, t_end)
     out_ys = {
-        k: jnp.where(reached.reshape((-1,) + (1,) * (v.ndim - 1)), v, obs_end[k][None])
-        for k, v in save_ys.items()
+        k: jnp.where(reached.reshape((-1,) + (1,) * (v.ndim - 1)), v, obs_end[k][None]) for k, v in save_ys.items()
     }
     return out_ts, out_ys, sol.result, t_end, y_end
 
@@ -430,8 +461,10 @@ def _check_solution(field, args, result, t_end, y_end, out_ts, out_ys, max_steps
             bad = int(np.argmax(~np.all(np.isfinite(v.reshape(v.shape[0], -1)), axis=1)))
             where = f"observable {name!r} became non-finite at t = {float(out_ts[bad]):.6g} (save index {bad})"
             if state_finite and bool(_ok(result)):
-                raise DivergenceError(f"integrate: {where}, while the state stayed finite to the end: "
-                                      "the observable is undefined there (a log or division at zero?)")
+                raise DivergenceError(
+                    f"integrate: {where}, while the state stayed finite to the end: "
+                    "the observable is undefined there (a log or division at zero?)"
+                )
             raise DivergenceError(f"integrate: {where}; the ODE diverged there")
     if bool(_ok(result)):
         return

@@ -21,7 +21,9 @@ from . import _validate as V
 __all__ = ["per_circuit", "label_by_path"]
 
 
-def label_by_path(model: Any, rule: Callable[[str], str] | Mapping[str, str], filter_spec: Any = eqx.is_inexact_array) -> Any:
+def label_by_path(
+    model: Any, rule: Callable[[str], str] | Mapping[str, str], filter_spec: Any = eqx.is_inexact_array
+) -> Any:
     """Label every trainable leaf of ``model`` by circuit.
 
     ``rule`` maps a leaf's path string (``jax.tree_util.keystr``, e.g. ``".W_QK"``) to a
@@ -32,7 +34,7 @@ def label_by_path(model: Any, rule: Callable[[str], str] | Mapping[str, str], fi
     if isinstance(rule, Mapping):
         table = dict(rule)
 
-        def rule(path: str) -> str:  # noqa: F811 - the mapping becomes a function
+        def rule(path: str) -> str:
             for key, label in table.items():
                 if key in path:
                     return label
@@ -73,8 +75,9 @@ def per_circuit(
         if missing:
             raise ValueError(f"no learning rate given for circuit(s) {sorted(missing)}; rates has {sorted(rates)}")
     transforms = {
-        name: optax.set_to_zero() if lr is None else
-        optax.inject_hyperparams(base)(learning_rate=lr if callable(lr) else jnp.asarray(lr), **base_kwargs)
+        name: optax.set_to_zero()
+        if lr is None
+        else optax.inject_hyperparams(base)(learning_rate=lr if callable(lr) else jnp.asarray(lr), **base_kwargs)
         for name, lr in rates.items()
     }
     # A labels *tree* may itself be callable (an Equinox module with __call__): hand optax a

@@ -54,8 +54,9 @@ class SaveGrid(eqx.Module):
             raise ValueError(f"t1 and dt must be positive, got t1={t1!r}, dt={dt!r}")
         total = max(1, int(round(t1f / dtf)))
         if total > 2**31 - 1:
-            raise ValueError(f"t1 / dt = {t1f:g} / {dtf:g} is {total} steps, more than 2^31 - 1: shorten t1 or "
-                             "raise dt")
+            raise ValueError(
+                f"t1 / dt = {t1f:g} / {dtf:g} is {total} steps, more than 2^31 - 1: shorten t1 or raise dt"
+            )
         return total, self._steps_in_time(total, dtf)
 
     def _steps_in_time(self, total: int, dt: float) -> np.ndarray:
@@ -138,7 +139,9 @@ class TimeGrid(SaveGrid):
         step = np.flatnonzero(np.diff(ts.astype(float)) <= 0)
         if step.size:
             i = int(step[0])
-            raise ValueError(f"ts must be strictly increasing; ts[{i}] = {float(ts[i]):.6g} >= ts[{i + 1}] = {float(ts[i + 1]):.6g}")
+            raise ValueError(
+                f"ts must be strictly increasing; ts[{i}] = {float(ts[i]):.6g} >= ts[{i + 1}] = {float(ts[i + 1]):.6g}"
+            )
 
     def times(self, t0, t1):
         return jnp.asarray(self.ts, dtype=float)
@@ -213,6 +216,8 @@ class SolverOptions(eqx.Module):
         """A copy with some options changed (validated)."""
         unknown = set(changes) - {f for f in self.__dataclass_fields__}
         if unknown:
-            raise ValueError(f"SolverOptions has no option {sorted(unknown)}; options: {sorted(self.__dataclass_fields__)}")
+            raise ValueError(
+                f"SolverOptions has no option {sorted(unknown)}; options: {sorted(self.__dataclass_fields__)}"
+            )
         fields = {f: getattr(self, f) for f in self.__dataclass_fields__}
         return SolverOptions(**{**fields, **changes})

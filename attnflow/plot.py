@@ -93,16 +93,31 @@ def overlay(
             t = np.asarray(sim[0].ts)[keep]
             y = _columns(np.asarray(sim[0][name]))[keep]
             for j in range(y.shape[1]):
-                ax.plot(t, y[:, j], "o", ms=3.5, mfc="none", color=_COLORS[j % 10], alpha=0.9,
-                        label=simulation_label if j == 0 else None)
+                ax.plot(
+                    t,
+                    y[:, j],
+                    "o",
+                    ms=3.5,
+                    mfc="none",
+                    color=_COLORS[j % 10],
+                    alpha=0.9,
+                    label=simulation_label if j == 0 else None,
+                )
         elif len(sim) > 1:
             t = np.asarray(sim[0].ts)[keep]
             ys = np.stack([_columns(np.asarray(r[name]))[keep] for r in sim])  # (seed, T, comp)
             for j in range(ys.shape[2]):
                 c = _COLORS[j % 10]
                 ax.fill_between(t, ys[:, :, j].min(0), ys[:, :, j].max(0), color=c, alpha=0.18, lw=0)
-                ax.plot(t, ys[:, :, j].mean(0), "o", ms=3, mfc="none", color=c,
-                        label=f"{simulation_label} (mean, min-max of {len(sim)})" if j == 0 else None)
+                ax.plot(
+                    t,
+                    ys[:, :, j].mean(0),
+                    "o",
+                    ms=3,
+                    mfc="none",
+                    color=c,
+                    label=f"{simulation_label} (mean, min-max of {len(sim)})" if j == 0 else None,
+                )
         _style_panel(ax, name, log_time, log_y, time_label, labels)
         ax.legend(fontsize=7)
     return _finish(fig, axes, len(names), title)
@@ -195,8 +210,15 @@ def heatmap(
         vmax = np.nanmax(v) if np.isfinite(v).any() else 1.0
         for i in range(v.shape[0]):
             for j in range(v.shape[1]):
-                ax.text(j, i, fmt.format(v[i, j]), ha="center", va="center", fontsize=7,
-                        color="white" if v[i, j] < 0.6 * vmax else "black")
+                ax.text(
+                    j,
+                    i,
+                    fmt.format(v[i, j]),
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if v[i, j] < 0.6 * vmax else "black",
+                )
     fig.colorbar(im, ax=ax, label=colorbar_label)
     if title:
         ax.set_title(title)

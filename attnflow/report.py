@@ -106,8 +106,10 @@ class Report:
                 lines.append(f"| {k} | {v:.2f} |")
             lines.append("")
         if self.compilations:
-            lines.append(f"XLA compilations: {int(self.compilations['count'])}, "
-                         f"{self.compilations['seconds']:.2f} s of backend compile time.")
+            lines.append(
+                f"XLA compilations: {int(self.compilations['count'])}, "
+                f"{self.compilations['seconds']:.2f} s of backend compile time."
+            )
             lines.append("")
         for n in self.notes:
             lines.append(f"- {n}")
@@ -160,7 +162,9 @@ class Experiment:
     def options(self) -> dict[str, tuple[str, Any]]:
         """``{option: (type, default)}`` of the configuration class."""
         hints = typing.get_type_hints(self.config)
-        return {f.name: (_type_name(hints[f.name]), getattr(self.defaults, f.name)) for f in dataclasses.fields(self.config)}
+        return {
+            f.name: (_type_name(hints[f.name]), getattr(self.defaults, f.name)) for f in dataclasses.fields(self.config)
+        }
 
     def run(self, overrides: Mapping[str, Any] | None = None, quiet: bool = True) -> Report:
         config = config_from(self.config, overrides or {}, self.name)
@@ -233,8 +237,9 @@ def config_from(cls: type, overrides: Mapping[str, Any], name: str = "experiment
         try:
             values[k] = _coerce(v, tp)
         except (TypeError, ValueError):
-            raise ValueError(f"option {k!r} of {name} expects {_type_name(tp)} (default {getattr(defaults, k)!r}), "
-                             f"got {v!r}") from None
+            raise ValueError(
+                f"option {k!r} of {name} expects {_type_name(tp)} (default {getattr(defaults, k)!r}), got {v!r}"
+            ) from None
     return dataclasses.replace(defaults, **values)
 
 

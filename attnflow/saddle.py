@@ -112,8 +112,14 @@ class Spectrum(eqx.Module):
         return self.values[keep], [self.vectors[i] for i in keep]
 
 
-def spectrum(field: Callable[[Any, Any, Any], Any], y: Any, args: Any = None, t: Any = 0.0,
-             symmetric: bool | None = None, basis: Any = None) -> Spectrum:
+def spectrum(
+    field: Callable[[Any, Any, Any], Any],
+    y: Any,
+    args: Any = None,
+    t: Any = 0.0,
+    symmetric: bool | None = None,
+    basis: Any = None,
+) -> Spectrum:
     """Eigenvalues and pytree-shaped eigenvectors of the Jacobian of ``field`` at ``y``.
 
     ``symmetric=None`` detects a symmetric Jacobian (a gradient flow's is) and then uses
@@ -142,8 +148,12 @@ def spectrum(field: Callable[[Any, Any, Any], Any], y: Any, args: Any = None, t:
     w, v = w[order], v[:, order]
     if B is not None:
         v = B.astype(v.dtype) @ v
-    vectors = [unravel(v[:, i]) if not jnp.iscomplexobj(v) else jax.tree_util.tree_map(
-        lambda re, im: re + 1j * im, unravel(jnp.real(v[:, i])), unravel(jnp.imag(v[:, i]))) for i in range(v.shape[1])]
+    vectors = [
+        unravel(v[:, i])
+        if not jnp.iscomplexobj(v)
+        else jax.tree_util.tree_map(lambda re, im: re + 1j * im, unravel(jnp.real(v[:, i])), unravel(jnp.imag(v[:, i])))
+        for i in range(v.shape[1])
+    ]
     return Spectrum(w, vectors, J)
 
 

@@ -47,9 +47,7 @@ class TrainingMode(eqx.Module):
 
     def default_observe(self, loss: Callable) -> Callable:
         """What `simulate` records when no ``observe`` is given."""
-        raise ValueError(
-            f"{type(self).__name__} has no deterministic loss to record by default; pass observe=..."
-        )
+        raise ValueError(f"{type(self).__name__} has no deterministic loss to record by default; pass observe=...")
 
 
 class FullBatch(TrainingMode):
@@ -170,17 +168,31 @@ def simulate(
     V.finite_tree("model", params)
     traced = V.any_traced((params, key, clock, mode, optimizer))
 
-    out_params, ys, bad = _run(loss, params, static, optimizer, mode, key, observe, tuple(int(s) for s in s_save), progress)
+    out_params, ys, bad = _run(
+        loss, params, static, optimizer, mode, key, observe, tuple(int(s) for s in s_save), progress
+    )
     ts = jnp.asarray(clock) * jnp.asarray(s_save, dtype=jnp.result_type(float))
     if throw and traced:
         ts, ys, out_params = fail_if(
-            (ts, ys, out_params), bad >= 0,
+            (ts, ys, out_params),
+            bad >= 0,
             "simulate: non-finite loss or parameters during training (diverged); lower the learning rate",
         )
-        finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(v)) for v in jax.tree_util.tree_leaves(ys)
-                                    if jnp.issubdtype(v.dtype, jnp.inexact)] or [True]))
-        ts, ys, out_params = fail_if((ts, ys, out_params), ~finite,
-                                     "simulate: an observable became non-finite (NaN/Inf) while the parameters stayed finite")
+        finite = jnp.all(
+            jnp.array(
+                [
+                    jnp.all(jnp.isfinite(v))
+                    for v in jax.tree_util.tree_leaves(ys)
+                    if jnp.issubdtype(v.dtype, jnp.inexact)
+                ]
+                or [True]
+            )
+        )
+        ts, ys, out_params = fail_if(
+            (ts, ys, out_params),
+            ~finite,
+            "simulate: an observable became non-finite (NaN/Inf) while the parameters stayed finite",
+        )
     elif throw and int(bad) >= 0:
         b = int(bad)
         raise DivergenceError(
@@ -195,7 +207,8 @@ def simulate(
                 raise DivergenceError(
                     f"simulate: observable {name!r} became non-finite at step {int(s_save[i])} "
                     f"(t = {float(ts[i]):.6g}), while the parameters stayed finite: the observable is undefined "
-                    "there (a log or division at zero?)")
+                    "there (a log or division at zero?)"
+                )
     m = {"steps": steps, "mode": type(mode).__name__}
     m.update(meta or {})
     traj = Trajectory(ts, ys, m)
@@ -217,8 +230,11 @@ def check_divergence(traj: Trajectory, step: Any, clock: Any = 1.0) -> Trajector
     returning NaNs; inside `attnflow.sweep` the point is marked failed and its values NaN.
     """
     if V.any_traced((step, traj)):
-        return fail_if(traj, step >= 0, "simulate: non-finite loss or parameters during training (diverged); "
-                       "lower the learning rate")
+        return fail_if(
+            traj,
+            step >= 0,
+            "simulate: non-finite loss or parameters during training (diverged); lower the learning rate",
+        )
     b = int(step)
     if b >= 0:
         raise DivergenceError(
@@ -246,8 +262,9 @@ def _run(loss, params, static, optimizer, mode, key, observe, s_save, progress):
         value, grads = jax.value_and_grad(lambda q: loss(eqx.combine(q, static), batch))(p)
         updates, o_new = optimizer.update(grads, o, p)
         # keep each parameter's dtype (a float64 learning rate must not promote float32 weights)
-        p_new = jax.tree_util.tree_map(lambda a, u: a if u is None else (a + u).astype(a.dtype), p, updates,
-                                       is_leaf=lambda x: x is None)
+        p_new = jax.tree_util.tree_map(
+            lambda a, u: a if u is None else (a + u).astype(a.dtype), p, updates, is_leaf=lambda x: x is None
+        )
         # x * 0 is 0 for finite x and NaN for NaN or Inf, and a sum of zeros cannot overflow:
         # one fast sum per leaf finds any non-finite entry (XLA:CPU lowers all(isfinite(x)) as an
         # unfused boolean reduce-window, 5x slower on the heads-SGD weights)

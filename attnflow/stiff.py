@@ -50,8 +50,12 @@ class _RosWTableau(eqx.Module):
 ROS34PW2 = _RosWTableau(
     gamma=4.3586652150845900e-01,
     alpha=((), (8.7173304301691801e-01,), (8.4457060015369423e-01, -1.1299064236484185e-01), (0.0, 0.0, 1.0)),
-    gammas=((), (-8.7173304301691801e-01,), (-9.0338057013044082e-01, 5.4180672388095326e-02),
-            (2.4212380706095346e-01, -1.2232505839045147e00, 5.4526025533510214e-01)),
+    gammas=(
+        (),
+        (-8.7173304301691801e-01,),
+        (-9.0338057013044082e-01, 5.4180672388095326e-02),
+        (2.4212380706095346e-01, -1.2232505839045147e00, 5.4526025533510214e-01),
+    ),
     b=(2.4212380706095346e-01, -1.2232505839045147e00, 1.5452602553351020e00, 4.3586652150845900e-01),
     b_hat=(3.7810903145819369e-01, -9.6042292212423178e-02, 0.5, 2.1793326075422950e-01),
 )
@@ -369,8 +373,9 @@ class AutoStiff(diffrax.AbstractAdaptiveSolver):
             return x1, err, f1, coeffs, h_rho, st.w
 
         def implicit():
-            V, H = jax.lax.cond(st.w.age >= self.refresh, lambda: _subspace(f, t0, x0, st.w.V, 1),
-                                lambda: (st.w.V, st.w.H))
+            V, H = jax.lax.cond(
+                st.w.age >= self.refresh, lambda: _subspace(f, t0, x0, st.w.V, 1), lambda: (st.w.V, st.w.H)
+            )
             age = jnp.where(st.w.age >= self.refresh, 0, st.w.age)
             x1, err, f1, coeffs = _w_step(w_solver.tableau, f, t0, t1, x0, f0, V, H, time_dependent)
             h_rho = jnp.abs(h) * jnp.linalg.norm(H, ord=2)
@@ -388,7 +393,12 @@ class AutoStiff(diffrax.AbstractAdaptiveSolver):
         to_explicit = st.stiff & (n_calm >= self.calm_steps)
         stiff = (st.stiff | to_stiff) & ~to_explicit
         w_state = _WState(w_state.V, w_state.H, jnp.where(to_stiff, self.refresh, w_state.age), f1)
-        new = _AutoState(stiff, jnp.where(to_stiff | to_explicit, 0, n_stiff),
-                         jnp.where(to_stiff | to_explicit, 0, n_calm), f1, w_state)
+        new = _AutoState(
+            stiff,
+            jnp.where(to_stiff | to_explicit, 0, n_stiff),
+            jnp.where(to_stiff | to_explicit, 0, n_calm),
+            f1,
+            w_state,
+        )
         dense = {"coeffs": jax.vmap(unravel)(coeffs)}
         return unravel(x1), unravel(err), dense, new, diffrax.RESULTS.successful

@@ -61,8 +61,15 @@ class SweepResult:
     ``1 +`` the index of its failure in ``messages`` (the point's values are then NaN).
     """
 
-    def __init__(self, dims: Sequence[str], coords: Mapping[str, np.ndarray], values: Any,
-                 meta: Mapping[str, Any] | None = None, status: Any = None, messages: Sequence[str] = ()):
+    def __init__(
+        self,
+        dims: Sequence[str],
+        coords: Mapping[str, np.ndarray],
+        values: Any,
+        meta: Mapping[str, Any] | None = None,
+        status: Any = None,
+        messages: Sequence[str] = (),
+    ):
         self.dims = tuple(dims)
         self.coords = {k: np.asarray(v) for k, v in coords.items()}
         self.values = values
@@ -97,7 +104,11 @@ class SweepResult:
         for d in self.dims:
             if d in point:
                 c = self.coords[d]
-                i = int(np.argmin(np.abs(c - np.asarray(point[d])))) if c.dtype.kind in "fiu" else int(np.flatnonzero(c == point[d])[0])
+                i = (
+                    int(np.argmin(np.abs(c - np.asarray(point[d]))))
+                    if c.dtype.kind in "fiu"
+                    else int(np.flatnonzero(c == point[d])[0])
+                )
                 idx.append(i)
             else:
                 idx.append(slice(None))
@@ -154,11 +165,15 @@ class SweepResult:
                 return
             if isinstance(value, Mapping):
                 for k, v in value.items():
-                    visit(f"{prefix}{k}.", v) if isinstance(v, (Mapping, Trajectory, tuple, list)) else add(f"{prefix}{k}", v)
+                    visit(f"{prefix}{k}.", v) if isinstance(v, (Mapping, Trajectory, tuple, list)) else add(
+                        f"{prefix}{k}", v
+                    )
                 return
             if isinstance(value, (tuple, list)):
                 for i, v in enumerate(value):
-                    visit(f"{prefix}[{i}].", v) if isinstance(v, (Mapping, Trajectory, tuple, list)) else add(f"{prefix}[{i}]", v)
+                    visit(f"{prefix}[{i}].", v) if isinstance(v, (Mapping, Trajectory, tuple, list)) else add(
+                        f"{prefix}[{i}]", v
+                    )
                 return
             add(prefix.rstrip(".") or "value", value)
 
@@ -186,15 +201,19 @@ def use_cpu_cores(n: int | None = None) -> int:
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"use_cpu_cores: n must be a positive integer, got {n!r}")
     if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
-        warnings.warn("use_cpu_cores: XLA_FLAGS already sets the host device count; left as it is",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            "use_cpu_cores: XLA_FLAGS already sets the host device count; left as it is", RuntimeWarning, stacklevel=2
+        )
         return len(jax.devices("cpu"))
     try:
         jax.config.update("jax_num_cpu_devices", int(n))
     except RuntimeError:
-        warnings.warn(f"use_cpu_cores({n}): JAX has already run a computation, so its CPU device count is fixed "
-                      f"at {len(jax.devices('cpu'))}; call use_cpu_cores before any JAX operation",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"use_cpu_cores({n}): JAX has already run a computation, so its CPU device count is fixed "
+            f"at {len(jax.devices('cpu'))}; call use_cpu_cores before any JAX operation",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return len(jax.devices("cpu"))
     return int(n)
 
@@ -243,8 +262,9 @@ def _shardings(devices: tuple, dims: tuple, nested: bool) -> tuple[NamedSharding
     return split, {d: split if i == 0 or not nested else whole for i, d in enumerate(dims)}
 
 
-def _compiled(fn: Callable[..., Any], devices: tuple, dims: tuple, nested_dims: tuple | None = None,
-              local: bool = False) -> Any:
+def _compiled(
+    fn: Callable[..., Any], devices: tuple, dims: tuple, nested_dims: tuple | None = None, local: bool = False
+) -> Any:
     """One jitted, sharded, vmapped ``fn`` per (fn, devices, layout), reused across calls.
 
     Flat (``nested_dims=None``): ``vmap`` over a list of points, each axis an array of the
@@ -261,6 +281,7 @@ def _compiled(fn: Callable[..., Any], devices: tuple, dims: tuple, nested_dims: 
     partitioner turns the stopping test of a vmapped adaptive solve (any lane not
     finished) into an all-reduce across devices at every step.
     """
+
     def make():
         sharding, inputs = _shardings(devices, dims, nested_dims is not None)
         messages: list[str] = []
@@ -273,9 +294,11 @@ def _compiled(fn: Callable[..., Any], devices: tuple, dims: tuple, nested_dims: 
             return out, status_code(sink)
 
         if nested_dims is None:
+
             def batched(point):
                 return jax.vmap(lambda p: fn_status(**p))(point)
         else:
+
             def batched(point):
                 def over(i, fixed):
                     if i == len(nested_dims):
@@ -285,14 +308,25 @@ def _compiled(fn: Callable[..., Any], devices: tuple, dims: tuple, nested_dims: 
 
                 n_inner = math.prod(point[d].shape[0] for d in nested_dims[1:])
                 out = over(0, {})
-                return jax.tree_util.tree_map(lambda x: x.reshape((x.shape[0] * n_inner,) + x.shape[len(nested_dims):]), out)
+                return jax.tree_util.tree_map(
+                    lambda x: x.reshape((x.shape[0] * n_inner,) + x.shape[len(nested_dims) :]), out
+                )
 
         body = batched
         if local:
-            body = jax.shard_map(batched, mesh=sharding.mesh, in_specs=({d: s.spec for d, s in inputs.items()},),
-                                 out_specs=sharding.spec, check_vma=False)
-        jitted = jax.jit(body, in_shardings=(inputs,), out_shardings=sharding,
-                         compiler_options=cpu_compiler_options() if devices[0].platform == "cpu" else {})
+            body = jax.shard_map(
+                batched,
+                mesh=sharding.mesh,
+                in_specs=({d: s.spec for d, s in inputs.items()},),
+                out_specs=sharding.spec,
+                check_vma=False,
+            )
+        jitted = jax.jit(
+            body,
+            in_shardings=(inputs,),
+            out_shardings=sharding,
+            compiler_options=cpu_compiler_options() if devices[0].platform == "cpu" else {},
+        )
         return jitted, messages
 
     return _memo(_CACHE, (fn, devices, dims, nested_dims, local), make)
@@ -300,8 +334,11 @@ def _compiled(fn: Callable[..., Any], devices: tuple, dims: tuple, nested_dims: 
 
 def _out_struct(compiled: Any, example: dict) -> Any:
     """``compiled.eval_shape(example)``, cached per compiled function and input shapes."""
-    return _memo(_STRUCT, (compiled, tuple((d, e.shape, e.dtype) for d, e in example.items())),
-                 lambda: compiled.eval_shape(example))
+    return _memo(
+        _STRUCT,
+        (compiled, tuple((d, e.shape, e.dtype) for d, e in example.items())),
+        lambda: compiled.eval_shape(example),
+    )
 
 
 def sweep(
@@ -398,8 +435,9 @@ def sweep(
         idx = np.minimum(np.arange(lo, lo + chunk_size), n - 1)  # pad the last chunk by repetition
         return {d: flat[d][idx] for d in dims}
 
-    example = {d: jax.ShapeDtypeStruct(v.shape, jax.dtypes.canonicalize_dtype(v.dtype))
-               for d, v in chunk_points(0).items()}
+    example = {
+        d: jax.ShapeDtypeStruct(v.shape, jax.dtypes.canonicalize_dtype(v.dtype)) for d, v in chunk_points(0).items()
+    }
     try:
         out_struct = _out_struct(compiled, example)
     except Exception as err:
@@ -410,9 +448,12 @@ def sweep(
         local = False
         _memo(_NO_SHARD_MAP, layout, lambda: True)  # warned once; later sweeps of this fn go straight to jit sharding
         first = (str(err).strip().splitlines() or [""])[0][:160]
-        warnings.warn(f"sweep: fn does not trace under shard_map ({type(err).__name__}: {first}); using jit "
-                      "sharding instead, under which a vmapped adaptive solve synchronises the devices at every step",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"sweep: fn does not trace under shard_map ({type(err).__name__}: {first}); using jit "
+            "sharding instead, under which a vmapped adaptive solve synchronises the devices at every step",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     leaves_struct, treedef = jax.tree_util.tree_flatten(out_struct)
 
     out_path = Path(out_dir) if out_dir is not None else None
@@ -457,9 +498,17 @@ def sweep(
         full = (results[0][j] if n_chunks == 1 else np.concatenate([results[i][j] for i in range(n_chunks)]))[:n]
         leaves.append(jnp.asarray(full.reshape(grid_shape + full.shape[1:])))
     values, status = jax.tree_util.tree_unflatten(treedef, leaves)
-    info = {"n_points": n, "chunk_size": chunk_size, "n_chunks": n_chunks, "n_devices": n_dev, "devices_used": devices_used,
-            "nested": bool(nest), "shard_map": bool(local),
-            "computed_chunks": len(todo), **dict(meta or {})}
+    info = {
+        "n_points": n,
+        "chunk_size": chunk_size,
+        "n_chunks": n_chunks,
+        "n_devices": n_dev,
+        "devices_used": devices_used,
+        "nested": bool(nest),
+        "shard_map": bool(local),
+        "computed_chunks": len(todo),
+        **dict(meta or {}),
+    }
     result = SweepResult(dims, coords, values, info, status=np.asarray(status), messages=list(messages))
     failed = result.failures()
     if failed:
@@ -468,8 +517,9 @@ def sweep(
         text = f"sweep: {len(failed)} of {n} grid points failed: {shown}{more}"
         if on_error == "raise":
             raise SweepError(text)
-        warnings.warn(text + "; their values are NaN (SweepResult.status, SweepResult.failures())", RuntimeWarning,
-                      stacklevel=2)
+        warnings.warn(
+            text + "; their values are NaN (SweepResult.status, SweepResult.failures())", RuntimeWarning, stacklevel=2
+        )
     return result
 
 
@@ -485,9 +535,15 @@ def _manifest(dims, coords, chunk_size, treedef, leaves_struct, meta, fingerprin
     }
 
 
-_WHAT = {"dims": "the axis names", "coords": "the axis values", "chunk_size": "the chunk size",
-         "structure": "the structure of fn's output", "leaves": "the shapes of fn's output", "meta": "meta",
-         "fn": "the function (its code, closure values or default arguments)"}
+_WHAT = {
+    "dims": "the axis names",
+    "coords": "the axis values",
+    "chunk_size": "the chunk size",
+    "structure": "the structure of fn's output",
+    "leaves": "the shapes of fn's output",
+    "meta": "meta",
+    "fn": "the function (its code, closure values or default arguments)",
+}
 
 
 def _check_manifest(out_path: Path, dims, coords, chunk_size, treedef, leaves_struct, meta, fingerprint) -> None:
@@ -500,14 +556,17 @@ def _check_manifest(out_path: Path, dims, coords, chunk_size, treedef, leaves_st
         try:
             have = json.loads(mf.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ValueError(f"{mf} is not a sweep manifest (invalid JSON: {err}); use a fresh out_dir or delete it") from None
+            raise ValueError(
+                f"{mf} is not a sweep manifest (invalid JSON: {err}); use a fresh out_dir or delete it"
+            ) from None
         if not isinstance(have, dict):
             raise ValueError(f"{mf} is not a sweep manifest; use a fresh out_dir or delete it")
         for key in ("fn", "structure", "leaves", "dims", "coords", "chunk_size", "meta"):
             if have.get(key) != want[key]:
                 raise ValueError(
                     f"{out_path} holds a different sweep: {_WHAT[key]} changed (saved {str(have.get(key))[:100]!r}, "
-                    f"now {str(want[key])[:100]!r}); its chunks are not reused. Use a fresh out_dir or delete the old one"
+                    f"now {str(want[key])[:100]!r}); its chunks are not reused. "
+                    "Use a fresh out_dir or delete the old one"
                 )
     else:
         atomic_write(mf, lambda f: f.write(json.dumps(want, indent=1).encode()))

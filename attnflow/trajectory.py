@@ -235,7 +235,9 @@ class Trajectory:
         Needs the optional dependency xarray (``pip install "attnflow[xarray]"``).
         """
         xr = optional_import("xarray", "Trajectory.to_xarray")
-        bdims = tuple(batch_dims) if batch_dims is not None else tuple(f"batch{i}" for i in range(len(self.batch_shape)))
+        bdims = (
+            tuple(batch_dims) if batch_dims is not None else tuple(f"batch{i}" for i in range(len(self.batch_shape)))
+        )
         if len(bdims) != len(self.batch_shape):
             raise ValueError(f"batch_dims must name {len(self.batch_shape)} batch axes, got {bdims}")
         ts = np.asarray(self.ts)
@@ -267,7 +269,7 @@ class Trajectory:
             del size
         cols["t"] = ts.reshape(-1)
         for k, v in self.ys.items():
-            v = np.asarray(v).reshape((n_batch * T,) + v.shape[ts.ndim:])
+            v = np.asarray(v).reshape((n_batch * T,) + v.shape[ts.ndim :])
             if v.ndim == 1:
                 cols[k] = v
             else:
@@ -318,8 +320,9 @@ class Trajectory:
             try:
                 meta = json.loads(meta_path.read_text())["meta"]
             except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
-                raise ValueError(f"{meta_path} is not the metadata of an attnflow trajectory "
-                                 f"({type(err).__name__}: {err})") from None
+                raise ValueError(
+                    f"{meta_path} is not the metadata of an attnflow trajectory ({type(err).__name__}: {err})"
+                ) from None
         return cls(ts, ys, meta, t_event)
 
 

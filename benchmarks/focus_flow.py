@@ -81,16 +81,21 @@ def main():
     print(f"Population flow to t = {T:g} (d = 4, m = mk = 8); reference: Tsit5 at rtol 1e-12")
     print(f"{'method':44s} {'steps':>9s} {'seconds':>9s} {'max |loss err|':>15s}")
     rows = {}
-    for name, method in (("adaptive Tsit5", diffrax.Tsit5()), ("AutoStiff (Tsit5, then KrylovW)", af.AutoStiff()),
-                         ("KrylovW alone", af.KrylovW())):
+    for name, method in (
+        ("adaptive Tsit5", diffrax.Tsit5()),
+        ("AutoStiff (Tsit5, then KrylovW)", af.AutoStiff()),
+        ("KrylovW alone", af.KrylovW()),
+    ):
         opts = af.SolverOptions(method, rtol=1e-7, atol=1e-10, max_steps=10_000_000)
         t_m, l_m = timed(lambda opts=opts: run(opts))
         rows[name] = (steps_of(method), t_m, float(jnp.max(jnp.abs(l_m - ref))))
         print(f"{name + ' (rtol 1e-7, atol 1e-10)':44s} {rows[name][0]:9d} {t_m:9.3f} {rows[name][2]:15.2e}")
     steps_ad, t_ad, err_ad = rows["adaptive Tsit5"]
     s_auto, t_auto, e_auto = rows["AutoStiff (Tsit5, then KrylovW)"]
-    print(f"AutoStiff vs Tsit5: {steps_ad / s_auto:.0f}x fewer steps, {t_ad / t_auto:.0f}x less time, "
-          f"error {e_auto:.2e} vs {err_ad:.2e}")
+    print(
+        f"AutoStiff vs Tsit5: {steps_ad / s_auto:.0f}x fewer steps, {t_ad / t_auto:.0f}x less time, "
+        f"error {e_auto:.2e} vs {err_ad:.2e}"
+    )
     chosen = None
     for dt in (0.4, 0.2, 0.1, 0.05, 0.025):
         fixed = af.SolverOptions(

@@ -36,8 +36,14 @@ RTOL, ATOL = 1e-8, 1e-10
 
 
 def solve(eta):
-    return af.integrate(mode_field, jnp.full(4, U0), T, args={"s": jnp.asarray(S), "tau": 1.0 / eta},
-                        save=af.LinearGrid(2), solver=af.SolverOptions(rtol=RTOL, atol=ATOL))["y"][-1]
+    return af.integrate(
+        mode_field,
+        jnp.full(4, U0),
+        T,
+        args={"s": jnp.asarray(S), "tau": 1.0 / eta},
+        save=af.LinearGrid(2),
+        solver=af.SolverOptions(rtol=RTOL, atol=ATOL),
+    )["y"][-1]
 
 
 def stages_only(eta, n_steps):
@@ -69,8 +75,12 @@ def best_of(fn, repeat=3):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=256)
-    ap.add_argument("--devices", type=int, default=None,
-                    help="CPU devices for the sweep (default: one per core, attnflow.use_cpu_cores)")
+    ap.add_argument(
+        "--devices",
+        type=int,
+        default=None,
+        help="CPU devices for the sweep (default: one per core, attnflow.use_cpu_cores)",
+    )
     args = ap.parse_args()
     af.use_cpu_cores(args.devices)  # before any JAX computation
     jax.config.update("jax_enable_x64", True)
@@ -85,9 +95,16 @@ def main():
     err_sweep = np.max(np.abs(np.asarray(res.values) - exact) / exact)
 
     # (a') the grid as one state: a single integrate over a (n, 4) state (shared steps)
-    stacked = jax.jit(lambda e: af.integrate(mode_field, jnp.full((e.shape[0], 4), U0), T,
-                                             args={"s": jnp.asarray(S), "tau": 1.0 / e[:, None]},
-                                             save=af.LinearGrid(2), solver=af.SolverOptions(rtol=RTOL, atol=ATOL))["y"][-1])
+    stacked = jax.jit(
+        lambda e: af.integrate(
+            mode_field,
+            jnp.full((e.shape[0], 4), U0),
+            T,
+            args={"s": jnp.asarray(S), "tau": 1.0 / e[:, None]},
+            save=af.LinearGrid(2),
+            solver=af.SolverOptions(rtol=RTOL, atol=ATOL),
+        )["y"][-1]
+    )
     stacked(jnp.asarray(etas)).block_until_ready()
     t_stacked, out_st = best_of(lambda: stacked(jnp.asarray(etas)).block_until_ready())
     err_stacked = np.max(np.abs(np.asarray(out_st) - exact) / exact)
@@ -104,13 +121,15 @@ def main():
     from scipy.integrate import solve_ivp
 
     def scipy_one(eta):
-        f = lambda t, u: 2.0 * u * (S - u) * eta  # noqa: E731
+        f = lambda t, u: 2.0 * u * (S - u) * eta
         return solve_ivp(f, (0.0, T), np.full(4, U0), method="RK45", rtol=RTOL, atol=ATOL).y[:, -1]
 
     t_scipy, outs_sp = best_of(lambda: [scipy_one(e) for e in etas], repeat=1)
     err_scipy = np.max(np.abs(np.stack(outs_sp) - exact) / exact)
 
-    print(f"Saxe mode ODE, {args.n} learning rates, t1={T}, rtol={RTOL}, atol={ATOL}, sweep devices={jax.device_count()}")
+    print(
+        f"Saxe mode ODE, {args.n} learning rates, t1={T}, rtol={RTOL}, atol={ATOL}, sweep devices={jax.device_count()}"
+    )
     print(f"{'method':38s} {'seconds':>10s} {'max rel err':>12s}")
     print(f"{'attnflow.sweep (jit+vmap), warm':38s} {t_sweep:10.4f} {err_sweep:12.2e}")
     print(f"{'  first call incl. compile':38s} {t_first:10.4f}")
@@ -122,27 +141,42 @@ def main():
     import diffrax
 
     def n_steps(eta):
-        return diffrax.diffeqsolve(diffrax.ODETerm(mode_field), af.UnrolledTsit5(), 0.0, T, None, jnp.full(4, U0),
-                                   {"s": jnp.asarray(S), "tau": 1.0 / eta}, max_steps=100_000,
-                                   stepsize_controller=diffrax.PIDController(rtol=RTOL, atol=ATOL)).stats["num_steps"]
+        return diffrax.diffeqsolve(
+            diffrax.ODETerm(mode_field),
+            af.UnrolledTsit5(),
+            0.0,
+            T,
+            None,
+            jnp.full(4, U0),
+            {"s": jnp.asarray(S), "tau": 1.0 / eta},
+            max_steps=100_000,
+            stepsize_controller=diffrax.PIDController(rtol=RTOL, atol=ATOL),
+        ).stats["num_steps"]
 
     steps = np.asarray(jax.jit(jax.vmap(n_steps))(jnp.asarray(etas)))
-    floor = lambda eta: stages_only(eta, int(steps.max()))  # noqa: E731
+    floor = lambda eta: stages_only(eta, int(steps.max()))
     af.sweep(floor, {"eta": etas}, progress=False)
     t_floor, _ = best_of(lambda: af.sweep(floor, {"eta": etas}, progress=False), repeat=7)
     trivial = jax.jit(lambda x: x + 1.0)
     x = jnp.ones(4)
     trivial(x).block_until_ready()
     t_call, _ = best_of(lambda: [trivial(x).block_until_ready() for _ in range(1000)])
-    print(f"steps per solve: {steps.min()}..{steps.max()} (mean {steps.mean():.0f}); the vmapped sweep runs all lanes "
-          f"for the slowest one: {1e6 * t_sweep / steps.max():.1f} us per batched step of {args.n} lanes")
-    print(f"loop: {1e6 * t_loop / args.n:.1f} us per solve, of which {1e6 * t_call / 1000:.1f} us is the call of a "
-          f"trivial jitted function; 50x would need {1e9 * t_loop / args.n / 50 / steps.max():.0f} ns per lane-step in the sweep")
-    print(f"floor, the same sweep with stages and update only ({steps.max()} fixed steps): {t_floor:.4f} s, "
-          f"{1e6 * t_floor / steps.max():.1f} us per batched step; loop / floor = {t_loop / t_floor:.1f}x, "
-          f"the most any vmapped adaptive Tsit5 sweep can reach here; "
-          f"{t_loop / (t_floor * steps.mean() / steps.max()):.1f}x even if each lane stopped computing at its own "
-          f"last step (mean instead of max step count)")
+    print(
+        f"steps per solve: {steps.min()}..{steps.max()} (mean {steps.mean():.0f}); the vmapped sweep runs all lanes "
+        f"for the slowest one: {1e6 * t_sweep / steps.max():.1f} us per batched step of {args.n} lanes"
+    )
+    print(
+        f"loop: {1e6 * t_loop / args.n:.1f} us per solve, of which {1e6 * t_call / 1000:.1f} us is the call of a "
+        f"trivial jitted function; 50x would need {1e9 * t_loop / args.n / 50 / steps.max():.0f} ns per lane-step "
+        "in the sweep"
+    )
+    print(
+        f"floor, the same sweep with stages and update only ({steps.max()} fixed steps): {t_floor:.4f} s, "
+        f"{1e6 * t_floor / steps.max():.1f} us per batched step; loop / floor = {t_loop / t_floor:.1f}x, "
+        f"the most any vmapped adaptive Tsit5 sweep can reach here; "
+        f"{t_loop / (t_floor * steps.mean() / steps.max()):.1f}x even if each lane stopped computing at its own "
+        f"last step (mean instead of max step count)"
+    )
     print(f"ratio sweep vs jitted loop: {t_loop / t_sweep:8.1f}x   (target >= 50x)")
     print(f"ratio sweep vs scipy loop:  {t_scipy / t_sweep:8.1f}x   (target >= 200x)")
     print(f"ratio stacked state vs jitted loop: {t_loop / t_stacked:8.1f}x, vs scipy loop: {t_scipy / t_stacked:8.1f}x")

@@ -58,8 +58,9 @@ def test_python_floats_are_data_not_recompiled():
     y0 = jnp.ones(3)
     af.integrate(_decay, y0, 1.0, args={"k": 0.5}, save=af.LinearGrid(5))
     with af.count_compilations() as c:
-        a = af.integrate(_decay, y0, 2.0, args={"k": 0.7}, save=af.LinearGrid(5),
-                         solver=af.SolverOptions(rtol=1e-9, atol=1e-11))
+        a = af.integrate(
+            _decay, y0, 2.0, args={"k": 0.7}, save=af.LinearGrid(5), solver=af.SolverOptions(rtol=1e-9, atol=1e-11)
+        )
     assert c.n == 0, c
     np.testing.assert_allclose(a["y"][-1], np.exp(-1.4), rtol=1e-7)
     assert isinstance(af.as_data({"k": 0.5, "n": 3, "name": "x"})["k"], jax.Array)
@@ -82,14 +83,25 @@ def test_nested_observe_and_event_time_as_data():
     tr = af.integrate(_decay, jnp.ones(2), 1.0, args={"k": 1.0}, observe=_exp_observe, save=af.LinearGrid(3))
     assert set(tr.names) == {"y", "nested.twice", "nested.sum"} and tr.t_event is None
     # the event time is an array: a sweep returns one per grid point
-    t_star = lambda s: np.log(s / 1e-3 - 1) / (2 * s)  # noqa: E731  u(t*) = s/2
+    t_star = lambda s: np.log(s / 1e-3 - 1) / (2 * s)
 
     def stop(t, u, a):
         return u[0] - a["s"][0] / 2
 
-    res = af.sweep(lambda s0: af.integrate(mode_field, jnp.full(4, 1e-3), 50.0, args={"s": S.at[0].set(s0), "tau": 1.0},
-                                           save=af.LinearGrid(2), event=stop).t_event,
-                   {"s0": np.array([0.5, 1.0, 2.0])}, progress=False)
+    res = af.sweep(
+        lambda s0: (
+            af.integrate(
+                mode_field,
+                jnp.full(4, 1e-3),
+                50.0,
+                args={"s": S.at[0].set(s0), "tau": 1.0},
+                save=af.LinearGrid(2),
+                event=stop,
+            ).t_event
+        ),
+        {"s0": np.array([0.5, 1.0, 2.0])},
+        progress=False,
+    )
     np.testing.assert_allclose(res.values, t_star(np.array([0.5, 1.0, 2.0])), rtol=1e-7)
     never = af.integrate(mode_field, jnp.full(4, 1e-3), 0.1, args={"s": S, "tau": 1.0}, event=stop)
     assert np.isnan(float(never.t_event))
@@ -123,8 +135,11 @@ def test_trajectory_to_xarray_and_pandas():
     df = tr.to_pandas()
     assert len(df) == 8 and {"batch0", "t", "loss", "u[0]", "u[1]"} <= set(df.columns)
     np.testing.assert_allclose(df[df.batch0 == 1]["loss"], 2 * ts)
-    res = af.sweep(lambda c: {"final": c * 2.0, "traj": af.Trajectory(ts, {"y": c * ts})}, {"c": np.array([1.0, 3.0])},
-                   progress=False)
+    res = af.sweep(
+        lambda c: {"final": c * 2.0, "traj": af.Trajectory(ts, {"y": c * ts})},
+        {"c": np.array([1.0, 3.0])},
+        progress=False,
+    )
     xs = res.to_xarray()
     assert xs["final"].dims == ("c",) and xs["traj.y"].dims == ("c", "traj.t")
     np.testing.assert_allclose(xs["final"], [2.0, 6.0])
@@ -153,7 +168,11 @@ def test_growth_plateaus_and_fits():
     t = np.geomspace(1e-2, 1e4, 300)
     loss = 1.0 + 0.5 * (t > 10) * -0.5 + 0.0 * t  # two flat stretches, one drop
     plateaus = af.detect_plateaus(t, loss, rel_tol=1e-3)
-    assert len(plateaus) == 2 and plateaus[0]["level"] == pytest.approx(1.0) and plateaus[1]["level"] == pytest.approx(0.75)
+    assert (
+        len(plateaus) == 2
+        and plateaus[0]["level"] == pytest.approx(1.0)
+        and plateaus[1]["level"] == pytest.approx(0.75)
+    )
     x = np.array([500.0, 1000.0, 2000.0, 4000.0])
     fit = af.fit_power_law(x, 3.0 * x**-0.5 * np.array([1.01, 0.99, 1.02, 0.98]))
     assert fit.ci[0] < -0.5 < fit.ci[1] and fit.slope == pytest.approx(-0.5, abs=0.03) and fit.n == 4
@@ -269,11 +288,19 @@ class _Cfg:
 
 
 def test_typed_configs_parse_set_values():
-    c = config_from(_Cfg, {"eta": "1", "steps": "20", "ratios": "[0.5, 3]", "flag": "true", "bound": "2.5", "kind": "y"})
+    c = config_from(
+        _Cfg, {"eta": "1", "steps": "20", "ratios": "[0.5, 3]", "flag": "true", "bound": "2.5", "kind": "y"}
+    )
     assert c == _Cfg(eta=1.0, steps=20, ratios=(0.5, 3.0), flag=True, bound=2.5, kind="y")
     assert config_from(_Cfg, {"bound": "null"}).bound is None
-    for key, value, match in (("eta", "abc", "expects float"), ("steps", "2.5", "expects int"), ("ratios", "3", "list of float"),
-                              ("kind", "z", "one of 'x', 'y'"), ("nope", "1", "has no option 'nope'"), ("flag", "2", "bool")):
+    for key, value, match in (
+        ("eta", "abc", "expects float"),
+        ("steps", "2.5", "expects int"),
+        ("ratios", "3", "list of float"),
+        ("kind", "z", "one of 'x', 'y'"),
+        ("nope", "1", "has no option 'nope'"),
+        ("flag", "2", "bool"),
+    ):
         with pytest.raises(ValueError, match=match):
             config_from(_Cfg, {key: value}, "toy")
 
@@ -297,7 +324,9 @@ def test_foreign_files_are_named_and_json_is_strict(tmp_path):
     bad.write_bytes(b"not a zip file at all")
     with pytest.raises(ValueError, match=r"bad.npz is not a trajectory saved by attnflow"):
         af.Trajectory.load(bad)
-    ok = af.Trajectory(jnp.arange(3.0), {"y": jnp.array([1.0, jnp.nan, 2.0])}, {"x": float("nan")}).save(tmp_path / "ok")
+    ok = af.Trajectory(jnp.arange(3.0), {"y": jnp.array([1.0, jnp.nan, 2.0])}, {"x": float("nan")}).save(
+        tmp_path / "ok"
+    )
     (tmp_path / "ok.json").write_text("{oops")
     with pytest.raises(ValueError, match="ok.json is not the metadata"):
         af.Trajectory.load(ok)
@@ -311,9 +340,17 @@ def test_nan_observables_are_errors_in_simulate_as_in_integrate():
     def loss(p, _):
         return 0.5 * jnp.sum(p["w"] ** 2)
 
-    with pytest.raises(af.DivergenceError, match=r"observable 'logw' became non-finite at step \d+ .*parameters stayed finite"):
-        af.simulate(loss, {"w": jnp.ones(2)}, optax.sgd(1.0), 5, save=af.LinearGrid(6),
-                    observe=lambda p: {"logw": jnp.log(p["w"][0])})
+    with pytest.raises(
+        af.DivergenceError, match=r"observable 'logw' became non-finite at step \d+ .*parameters stayed finite"
+    ):
+        af.simulate(
+            loss,
+            {"w": jnp.ones(2)},
+            optax.sgd(1.0),
+            5,
+            save=af.LinearGrid(6),
+            observe=lambda p: {"logw": jnp.log(p["w"][0])},
+        )
     with pytest.raises(af.DivergenceError, match="observable 'y' became non-finite.*state stayed finite"):
         af.integrate(lambda t, y, a: -y, jnp.ones(1), 1.0, observe=lambda t, y, a: {"y": jnp.log(y - 0.5)})
 

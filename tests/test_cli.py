@@ -25,7 +25,9 @@ def test_version_and_list(capsys):
 
 
 def test_run_writes_outputs(tmp_path, capsys):
-    rc = main(["run", "deep-linear", "--set", "dts=[0.02, 0.01]", "--set", "t_end=10", "--out", str(tmp_path), "--quiet"])
+    rc = main(
+        ["run", "deep-linear", "--set", "dts=[0.02, 0.01]", "--set", "t_end=10", "--out", str(tmp_path), "--quiet"]
+    )
     assert rc == 0
     folder = tmp_path / "deep-linear"
     summary = json.loads((folder / "summary.json").read_text())
@@ -85,7 +87,10 @@ def test_failed_run_is_one_line_exit_1_and_debug_shows_the_traceback(tmp_path, c
     argv = ["run", "deep-linear", "--set", "dts=[1.5]", "--set", "t_end=60", "--out", str(tmp_path), "--quiet"]
     assert main(argv) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith("attnflow: run failed: simulate: non-finite loss or parameters at step") and len(err.splitlines()) == 1
+    assert (
+        err.startswith("attnflow: run failed: simulate: non-finite loss or parameters at step")
+        and len(err.splitlines()) == 1
+    )
     assert not (tmp_path / "deep-linear").exists() and not list(tmp_path.glob(".attnflow-*"))
     with pytest.raises(Exception, match="non-finite"):
         main(argv + ["--debug"])
@@ -95,7 +100,10 @@ def test_reused_out_holds_only_the_new_run_and_summary_json_is_strict(tmp_path):
     folder = tmp_path / "deep-linear"
     folder.mkdir()
     (folder / "stale.png").write_text("old")
-    assert main(["run", "deep-linear", "--set", "dts=[0.04, 0.02]", "--set", "t_end=6", "--out", str(tmp_path), "--quiet"]) == 0
+    assert (
+        main(["run", "deep-linear", "--set", "dts=[0.04, 0.02]", "--set", "t_end=6", "--out", str(tmp_path), "--quiet"])
+        == 0
+    )
     assert not (folder / "stale.png").exists()
     text = (folder / "summary.json").read_text()
 
@@ -126,9 +134,24 @@ def test_ctrl_c_exits_130_and_leaves_out_intact(tmp_path):
     before = {p.name: p.read_bytes() for p in (out / "deep-linear").iterdir()}
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["MPLBACKEND"] = "Agg"
-    slow = ["run", "deep-linear", "--set", "dts=[0.001, 0.0005, 0.00025]", "--set", "t_end=200", "--out", str(out), "--quiet"]
-    proc = subprocess.Popen([sys.executable, "-c", _SIGINT_SCRIPT, *slow], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    slow = [
+        "run",
+        "deep-linear",
+        "--set",
+        "dts=[0.001, 0.0005, 0.00025]",
+        "--set",
+        "t_end=200",
+        "--out",
+        str(out),
+        "--quiet",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SIGINT_SCRIPT, *slow],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(12)
     assert proc.poll() is None, proc.communicate()
     proc.send_signal(signal.SIGINT)

@@ -67,8 +67,14 @@ def test_integrate_log_spacing_and_pytree_state():
     y0 = {"a": jnp.full(4, 0.03), "b": jnp.full(4, 0.03)}
     from attnflow.deeplinear import factor_field
 
-    tr = af.integrate(factor_field, y0, 10.0, args={"s": S, "tau": 1.0}, save=af.LogGrid(50),
-                      solver=af.SolverOptions(rtol=1e-10, atol=1e-13))
+    tr = af.integrate(
+        factor_field,
+        y0,
+        10.0,
+        args={"s": S, "tau": 1.0},
+        save=af.LogGrid(50),
+        solver=af.SolverOptions(rtol=1e-10, atol=1e-13),
+    )
     assert tr.names == ("a", "b") and tr.ts[0] == 0 and tr.ts[-1] == 10.0
     assert np.all(np.diff(np.log(np.asarray(tr.ts[1:]))) == pytest.approx(np.log(1e6) / 48))
     # balanced factors: u = a b follows the closed form with u0 = 0.03^2
@@ -76,8 +82,15 @@ def test_integrate_log_spacing_and_pytree_state():
 
 
 def test_integrate_event_terminates_at_threshold():
-    tr = af.integrate(mode_field, jnp.full(4, 1e-3), 50.0, args={"s": S, "tau": 1.0}, save=af.LinearGrid(100),
-                      event=lambda t, u, a: u[3] - 0.25, solver=af.SolverOptions(rtol=1e-10, atol=1e-13))
+    tr = af.integrate(
+        mode_field,
+        jnp.full(4, 1e-3),
+        50.0,
+        args={"s": S, "tau": 1.0},
+        save=af.LinearGrid(100),
+        event=lambda t, u, a: u[3] - 0.25,
+        solver=af.SolverOptions(rtol=1e-10, atol=1e-13),
+    )
     # closed form: u(t*) = s/2 at t* = log(s/u0 - 1) / (2 s) for s = 0.5
     t_star = np.log(0.5 / 1e-3 - 1) / (2 * 0.5)
     assert float(tr.ts[-1]) == pytest.approx(t_star, rel=1e-8)
@@ -100,8 +113,16 @@ def test_unrolled_tsit5_equals_diffrax_tsit5():
 
     # same accepted/rejected steps, and the FSAL state survives a jump (jump_ts)
     def steps(solver, **extra):
-        sol = diffrax.diffeqsolve(diffrax.ODETerm(mode_field), solver, 0.0, 30.0, None, jnp.full(4, 1e-3),
-                                  {"s": S, "tau": 1.0}, stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=1e-10, **extra))
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(mode_field),
+            solver,
+            0.0,
+            30.0,
+            None,
+            jnp.full(4, 1e-3),
+            {"s": S, "tau": 1.0},
+            stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=1e-10, **extra),
+        )
         return sol.ys[-1], int(sol.stats["num_steps"]), int(sol.stats["num_rejected_steps"])
 
     for extra in ({}, {"jump_ts": jnp.array([3.3, 7.1])}):
@@ -123,9 +144,20 @@ def test_unrolled_tsit5_equals_diffrax_tsit5():
     np.testing.assert_allclose(big["y"][-1], np.exp(-1.0) * np.ones(2), rtol=1e-7)
 
     # reverse-mode through the unrolled stages
-    check_grads(lambda u0: af.integrate(mode_field, jnp.full(4, u0), 2.0, args={"s": S, "tau": 1.0}, save=af.LinearGrid(2),
-                                        solver=af.SolverOptions(rtol=1e-11, atol=1e-14))["y"][-1], (1e-2,), order=1,
-                modes=["rev"], eps=1e-7)
+    check_grads(
+        lambda u0: af.integrate(
+            mode_field,
+            jnp.full(4, u0),
+            2.0,
+            args={"s": S, "tau": 1.0},
+            save=af.LinearGrid(2),
+            solver=af.SolverOptions(rtol=1e-11, atol=1e-14),
+        )["y"][-1],
+        (1e-2,),
+        order=1,
+        modes=["rev"],
+        eps=1e-7,
+    )
 
 
 def test_integrate_endpoint_saves_match_the_save_loop():
@@ -136,13 +168,19 @@ def test_integrate_endpoint_saves_match_the_save_loop():
     np.testing.assert_array_equal(a.ts, b.ts)
     np.testing.assert_allclose(a["y"], b["y"], rtol=1e-14)
     # with an event the last save is the event time
-    e = af.integrate(mode_field, jnp.full(4, 1e-3), 50.0, save=af.LinearGrid(2), event=lambda t, u, a: u[3] - 0.25, **kw)
+    e = af.integrate(
+        mode_field, jnp.full(4, 1e-3), 50.0, save=af.LinearGrid(2), event=lambda t, u, a: u[3] - 0.25, **kw
+    )
     assert float(e.ts[-1]) == pytest.approx(np.log(0.5 / 1e-3 - 1) / (2 * 0.5), rel=1e-8)
 
 
 def test_integrate_max_steps_error_names_time():
-    with pytest.raises(af.MaxStepsError, match=r"max_steps=7 reached at t = [0-9.e-]+ before t1 = 100.*Increase max_steps"):
-        af.integrate(mode_field, jnp.full(4, 1e-3), 100.0, args={"s": S, "tau": 1.0}, solver=af.SolverOptions(max_steps=7))
+    with pytest.raises(
+        af.MaxStepsError, match=r"max_steps=7 reached at t = [0-9.e-]+ before t1 = 100.*Increase max_steps"
+    ):
+        af.integrate(
+            mode_field, jnp.full(4, 1e-3), 100.0, args={"s": S, "tau": 1.0}, solver=af.SolverOptions(max_steps=7)
+        )
 
 
 def test_integrate_divergence_is_an_error():
@@ -157,7 +195,9 @@ def test_integrate_divergence_is_an_error():
         af.integrate(lambda t, y, a: y**2, jnp.ones(1), 3.0, solver=af.SolverOptions(max_steps=2000))
     # inside jit the failure still stops the program
     with pytest.raises(Exception, match="non-finite|solver failed"):
-        jax.jit(lambda y: af.integrate(lambda t, y, a: y**2, y, 3.0, solver=euler)["y"])(jnp.ones(1)).block_until_ready()
+        jax.jit(lambda y: af.integrate(lambda t, y, a: y**2, y, 3.0, solver=euler)["y"])(
+            jnp.ones(1)
+        ).block_until_ready()
 
 
 def test_integrate_bad_input():
@@ -186,7 +226,9 @@ def test_integrate_requires_x64_or_explicit_dtype():
     with jax.enable_x64(False):
         with pytest.raises(RuntimeError, match="enable_x64"):
             af.integrate(lambda t, y, a: -y, jnp.ones(2), 1.0)
-        tr = af.integrate(lambda t, y, a: -y, jnp.ones(2), 1.0, dtype=jnp.float32, solver=af.SolverOptions(rtol=1e-5, atol=1e-7))
+        tr = af.integrate(
+            lambda t, y, a: -y, jnp.ones(2), 1.0, dtype=jnp.float32, solver=af.SolverOptions(rtol=1e-5, atol=1e-7)
+        )
         assert tr["y"].dtype == jnp.float32
         assert float(tr["y"][-1, 0]) == pytest.approx(np.exp(-1), rel=1e-4)
 
@@ -194,8 +236,14 @@ def test_integrate_requires_x64_or_explicit_dtype():
 def test_integrate_gradient_through_solution():
     # d u(T)/d u0 of the closed form vs autodiff through the solver
     def uT(u0):
-        return af.integrate(mode_field, jnp.full(4, u0), 2.0, args={"s": S, "tau": 1.0}, save=af.LinearGrid(2),
-                            solver=af.SolverOptions(rtol=1e-11, atol=1e-14))["y"][-1, 0]
+        return af.integrate(
+            mode_field,
+            jnp.full(4, u0),
+            2.0,
+            args={"s": S, "tau": 1.0},
+            save=af.LinearGrid(2),
+            solver=af.SolverOptions(rtol=1e-11, atol=1e-14),
+        )["y"][-1, 0]
 
     g = jax.grad(uT)(1e-2)
     g_exact = jax.grad(lambda u0: mode_strength(2.0, S, u0)[0])(1e-2)
@@ -213,8 +261,9 @@ def test_simulate_online_sgd_tracks_population_loss():
     teacher, model = _linear_problem()
     loss = lambda m, batch: 0.5 * jnp.mean(jnp.sum((m(batch[0]) - batch[1]) ** 2, axis=1))
     observe = lambda m: {"loss": population_loss(m.W1, m.W2, teacher.A)}
-    tr = af.simulate(loss, model, optax.sgd(0.01), 3000, mode=af.OnlineSGD(teacher.sample, 64), key=0,
-                     observe=observe, clock=0.01)
+    tr = af.simulate(
+        loss, model, optax.sgd(0.01), 3000, mode=af.OnlineSGD(teacher.sample, 64), key=0, observe=observe, clock=0.01
+    )
     gd = af.simulate(lambda m, _: population_loss(m.W1, m.W2, teacher.A), model, optax.sgd(0.01), 3000, clock=0.01)
     # same clock, same save steps; SGD noise is small at batch 64 (measured: < 2% while loss > 1e-2)
     np.testing.assert_array_equal(tr.ts, gd.ts)
@@ -229,8 +278,16 @@ def test_simulate_minibatch_and_seeds_vmap():
     x = jax.random.normal(jax.random.PRNGKey(5), (512, 8))
     data = (x, x @ teacher.A.T)
     loss = lambda m, batch: 0.5 * jnp.mean(jnp.sum((m(batch[0]) - batch[1]) ** 2, axis=1))
-    run = lambda seed: af.simulate(loss, model, optax.sgd(0.02), 500, mode=af.Minibatch(data, 32), key=seed,
-                                   observe=lambda m: {"loss": loss(m, data)}, save=af.LogGrid(10))["loss"]
+    run = lambda seed: af.simulate(
+        loss,
+        model,
+        optax.sgd(0.02),
+        500,
+        mode=af.Minibatch(data, 32),
+        key=seed,
+        observe=lambda m: {"loss": loss(m, data)},
+        save=af.LogGrid(10),
+    )["loss"]
     many = jax.jit(jax.vmap(run))(jnp.arange(3))
     assert many.shape[0] == 3
     np.testing.assert_allclose(many[1], run(1), rtol=1e-10)
@@ -291,22 +348,43 @@ def test_per_circuit_rates_vmap_compiles_once():
     assert len(traces) == 1
     # one step by hand: W1 moves with eta_in, W2 with eta_out
     g = jax.grad(lambda m: loss(m, None))(model)
-    single = af.simulate(loss, model, af.per_circuit(labels, {"in": 0.02, "out": 0.01}), 1, save=af.LinearGrid(2),
-                         observe=lambda m: {"W1": m.W1, "W2": m.W2})
+    single = af.simulate(
+        loss,
+        model,
+        af.per_circuit(labels, {"in": 0.02, "out": 0.01}),
+        1,
+        save=af.LinearGrid(2),
+        observe=lambda m: {"W1": m.W1, "W2": m.W2},
+    )
     np.testing.assert_allclose(single["W1"][-1], model.W1 - 0.02 * g.W1, rtol=1e-12)
     np.testing.assert_allclose(single["W2"][-1], model.W2 - 0.01 * g.W2, rtol=1e-12)
-    np.testing.assert_allclose(out["W1"][2, -1], af.simulate(loss, model, af.per_circuit(labels, {"in": 0.02, "out": 0.01}),
-                                                              100, save=af.LogGrid(5), observe=lambda m: {"W1": m.W1})["W1"][-1],
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        out["W1"][2, -1],
+        af.simulate(
+            loss,
+            model,
+            af.per_circuit(labels, {"in": 0.02, "out": 0.01}),
+            100,
+            save=af.LogGrid(5),
+            observe=lambda m: {"W1": m.W1},
+        )["W1"][-1],
+        rtol=1e-12,
+    )
     # None freezes a circuit
-    frozen = af.simulate(loss, model, af.per_circuit(labels, {"in": None, "out": 0.01}), 3, save=af.LinearGrid(2),
-                         observe=lambda m: {"W1": m.W1, "W2": m.W2})
+    frozen = af.simulate(
+        loss,
+        model,
+        af.per_circuit(labels, {"in": None, "out": 0.01}),
+        3,
+        save=af.LinearGrid(2),
+        observe=lambda m: {"W1": m.W1, "W2": m.W2},
+    )
     np.testing.assert_array_equal(frozen["W1"][-1], model.W1)
     assert not np.allclose(frozen["W2"][-1], model.W2)
 
 
 def test_per_circuit_bad_input():
-    teacher, model = _linear_problem()
+    _, model = _linear_problem()
     labels = af.label_by_path(model, {"W1": "qk", "W2": "ov"})
     with pytest.raises(ValueError, match="circuit 'qk'.*-0.1"):
         af.per_circuit(labels, {"qk": -0.1, "ov": 0.1})
@@ -372,7 +450,9 @@ def test_psd_sqrt_value_and_grads():
 def test_overlay_figure(tmp_path):
     ts = jnp.linspace(0, 1, 20)
     theory = af.Trajectory(ts, {"u": jnp.stack([ts, ts**2], 1), "loss": jnp.exp(-ts)})
-    sims = jax.vmap(lambda c: af.Trajectory(ts[::4], {"u": c * jnp.stack([ts, ts**2], 1)[::4], "loss": jnp.exp(-ts[::4])}))(jnp.array([0.9, 1.1]))
+    sims = jax.vmap(
+        lambda c: af.Trajectory(ts[::4], {"u": c * jnp.stack([ts, ts**2], 1)[::4], "loss": jnp.exp(-ts[::4])})
+    )(jnp.array([0.9, 1.1]))
     fig = af.overlay(theory, sims, ["u", "loss"], log_y=("loss",), component_labels=["a", "b"])
     axes = [ax for ax in fig.axes if ax.get_visible()]
     assert len(axes) == 2 and axes[0].get_xlabel() == "t" and axes[1].get_yscale() == "log"

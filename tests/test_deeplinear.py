@@ -8,7 +8,16 @@ import pytest
 
 import attnflow as af
 from attnflow import deeplinear as dl
-from attnflow.deeplinear import Teacher, TwoLayerLinear, conserved, factor_field, matrix_field, mode_field, mode_strength, population_loss
+from attnflow.deeplinear import (
+    Teacher,
+    TwoLayerLinear,
+    conserved,
+    factor_field,
+    matrix_field,
+    mode_field,
+    mode_strength,
+    population_loss,
+)
 
 S = jnp.array([3.0, 2.0, 1.0, 0.5])
 U0 = 1e-3
@@ -23,16 +32,28 @@ def test_closed_form_solves_mode_ode():
 
 
 def test_integrate_matches_closed_form_1e8():
-    tr = af.integrate(mode_field, jnp.full(4, U0), 14.0, args={"s": S, "tau": 1.0}, save=af.LinearGrid(300),
-                      solver=af.SolverOptions(rtol=1e-10, atol=1e-14))
+    tr = af.integrate(
+        mode_field,
+        jnp.full(4, U0),
+        14.0,
+        args={"s": S, "tau": 1.0},
+        save=af.LinearGrid(300),
+        solver=af.SolverOptions(rtol=1e-10, atol=1e-14),
+    )
     exact = mode_strength(tr.ts[:, None], S, U0)
     rel = jnp.max(jnp.abs(tr["y"] - exact) / exact)
     assert rel < 1e-8, rel
 
 
 def test_integrate_tau_rescales_time():
-    tr = af.integrate(mode_field, jnp.full(4, U0), 28.0, args={"s": S, "tau": 2.0}, save=af.LinearGrid(50),
-                      solver=af.SolverOptions(rtol=1e-10, atol=1e-14))
+    tr = af.integrate(
+        mode_field,
+        jnp.full(4, U0),
+        28.0,
+        args={"s": S, "tau": 2.0},
+        save=af.LinearGrid(50),
+        solver=af.SolverOptions(rtol=1e-10, atol=1e-14),
+    )
     exact = mode_strength(tr.ts[:, None], S, U0, tau=2.0)
     assert jnp.max(jnp.abs(tr["y"] - exact) / exact) < 1e-8
 
@@ -90,8 +111,13 @@ def test_new_learning_rate_compiles_nothing():
 
 
 def test_setup_bad_input():
-    for kw, match in (({"s": (1.0, -2.0)}, r"mode strengths s must be finite and positive, got \[1.0, -2.0\]"),
-                      ({"u0": 0.0}, "u0"), ({"eta": float("nan")}, "eta"), ({"n_in": 2}, "n_in"), ({"s": ()}, "non-empty")):
+    for kw, match in (
+        ({"s": (1.0, -2.0)}, r"mode strengths s must be finite and positive, got \[1.0, -2.0\]"),
+        ({"u0": 0.0}, "u0"),
+        ({"eta": float("nan")}, "eta"),
+        ({"n_in": 2}, "n_in"),
+        ({"s": ()}, "non-empty"),
+    ):
         with pytest.raises(ValueError, match=match):
             dl.Setup(**kw)
     with pytest.raises(ValueError, match="batch"):
@@ -104,11 +130,17 @@ def test_setup_bad_input():
 
 def test_sweep_over_a_setup_field():
     etas = np.array([0.5, 1.0, 2.0])
-    res = af.sweep(lambda eta: dl.solve(dl.Setup().replace(eta=eta), 2.0, save=af.LinearGrid(2)).final()["u"],
-                   {"eta": etas}, progress=False)
+    res = af.sweep(
+        lambda eta: dl.solve(dl.Setup().replace(eta=eta), 2.0, save=af.LinearGrid(2)).final()["u"],
+        {"eta": etas},
+        progress=False,
+    )
     np.testing.assert_allclose(res.values, mode_strength(2.0 * etas[:, None], S, U0), rtol=1e-8)
-    seeds = af.sweep(lambda seed: dl.train(dl.Setup(), 1.0, key=seed, batch=8, save=af.LinearGrid(2))["u"][-1],
-                     {"seed": np.arange(3)}, progress=False)
+    seeds = af.sweep(
+        lambda seed: dl.train(dl.Setup(), 1.0, key=seed, batch=8, save=af.LinearGrid(2))["u"][-1],
+        {"seed": np.arange(3)},
+        progress=False,
+    )
     assert seeds.values.shape == (3, 4) and not np.allclose(seeds.values[0], seeds.values[1])
 
 
@@ -125,7 +157,7 @@ def test_saddle_origin_factor_field():
     np.testing.assert_allclose(np.real(lam), S, atol=1e-13)
     # the top unstable mode is a = b on the strongest mode
     v = vecs[0]
-    assert abs(abs(float(v["a"][0])) - 2 ** -0.5) < 1e-12 and float(v["a"][0] * v["b"][0]) > 0
+    assert abs(abs(float(v["a"][0])) - 2**-0.5) < 1e-12 and float(v["a"][0] * v["b"][0]) > 0
     assert float(af.saddle.escape_time(spec.lambda_max, 1e-3)) == pytest.approx(np.log(1e3) / 3.0)
 
 
@@ -136,17 +168,29 @@ def test_saddle_origin_full_matrix_flow():
     spec = af.saddle.spectrum(matrix_field, W, {"A": teacher.A, "tau": 1.0})
     ev = np.real(np.asarray(spec.values))
     # +-s per mode with multiplicity = hidden width, zeros elsewhere
-    want = np.sort(np.concatenate([np.repeat(np.asarray(S), hidden), -np.repeat(np.asarray(S), hidden),
-                                   np.zeros(ev.size - 2 * hidden * 4)]))
+    want = np.sort(
+        np.concatenate(
+            [np.repeat(np.asarray(S), hidden), -np.repeat(np.asarray(S), hidden), np.zeros(ev.size - 2 * hidden * 4)]
+        )
+    )
     np.testing.assert_allclose(np.sort(ev), want, atol=1e-12)
 
 
 def test_conserved_quantity_along_integrated_flow():
     teacher = Teacher(S, 8, 6, key=3)
     m = TwoLayerLinear.random(4, 8, 4, 6, scale=0.1)
-    tr = af.integrate(matrix_field, {"W1": m.W1, "W2": m.W2}, 12.0, args={"A": teacher.A, "tau": 1.0},
-                      solver=af.SolverOptions(rtol=1e-11, atol=1e-13), save=af.LinearGrid(80),
-                      observe=lambda t, W, a: {"C": conserved(W["W1"], W["W2"]), "loss": population_loss(W["W1"], W["W2"], teacher.A)})
+    tr = af.integrate(
+        matrix_field,
+        {"W1": m.W1, "W2": m.W2},
+        12.0,
+        args={"A": teacher.A, "tau": 1.0},
+        solver=af.SolverOptions(rtol=1e-11, atol=1e-13),
+        save=af.LinearGrid(80),
+        observe=lambda t, W, a: {
+            "C": conserved(W["W1"], W["W2"]),
+            "loss": population_loss(W["W1"], W["W2"], teacher.A),
+        },
+    )
     drift = float(jnp.max(jnp.abs(tr["C"] - tr["C"][0])))
     assert drift < 1e-8, drift
     assert float(tr["loss"][-1]) < 1e-6 * float(tr["loss"][0])
@@ -159,8 +203,15 @@ def test_conserved_quantity_gd_drift_is_second_order():
     loss = lambda mm, _: population_loss(mm.W1, mm.W2, teacher.A)
     drifts = []
     for eta in (0.02, 0.01):
-        tr = af.simulate(loss, m, optax.sgd(eta), int(6.0 / eta), clock=eta, save=af.LogGrid(20),
-                         observe=lambda mm: {"C": conserved(mm.W1, mm.W2)})
+        tr = af.simulate(
+            loss,
+            m,
+            optax.sgd(eta),
+            int(6.0 / eta),
+            clock=eta,
+            save=af.LogGrid(20),
+            observe=lambda mm: {"C": conserved(mm.W1, mm.W2)},
+        )
         drifts.append(float(jnp.max(jnp.abs(tr["C"] - tr["C"][0]))))
     # per-step drift O(eta^2), over 1/eta steps: O(eta) total
     ratio = drifts[0] / drifts[1]

@@ -46,16 +46,23 @@ def _env() -> dict:
 
 @pytest.mark.parametrize("path", _markdown_with_code(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_markdown_python_blocks_run(path, tmp_path):
-    out = subprocess.run([sys.executable, "-c", _RUNNER, str(path)], cwd=tmp_path, env=_env(), capture_output=True,
-                         text=True, timeout=900)
-    assert out.returncode == 0, (out.stdout[-3000:] + out.stderr[-6000:])
+    out = subprocess.run(
+        [sys.executable, "-c", _RUNNER, str(path)],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
 
 
 @pytest.mark.parametrize("script", sorted((ROOT / "examples").glob("*.py")), ids=lambda p: p.name)
 def test_examples_run(script, tmp_path):
-    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                         timeout=900)
-    assert out.returncode == 0, (out.stdout[-3000:] + out.stderr[-6000:])
+    out = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=900
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
     assert out.stdout.strip(), f"{script.name} printed nothing"
 
 

@@ -18,8 +18,30 @@ from attnflow import deeplinear as dl
 from attnflow import focus, qkov
 
 BAD = st.one_of(
-    st.sampled_from([float("nan"), float("inf"), -float("inf"), 0.0, -1.0, -1e-300, 1e308, 0, -3, True, None, "abc", "",
-                     [], [1.0, "x"], [[1.0, 2.0]], {"a": 1}, (), b"x", object()]),
+    st.sampled_from(
+        [
+            float("nan"),
+            float("inf"),
+            -float("inf"),
+            0.0,
+            -1.0,
+            -1e-300,
+            1e308,
+            0,
+            -3,
+            True,
+            None,
+            "abc",
+            "",
+            [],
+            [1.0, "x"],
+            [[1.0, 2.0]],
+            {"a": 1},
+            (),
+            b"x",
+            object(),
+        ]
+    ),
     st.floats(allow_nan=True, allow_infinity=True),
     st.integers(min_value=-(2**64), max_value=2**64),
     st.text(max_size=4),
@@ -28,8 +50,26 @@ BAD = st.one_of(
 # for verbs, which compute when given a valid value: values that are invalid for every numeric
 # argument (a valid but huge step count would run for hours)
 INVALID = st.one_of(
-    st.sampled_from([float("nan"), float("inf"), -float("inf"), -1.0, -1e-300, -3, None, "abc", "", "1", [],
-                     [1.0, "x"], {"a": 1}, (), b"x", object()]),
+    st.sampled_from(
+        [
+            float("nan"),
+            float("inf"),
+            -float("inf"),
+            -1.0,
+            -1e-300,
+            -3,
+            None,
+            "abc",
+            "",
+            "1",
+            [],
+            [1.0, "x"],
+            {"a": 1},
+            (),
+            b"x",
+            object(),
+        ]
+    ),
     st.floats(max_value=-1e-300),
     st.integers(max_value=-1),
     st.text(min_size=1, max_size=4),
@@ -81,13 +121,23 @@ VERBS = {
     "integrate.t0": (lambda v: af.integrate(_decay, jnp.ones(2), 1.0, t0=v, args=1.0, save=af.LinearGrid(2)), "t0"),
     "integrate.save": (lambda v: af.integrate(_decay, jnp.ones(2), 1.0, args=1.0, save=v), "save"),
     "integrate.solver": (lambda v: af.integrate(_decay, jnp.ones(2), 1.0, args=1.0, solver=v), "solver"),
-    "simulate.steps": (lambda v: af.simulate(_pop_loss, dl.TwoLayerLinear.random(0, 8, 4, 6), optax.sgd(0.01), v,
-                                             save=af.LinearGrid(2)), "steps"),
-    "simulate.clock": (lambda v: af.simulate(_pop_loss, dl.TwoLayerLinear.random(0, 8, 4, 6), optax.sgd(0.01), 2,
-                                             clock=v, save=af.LinearGrid(2)), "clock"),
+    "simulate.steps": (
+        lambda v: af.simulate(
+            _pop_loss, dl.TwoLayerLinear.random(0, 8, 4, 6), optax.sgd(0.01), v, save=af.LinearGrid(2)
+        ),
+        "steps",
+    ),
+    "simulate.clock": (
+        lambda v: af.simulate(
+            _pop_loss, dl.TwoLayerLinear.random(0, 8, 4, 6), optax.sgd(0.01), 2, clock=v, save=af.LinearGrid(2)
+        ),
+        "clock",
+    ),
     "sweep.axes": (lambda v: af.sweep(lambda x: x, {"x": v}, progress=False), "x"),
-    "sweep.chunk_size": (lambda v: af.sweep(lambda x: x, {"x": np.ones(2)}, chunk_size=v, progress=False),
-                         "chunk_size"),
+    "sweep.chunk_size": (
+        lambda v: af.sweep(lambda x: x, {"x": np.ones(2)}, chunk_size=v, progress=False),
+        "chunk_size",
+    ),
     "first_crossing.threshold": (lambda v: af.first_crossing(jnp.arange(3.0), jnp.arange(3.0), v), "threshold"),
     "data_path.name": (lambda v: af.data_path(v), "name"),
 }
@@ -149,18 +199,21 @@ CONSTRUCTORS_THEORIES = {
 
 VERBS_THEORIES = {
     "qkov.solve.t1": (lambda v: qkov.solve(qkov.Setup(), v, save=af.LinearGrid(2)), "t1"),
-    "qkov.solve.loss_target": (lambda v: qkov.solve(qkov.Setup(), 10.0, loss_target=v, save=af.LinearGrid(2)),
-                               "loss_target"),
+    "qkov.solve.loss_target": (
+        lambda v: qkov.solve(qkov.Setup(), 10.0, loss_target=v, save=af.LinearGrid(2)),
+        "loss_target",
+    ),
     "qkov.train.t1": (lambda v: qkov.train(qkov.Setup(), v, save=af.LinearGrid(2)), "t1"),
     "qkov.train.batch": (lambda v: qkov.train(qkov.Setup(), 1.0, batch=v, save=af.LinearGrid(2)), "batch"),
     "qkov.train.dt": (lambda v: qkov.train(qkov.Setup(), 1.0, dt=v, save=af.LinearGrid(2)), "dt"),
     "qkov.state_at_loss.loss_target": (lambda v: qkov.state_at_loss(qkov.Setup(), v), "loss_target"),
     "focus.solve.t1": (lambda v: focus.solve(focus.Setup(m=4, mk=4), v, save=af.LinearGrid(2)), "t1"),
     "focus.train.t1": (lambda v: focus.train(focus.Setup(m=4, mk=4), v, save=af.LinearGrid(2)), "t1"),
-    "focus.train.context": (lambda v: focus.train(focus.Setup(m=4, mk=4), 0.1, context=v, save=af.LinearGrid(2)),
-                            "context"),
-    "focus.train.batch": (lambda v: focus.train(focus.Setup(m=4, mk=4), 0.1, batch=v, save=af.LinearGrid(2)),
-                          "batch"),
+    "focus.train.context": (
+        lambda v: focus.train(focus.Setup(m=4, mk=4), 0.1, context=v, save=af.LinearGrid(2)),
+        "context",
+    ),
+    "focus.train.batch": (lambda v: focus.train(focus.Setup(m=4, mk=4), 0.1, batch=v, save=af.LinearGrid(2)), "batch"),
     "focus.train.dt": (lambda v: focus.train(focus.Setup(m=4, mk=4), 0.1, dt=v, save=af.LinearGrid(2)), "dt"),
     "focus.init_theta.eps": (lambda v: focus.init_theta(0, 4, 4, 4, v), "eps"),
 }

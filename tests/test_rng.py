@@ -96,7 +96,7 @@ def test_float32_task_tokens():
 def test_compile_options_top_level_and_nested(monkeypatch):
     # integrate and simulate called at top level (compiled with the options) and inside a
     # user's jit (options not allowed there) give the same numbers
-    field = lambda t, y, a: -a["k"] * y  # noqa: E731
+    field = lambda t, y, a: -a["k"] * y
     top = af.integrate(field, jnp.ones(2), 1.0, args={"k": 2.0}, save=af.LinearGrid(3))["y"]
     nested = jax.jit(lambda k: af.integrate(field, jnp.ones(2), 1.0, args={"k": k}, save=af.LinearGrid(3))["y"])(2.0)
     np.testing.assert_allclose(top, nested, rtol=1e-12)

@@ -1,13 +1,12 @@
 """Stiff solvers: `KrylovW` (ROS34PW2 with a Krylov approximation of the Jacobian) and `AutoStiff`."""
 
 import diffrax
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import attnflow as af
-from attnflow.deeplinear import mode_field, mode_strength
+from attnflow.deeplinear import mode_field
 
 S = jnp.array([3.0, 2.0, 1.0, 0.5])
 L = 1e4  # stiffness of the scalar test problem
@@ -28,16 +27,26 @@ def _sharp(t, y, a):
 
 
 def _steps(solver, field, y0, t1, args, rtol):
-    sol = diffrax.diffeqsolve(diffrax.ODETerm(field), solver, 0.0, t1, None, y0, args,
-                              stepsize_controller=diffrax.PIDController(rtol=rtol, atol=rtol * 1e-3), max_steps=1_000_000)
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(field),
+        solver,
+        0.0,
+        t1,
+        None,
+        y0,
+        args,
+        stepsize_controller=diffrax.PIDController(rtol=rtol, atol=rtol * 1e-3),
+        max_steps=1_000_000,
+    )
     return int(sol.stats["num_steps"]), sol.ys
 
 
 def test_auto_stiff_is_tsit5_while_the_problem_is_not_stiff():
     kw = dict(args={"s": S, "tau": 1.0}, save=af.LogGrid(60))
     tsit5 = af.integrate(mode_field, jnp.full(4, 1e-3), 14.0, solver=af.SolverOptions(rtol=1e-9, atol=1e-12), **kw)
-    auto = af.integrate(mode_field, jnp.full(4, 1e-3), 14.0, solver=af.SolverOptions(af.AutoStiff(), rtol=1e-9,
-                                                                                      atol=1e-12), **kw)
+    auto = af.integrate(
+        mode_field, jnp.full(4, 1e-3), 14.0, solver=af.SolverOptions(af.AutoStiff(), rtol=1e-9, atol=1e-12), **kw
+    )
     # the same steps, the same values and the same dense output (Tsit5's interpolant as a polynomial)
     np.testing.assert_allclose(auto["y"], tsit5["y"], rtol=1e-12, atol=1e-14)
     n_auto, _ = _steps(af.AutoStiff(), mode_field, jnp.full(4, 1e-3), 14.0, {"s": S, "tau": 1.0}, 1e-9)
@@ -47,8 +56,14 @@ def test_auto_stiff_is_tsit5_while_the_problem_is_not_stiff():
 
 @pytest.mark.parametrize("solver", [af.KrylovW(rank=1), af.AutoStiff(rank=1)], ids=["KrylovW", "AutoStiff"])
 def test_stiff_time_dependent_problem_against_its_closed_form(solver):
-    tr = af.integrate(_relax, jnp.ones(1), 10.0, args={"L": L}, save=af.LinearGrid(50),
-                      solver=af.SolverOptions(solver, rtol=1e-8, atol=1e-10))
+    tr = af.integrate(
+        _relax,
+        jnp.ones(1),
+        10.0,
+        args={"L": L},
+        save=af.LinearGrid(50),
+        solver=af.SolverOptions(solver, rtol=1e-8, atol=1e-10),
+    )
     err = np.max(np.abs(np.asarray(tr["y"][:, 0]) - _relax_exact(np.asarray(tr.ts), 1.0, L)))
     assert err < 5e-8, err
     n, _ = _steps(solver, _relax, jnp.ones(1), 10.0, {"L": L}, 1e-8)
@@ -66,9 +81,13 @@ def test_krylov_w_is_third_order():
     ref = af.integrate(_lotka_volterra, y0, 2.0, save=af.LinearGrid(2), solver=af.SolverOptions(rtol=1e-13, atol=1e-14))
     errs = []
     for n in (25, 50, 100, 200):
-        tr = af.integrate(_lotka_volterra, y0, 2.0, save=af.LinearGrid(2),
-                          solver=af.SolverOptions(af.KrylovW(rank=3), dt0=2.0 / n,
-                                                  stepsize_controller=diffrax.ConstantStepSize()))
+        tr = af.integrate(
+            _lotka_volterra,
+            y0,
+            2.0,
+            save=af.LinearGrid(2),
+            solver=af.SolverOptions(af.KrylovW(rank=3), dt0=2.0 / n, stepsize_controller=diffrax.ConstantStepSize()),
+        )
         errs.append(float(jnp.max(jnp.abs(tr["y"][-1] - ref["y"][-1]))))
     orders = np.log2(np.asarray(errs[:-1]) / np.asarray(errs[1:]))
     assert np.all((orders > 2.7) & (orders < 3.5)), orders
@@ -94,14 +113,29 @@ def test_events_and_sweeps_with_auto_stiff():
     def stop(t, y, a):
         return y[0] - 0.5
 
-    tr = af.integrate(_relax, jnp.ones(1), 10.0, args={"L": L}, event=stop, save=af.LinearGrid(2),
-                      solver=af.SolverOptions(af.AutoStiff(rank=1), rtol=1e-9, atol=1e-12))
+    tr = af.integrate(
+        _relax,
+        jnp.ones(1),
+        10.0,
+        args={"L": L},
+        event=stop,
+        save=af.LinearGrid(2),
+        solver=af.SolverOptions(af.AutoStiff(rank=1), rtol=1e-9, atol=1e-12),
+    )
     # y follows cos t closely: it reaches 1/2 near t = pi/3
     assert abs(float(tr.t_event) - np.pi / 3) < 1e-3
-    res = af.sweep(lambda lam: af.integrate(_relax, jnp.ones(1), 2.0, args={"L": lam}, save=af.LinearGrid(2),
-                                            solver=af.SolverOptions(af.AutoStiff(rank=1), rtol=1e-8,
-                                                                    atol=1e-10))["y"][-1, 0],
-                   {"lam": np.array([1e3, 1e4])}, progress=False)
+    res = af.sweep(
+        lambda lam: af.integrate(
+            _relax,
+            jnp.ones(1),
+            2.0,
+            args={"L": lam},
+            save=af.LinearGrid(2),
+            solver=af.SolverOptions(af.AutoStiff(rank=1), rtol=1e-8, atol=1e-10),
+        )["y"][-1, 0],
+        {"lam": np.array([1e3, 1e4])},
+        progress=False,
+    )
     np.testing.assert_allclose(res.values, [_relax_exact(2.0, 1.0, 1e3), _relax_exact(2.0, 1.0, 1e4)], atol=5e-8)
 
 

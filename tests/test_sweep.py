@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import attnflow as af
-from attnflow.sweep import SweepError
 from attnflow.deeplinear import mode_field
+from attnflow.sweep import SweepError
 
 S = jnp.array([3.0, 2.0, 1.0, 0.5])
 
@@ -25,8 +25,14 @@ def saxe_at(eta):
     one accept/reject decision of the adaptive controller; at rtol=1e-12 such a flip moves
     the solution by < 1e-13 (at rtol=1e-9 it moved 3 of 256 runs by ~2e-9).
     """
-    tr = af.integrate(mode_field, jnp.full(4, 1e-3), 1500.0, args={"s": S, "tau": 1.0 / eta}, save=af.LinearGrid(16),
-                      solver=af.SolverOptions(rtol=1e-12, atol=1e-14))
+    tr = af.integrate(
+        mode_field,
+        jnp.full(4, 1e-3),
+        1500.0,
+        args={"s": S, "tau": 1.0 / eta},
+        save=af.LinearGrid(16),
+        solver=af.SolverOptions(rtol=1e-12, atol=1e-14),
+    )
     return tr
 
 
@@ -57,7 +63,9 @@ def test_sweep_cartesian_grid_and_chunks():
     # chunk_size 4 rounds down to whole rows of the first axis (one row of 3): 5 nested chunks
     assert res.meta["nested"] and res.meta["n_chunks"] == 5 and res.meta["chunk_size"] == 3
     np.testing.assert_array_equal(res.sel(b=10.0)["sum"], np.arange(5.0) + 10)
-    flat = af.sweep(f, {"a": np.arange(5.0), "b": np.array([1.0, 10.0, 100.0])}, chunk_size=4, nest=False, progress=False)
+    flat = af.sweep(
+        f, {"a": np.arange(5.0), "b": np.array([1.0, 10.0, 100.0])}, chunk_size=4, nest=False, progress=False
+    )
     assert not flat.meta["nested"] and flat.meta["n_chunks"] == 4
     np.testing.assert_array_equal(flat["prod"], res["prod"])
     # a chunk smaller than one row cannot nest: the default falls back to the flat layout
@@ -82,7 +90,9 @@ def test_nested_sweep_shares_work_across_axes():
     np.testing.assert_allclose(nested["y"], flat["y"], rtol=1e-15)
     for i, r in enumerate(axes["r"]):
         for j, seed in enumerate(axes["seed"]):
-            np.testing.assert_allclose(nested["y"][i, j], r * jax.random.normal(jax.random.PRNGKey(seed), (3,)), rtol=1e-15)
+            np.testing.assert_allclose(
+                nested["y"][i, j], r * jax.random.normal(jax.random.PRNGKey(seed), (3,)), rtol=1e-15
+            )
 
 
 def test_sweep_resumes_after_interruption(tmp_path):
@@ -100,8 +110,9 @@ def test_sweep_resumes_after_interruption(tmp_path):
     saved = sorted(p.name for p in tmp_path.glob("chunk_*.npz"))
     assert saved == ["chunk_00000.npz", "chunk_00001.npz"]
     recomputed = []
-    res = af.sweep(f, {"eta": etas}, chunk_size=8, out_dir=tmp_path, progress=False,
-                   on_chunk=lambda i, n: recomputed.append(i))
+    res = af.sweep(
+        f, {"eta": etas}, chunk_size=8, out_dir=tmp_path, progress=False, on_chunk=lambda i, n: recomputed.append(i)
+    )
     assert recomputed == [2, 3, 4]  # finished chunks were loaded, not recomputed
     assert res.meta["computed_chunks"] == 3
     full = af.sweep(f, {"eta": etas}, chunk_size=8, progress=False)
@@ -145,16 +156,16 @@ def _blowup(t, y, a):
 def test_one_diverging_point_does_not_kill_the_sweep():
     # y' = k y^2 from y = 1 blows up at t = 1/k: k = 2 diverges before t1 = 1, the others do not
     ks = np.array([0.25, 0.5, 2.0, 0.75])
-    f = lambda k: af.integrate(_blowup, jnp.ones(1), 1.0, args={"k": k}, save=af.LinearGrid(2),
-                               solver=af.SolverOptions(max_steps=500))["y"][-1, 0]
+    f = lambda k: af.integrate(
+        _blowup, jnp.ones(1), 1.0, args={"k": k}, save=af.LinearGrid(2), solver=af.SolverOptions(max_steps=500)
+    )["y"][-1, 0]
     with pytest.warns(RuntimeWarning, match=r"1 of 4 grid points failed: k=2.0: integrate: solver failed"):
         res = af.sweep(f, {"k": ks}, progress=False)
     np.testing.assert_allclose(np.asarray(res.values)[[0, 1, 3]], 1.0 / (1.0 - ks[[0, 1, 3]]), rtol=1e-7)
     assert np.isnan(res.values[2]) and list(res.ok) == [True, True, False, True]
     ((point, message),) = res.failures()
     assert point == {"k": 2.0} and "max_steps=500" in message
-    with pytest.raises(SweepError,
-                       match="k=2.0"):
+    with pytest.raises(SweepError, match="k=2.0"):
         af.sweep(f, {"k": ks}, progress=False, on_error="raise")
 
 
@@ -192,8 +203,8 @@ SCRIPT = textwrap.dedent(
     # an integrate with a terminating event does not trace under shard_map (equinox's closure
     # conversion in the event root find): the sweep falls back to jit sharding and says so
     import warnings
-    ev = lambda eta: af.integrate(mode_field, jnp.full(4, 1e-3), 1500.0, args={"s": S, "tau": 1.0 / eta}, save=af.LinearGrid(2),
-                                  event=lambda t, y, a: y[0] - 1.5).ts[-1]
+    ev = lambda eta: af.integrate(mode_field, jnp.full(4, 1e-3), 1500.0, args={"s": S, "tau": 1.0 / eta},
+                                  save=af.LinearGrid(2), event=lambda t, y, a: y[0] - 1.5).ts[-1]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         e = af.sweep(ev, {"eta": etas[:8]}, progress=False)
@@ -203,7 +214,8 @@ SCRIPT = textwrap.dedent(
     # each device runs its own adaptive loop: no cross-device op (the stopping test of the
     # vmapped while loop would otherwise be an all-reduce at every step)
     from attnflow.sweep import _CACHE
-    hlo = next(c for k, (c, _) in _CACHE.items() if k[0] is f).lower({"eta": jnp.asarray(etas[:32])}).compile().as_text()
+    compiled = next(c for k, (c, _) in _CACHE.items() if k[0] is f)
+    hlo = compiled.lower({"eta": jnp.asarray(etas[:32])}).compile().as_text()
     collectives = sum(hlo.count(op + "(") for op in ("all-reduce", "all-gather", "collective-permute", "all-to-all"))
     print(json.dumps({"device_count": jax.device_count(), "devices_used": res.meta["devices_used"],
                       "nested_devices": g.meta["devices_used"], "nested_ok": ok, "collectives": collectives,
@@ -216,16 +228,30 @@ def test_sweep_shards_over_four_host_devices(tmp_path):
     script = tmp_path / "sharded.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, str(script), str(tmp_path / "y.npy")], env=env, capture_output=True,
-                         text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "y.npy")], env=env, capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     info = json.loads(out.stdout.strip().splitlines()[-1])
-    assert info == {"device_count": 4, "devices_used": 4, "nested_devices": 4, "nested_ok": True, "collectives": 0,
-                    "shard_map": [True, False], "fallback_warnings": 1}
+    assert info == {
+        "device_count": 4,
+        "devices_used": 4,
+        "nested_devices": 4,
+        "nested_ok": True,
+        "collectives": 0,
+        "shard_map": [True, False],
+        "fallback_warnings": 1,
+    }
     sharded = np.load(tmp_path / "y.npy")
     etas = np.geomspace(1e-3, 5e-2, 64)
-    f = lambda eta: af.integrate(mode_field, jnp.full(4, 1e-3), 1500.0, args={"s": S, "tau": 1.0 / eta},
-                                 save=af.LinearGrid(8), solver=af.SolverOptions(rtol=1e-9, atol=1e-12))["y"]
+    f = lambda eta: af.integrate(
+        mode_field,
+        jnp.full(4, 1e-3),
+        1500.0,
+        args={"s": S, "tau": 1.0 / eta},
+        save=af.LinearGrid(8),
+        solver=af.SolverOptions(rtol=1e-9, atol=1e-12),
+    )["y"]
     one = af.sweep(f, {"eta": etas}, chunk_size=32, progress=False)
     assert one.meta["n_devices"] == jax.device_count()
     np.testing.assert_allclose(sharded, one.values, rtol=1e-12, atol=1e-14)
@@ -239,8 +265,14 @@ def test_sweep_of_an_integrate_with_an_event_on_one_device():
     """The event root find (equinox closure conversion) inside the vmapped sweep; the
     crossing time of u_1 = s_1 / 2 against the closed form tau ln(s / u0 - 1) / (2 s)."""
     etas = np.geomspace(1e-3, 5e-2, 6)
-    ev = lambda eta: af.integrate(mode_field, jnp.full(4, 1e-3), 1500.0, args={"s": S, "tau": 1.0 / eta}, save=af.LinearGrid(2),
-                                  event=lambda t, y, a: y[0] - 1.5).ts[-1]
+    ev = lambda eta: af.integrate(
+        mode_field,
+        jnp.full(4, 1e-3),
+        1500.0,
+        args={"s": S, "tau": 1.0 / eta},
+        save=af.LinearGrid(2),
+        event=lambda t, y, a: y[0] - 1.5,
+    ).ts[-1]
     res = af.sweep(ev, {"eta": etas}, progress=False, devices=jax.devices()[:1])
     assert res.meta["shard_map"] is False
     np.testing.assert_allclose(res.values, np.log(3.0 / 1e-3 - 1.0) / (6.0 * etas), rtol=1e-6)
@@ -252,8 +284,9 @@ def test_a_users_own_jit_inside_a_sweep_keeps_its_errors_inside():
 
     @eqx.filter_jit
     def run(lr):
-        return af.simulate(lambda p, _: jnp.sum(p["w"] ** 2), {"w": jnp.ones(2)}, optax.sgd(lr), 20,
-                           save=af.LinearGrid(2))["loss"][-1]
+        return af.simulate(
+            lambda p, _: jnp.sum(p["w"] ** 2), {"w": jnp.ones(2)}, optax.sgd(lr), 20, save=af.LinearGrid(2)
+        )["loss"][-1]
 
     res = af.sweep(run, {"lr": np.array([0.1, 0.2])}, progress=False)
     np.testing.assert_allclose(res.values, 2.0 * (1 - 2 * np.array([0.1, 0.2])) ** 40, rtol=1e-10)

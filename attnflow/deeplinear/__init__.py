@@ -33,7 +33,23 @@ from .train import DEFAULT_TRAIN_SAVE as DEFAULT_TRAIN_SAVE
 from .train import train as train
 
 __all__ = [
-    "DEFAULT_SAVE", "DEFAULT_SOLVER", "DEFAULT_TRAIN_SAVE", "OBSERVABLES", "REFERENCE_MODES", "Setup", "TEACHER_SEED",
-    "Teacher", "TwoLayerLinear", "conserved", "factor_field", "matrix_field", "mode_field", "mode_observables",
-    "mode_strength", "model_observables", "population_loss", "solve", "train",
+    "DEFAULT_SAVE",
+    "DEFAULT_SOLVER",
+    "DEFAULT_TRAIN_SAVE",
+    "OBSERVABLES",
+    "REFERENCE_MODES",
+    "Setup",
+    "TEACHER_SEED",
+    "Teacher",
+    "TwoLayerLinear",
+    "conserved",
+    "factor_field",
+    "matrix_field",
+    "mode_field",
+    "mode_observables",
+    "mode_strength",
+    "model_observables",
+    "population_loss",
+    "solve",
+    "train",
 ]

@@ -35,8 +35,10 @@ class DeepLinearConfig:
 
     def __post_init__(self) -> None:
         if len(self.dts) < 2 or len(set(self.dts)) != len(self.dts) or min(self.dts) <= 0:
-            raise ValueError(f"dts must hold at least two distinct positive time steps (the error order is fitted "
-                             f"over them), got {list(self.dts)}")
+            raise ValueError(
+                f"dts must hold at least two distinct positive time steps (the error order is fitted "
+                f"over them), got {list(self.dts)}"
+            )
         if not self.t_end > 0:
             raise ValueError(f"t_end must be positive, got {self.t_end}")
         if self.seed < 0:
@@ -44,15 +46,21 @@ class DeepLinearConfig:
         Setup(s=self.s, u0=self.u0, n_in=self.n_in, n_out=self.n_out, teacher_seed=self.seed)  # checks the rest
 
 
-@register("deep-linear", config=DeepLinearConfig, headline=True,
-          description="Saxe et al. (2014) two-layer linear net: closed form vs solve vs gradient descent (train)")
+@register(
+    "deep-linear",
+    config=DeepLinearConfig,
+    headline=True,
+    description="Saxe et al. (2014) two-layer linear net: closed form vs solve vs gradient descent (train)",
+)
 def deep_linear(cfg: DeepLinearConfig, quiet: bool) -> Report:
     setup = Setup(s=cfg.s, u0=cfg.u0, n_in=cfg.n_in, n_out=cfg.n_out, teacher_seed=cfg.seed)
     s = np.asarray(setup.s)
     report = Report("deep-linear", cfg)
 
     with Timer() as tm:
-        theory = solve(setup, cfg.t_end, save=LinearGrid(400), solver=SolverOptions(rtol=1e-10, atol=1e-14, progress=not quiet))
+        theory = solve(
+            setup, cfg.t_end, save=LinearGrid(400), solver=SolverOptions(rtol=1e-10, atol=1e-14, progress=not quiet)
+        )
     report.timings["solve"] = tm.seconds
     closed = mode_strength(theory.ts[:, None], setup.s, setup.u0)
     report.check("solve vs closed form (max rel. error)", float(jnp.max(jnp.abs(theory["u"] - closed) / closed)), 1e-8)
@@ -73,28 +81,43 @@ def deep_linear(cfg: DeepLinearConfig, quiet: bool) -> Report:
     # Gradient flow of the full matrices from a random small start: conserved quantity (4).
     W0 = TwoLayerLinear.random(cfg.seed + 1, cfg.n_in, len(s), cfg.n_out, scale=0.05)
     teacher = setup.teacher
-    flow = integrate(matrix_field, {"W1": W0.W1, "W2": W0.W2}, cfg.t_end, args={"A": teacher.A, "tau": 1.0},
-                     save=LinearGrid(100), solver=SolverOptions(rtol=1e-10, atol=1e-12),
-                     observe=lambda t, W, a: {"C": conserved(W["W1"], W["W2"]),
-                                              "loss": population_loss(W["W1"], W["W2"], a["A"])})
-    report.check("conserved W1W1^T - W2^T W2 along integrated flow (max abs drift)",
-                 float(jnp.max(jnp.abs(flow["C"] - flow["C"][0]))), 1e-7)
+    flow = integrate(
+        matrix_field,
+        {"W1": W0.W1, "W2": W0.W2},
+        cfg.t_end,
+        args={"A": teacher.A, "tau": 1.0},
+        save=LinearGrid(100),
+        solver=SolverOptions(rtol=1e-10, atol=1e-12),
+        observe=lambda t, W, a: {"C": conserved(W["W1"], W["W2"]), "loss": population_loss(W["W1"], W["W2"], a["A"])},
+    )
+    report.check(
+        "conserved W1W1^T - W2^T W2 along integrated flow (max abs drift)",
+        float(jnp.max(jnp.abs(flow["C"] - flow["C"][0]))),
+        1e-7,
+    )
 
     # Saddle at the origin of the factor ODE (3): eigenvalues +-s.
     zeros = jnp.zeros_like(setup.s)
     spec = spectrum(factor_field, {"a": zeros, "b": zeros}, {"s": setup.s, "tau": 1.0})
     eig = np.sort(np.real(np.asarray(spec.values)))
-    report.check("saddle eigenvalues at origin vs +-s (max abs error)", float(np.max(np.abs(eig - np.sort(np.r_[s, -s])))),
-                 1e-12)
+    report.check(
+        "saddle eigenvalues at origin vs +-s (max abs error)", float(np.max(np.abs(eig - np.sort(np.r_[s, -s])))), 1e-12
+    )
     report.summary["origin eigenvalues"] = [float(x) for x in eig[::-1]]
 
     report.trajectories["theory"] = theory
     report.trajectories[f"gd_dt{cfg.dts[-1]}"] = sims[cfg.dts[-1]]
     report.figures["modes"] = overlay(
-        theory, sims[cfg.dts[0]], ["u", "loss"], labels={"u": "mode strength u(t)", "loss": "population loss"},
-        component_labels=[f"s={x:g}" for x in s], time_label="t = dt * step", theory_label="mode ODE (solve)",
+        theory,
+        sims[cfg.dts[0]],
+        ["u", "loss"],
+        labels={"u": "mode strength u(t)", "loss": "population loss"},
+        component_labels=[f"s={x:g}" for x in s],
+        time_label="t = dt * step",
+        theory_label="mode ODE (solve)",
         simulation_label=f"gradient descent, dt={cfg.dts[0]} (train)",
-        title="Deep linear network: theory (lines) vs gradient descent (markers)", log_y=("loss",),
+        title="Deep linear network: theory (lines) vs gradient descent (markers)",
+        log_y=("loss",),
     )
     dts = np.asarray(cfg.dts)
     fig = Figure(figsize=(4.5, 3.4), layout="constrained")

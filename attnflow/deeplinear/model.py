@@ -34,7 +34,7 @@ class TwoLayerLinear(eqx.Module):
         return self.W2 @ self.W1
 
     @classmethod
-    def aligned(cls, teacher: Teacher, u0: Any, hidden: int | None = None) -> "TwoLayerLinear":
+    def aligned(cls, teacher: Teacher, u0: Any, hidden: int | None = None) -> TwoLayerLinear:
         """Balanced initialisation on the teacher's modes with strength ``u0`` per mode.
 
         ``W1 = sqrt(u0) R V^T``, ``W2 = U R^T sqrt(u0)`` with ``R`` the first ``k`` columns
@@ -49,7 +49,7 @@ class TwoLayerLinear(eqx.Module):
         return cls((R * a) @ teacher.Vt, teacher.U @ (R * a).T)
 
     @classmethod
-    def random(cls, key: Any, n_in: int, hidden: int, n_out: int, scale: float = 1e-3) -> "TwoLayerLinear":
+    def random(cls, key: Any, n_in: int, hidden: int, n_out: int, scale: float = 1e-3) -> TwoLayerLinear:
         V.positive("scale", scale)
         key = V.prng_key(key)
         k1, k2 = jax.random.split(key)

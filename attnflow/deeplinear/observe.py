@@ -13,10 +13,12 @@ from .theory import population_loss
 
 __all__ = ["OBSERVABLES", "model_observables", "mode_observables"]
 
-OBSERVABLES = MappingProxyType({
-    "u": "mode strengths u_i = U_i^T W2 W1 V_i, one per teacher mode (shape (k,))",
-    "loss": "population loss 1/2 E|A x - W2 W1 x|^2 = 1/2 ||A - W2 W1||_F^2 (whitened inputs x)",
-})
+OBSERVABLES = MappingProxyType(
+    {
+        "u": "mode strengths u_i = U_i^T W2 W1 V_i, one per teacher mode (shape (k,))",
+        "loss": "population loss 1/2 E|A x - W2 W1 x|^2 = 1/2 ||A - W2 W1||_F^2 (whitened inputs x)",
+    }
+)
 """What `attnflow.deeplinear.solve` and `attnflow.deeplinear.train` both record."""
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 
 from .. import _validate as V
 from ..setup import AbstractSetup, array_field
@@ -50,8 +49,10 @@ class Setup(AbstractSetup):
         V.positive_int("teacher_seed", self.teacher_seed, minimum=0)
         k = self.s.shape[0]
         # teacher, two weight matrices and their gradients and optimizer copies, float64
-        V.fits_in_memory(f"a teacher of n_out x n_in = {self.n_out} x {self.n_in} with {k} modes",
-                         8 * 6 * (self.n_out * self.n_in + k * (self.n_in + self.n_out)))
+        V.fits_in_memory(
+            f"a teacher of n_out x n_in = {self.n_out} x {self.n_in} with {k} modes",
+            8 * 6 * (self.n_out * self.n_in + k * (self.n_in + self.n_out)),
+        )
 
     @property
     def teacher(self) -> Teacher:

@@ -25,8 +25,17 @@ from ..ode import integrate
 from ..options import LinearGrid, SaveGrid, SolverOptions
 from ..trajectory import Trajectory
 
-__all__ = ["population_loss", "mode_strength", "mode_field", "factor_field", "matrix_field", "conserved", "solve",
-           "DEFAULT_SAVE", "DEFAULT_SOLVER"]
+__all__ = [
+    "population_loss",
+    "mode_strength",
+    "mode_field",
+    "factor_field",
+    "matrix_field",
+    "conserved",
+    "solve",
+    "DEFAULT_SAVE",
+    "DEFAULT_SOLVER",
+]
 
 
 def population_loss(W1: jax.Array, W2: jax.Array, A: jax.Array) -> jax.Array:
@@ -98,6 +107,13 @@ def solve(setup: Any, t1: Any, *, save: SaveGrid | None = None, solver: SolverOp
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.deeplinear.Setup, got {setup!r}")
     u0 = jnp.broadcast_to(setup.u0, setup.s.shape)
-    return integrate(_setup_mode_field, u0, t1, args=setup, save=save or DEFAULT_SAVE, solver=solver or DEFAULT_SOLVER,
-                     observe=_setup_observe, meta={"theory": "deeplinear", "equation": "mode ODE (2)",
-                                                   "clock": "t; gradient flow dW/dt = -eta grad L"})
+    return integrate(
+        _setup_mode_field,
+        u0,
+        t1,
+        args=setup,
+        save=save or DEFAULT_SAVE,
+        solver=solver or DEFAULT_SOLVER,
+        observe=_setup_observe,
+        meta={"theory": "deeplinear", "equation": "mode ODE (2)", "clock": "t; gradient flow dW/dt = -eta grad L"},
+    )

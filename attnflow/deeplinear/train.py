@@ -24,8 +24,16 @@ DEFAULT_TRAIN_SAVE = LinearGrid(60)
 """`train`'s save grid when none is given."""
 
 
-def train(setup: Setup, t1: float, *, key: Any = 0, dt: float = 0.01, batch: int | None = None,
-          save: SaveGrid | None = None, progress: bool = False) -> Trajectory:
+def train(
+    setup: Setup,
+    t1: float,
+    *,
+    key: Any = 0,
+    dt: float = 0.01,
+    batch: int | None = None,
+    save: SaveGrid | None = None,
+    progress: bool = False,
+) -> Trajectory:
     """The network ``W2 W1`` of ``setup`` trained to time ``t1`` from the balanced, aligned start
     (``W2 W1 = u0 U V^T``, the start of the mode ODE).
 
@@ -65,6 +73,17 @@ def _train(setup, key, total, steps, dt, batch, progress):
             x, y = b
             return 0.5 * jax.numpy.mean(jax.numpy.sum((y - m(x)) ** 2, axis=-1))
 
-    return simulate(loss, model, optax.sgd(setup.eta * dt), total, mode=mode, key=key,
-                    observe=lambda m: model_observables(m, teacher), save=TimeGrid(np.asarray(steps)), clock=dt,
-                    progress=progress, throw=False, meta={"theory": "deeplinear", "dt": dt, "batch": batch})
+    return simulate(
+        loss,
+        model,
+        optax.sgd(setup.eta * dt),
+        total,
+        mode=mode,
+        key=key,
+        observe=lambda m: model_observables(m, teacher),
+        save=TimeGrid(np.asarray(steps)),
+        clock=dt,
+        progress=progress,
+        throw=False,
+        meta={"theory": "deeplinear", "dt": dt, "batch": batch},
+    )

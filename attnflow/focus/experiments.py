@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..analysis import detect_plateaus, first_crossing, growth_rate
-from ..options import LinearGrid, LogGrid, SolverOptions, TimeGrid
+from ..options import LinearGrid, LogGrid, TimeGrid
 from ..plot import overlay
 from ..report import Report, Timer, register
 from ..sweep import sweep

@@ -28,9 +28,9 @@ import optimistix as optx
 
 from .. import _validate as V
 from ..ode import integrate
-from ..stiff import AutoStiff
 from ..options import LogGrid, SaveGrid, SolverOptions
 from ..saddle import fixed_point, jacobian
+from ..stiff import AutoStiff
 from ..trajectory import Trajectory
 from .data import MarkovChain
 from .model import PARAMETERS, composites
