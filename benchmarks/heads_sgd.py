@@ -2,14 +2,14 @@
 
 Part 1, samples per second (one sample per step, softmax heads, H=4, L=8, float32), at
 D = 1024 and 4096, 8 seeds:
-  (a) attnflow: `simulate` (one `lax.scan`) vmapped over the 8 seeds with `attnflow.sweep`;
+  (a) attnflow: `attnflow.heads.train` (one `lax.scan`) vmapped over the 8 seeds with `attnflow.sweep`;
   (b) a sequential Python loop of the same jitted single-seed run (compiled once);
   (c) eager PyTorch (optional extra ``torch``), one seed after the other, the same model, loss and
       sampler written step by step (the loop a user writes by hand).
 Compile time is excluded (warm timings, best of 2, PyTorch too, and PyTorch first). PyTorch runs
 fewer steps and is reported per sample. A fourth column times the step's Gaussian draws alone,
-swept over the seeds like the SGD run (roughly the most any model on this sampler can reach). The float32 tokens are drawn with
-`attnflow.rng.normal` (Box-Muller on both Threefry words; threefry unrolled on CPU). By default
+swept over the seeds like the SGD run (roughly the most any model on this sampler can reach). The float32
+tokens are drawn with `attnflow.rng.normal` (Box-Muller on both words of an unrolled Threefry hash). By default
 the script exposes one CPU device per core (`attnflow.use_cpu_cores`), so the sweep runs seeds
 side by side; `--devices 1` gives the single-device numbers.
 
@@ -29,9 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import attnflow as af
+from attnflow import heads
 from attnflow._jit import cpu_compiler_options
-from attnflow.heads import FieldBank, FlippedSpike, HeadsDynamics, MultiHead, SingleLocationTask, Softmax, online_sgd
-from attnflow.heads.theory import order_parameter_field
 
 H, L, ETA, SEEDS = 4, 8, 0.5, 8
 
@@ -47,12 +46,12 @@ def best_of(fn, repeat=2):
 
 
 def jax_runs(D, steps):
-    task = SingleLocationTask(D, L, FlippedSpike(2.0), key=1)
+    setup = heads.Setup(prior=heads.FlippedSpike(2.0), L=L, H=H, eta=ETA)
     t1 = steps / D
 
-    def one(seed):
-        model = MultiHead.init(jax.random.PRNGKey(seed), H, D, Softmax(), sigma0=0.5)
-        return online_sgd(task, model, ETA, t1, key=seed + 1000, n_save=5)
+    def one(seed):  # keys with the overlaps of a sigma0 = 0.5 draw at this D, float32 tokens and keys
+        s = setup.replace(init=heads.FiniteDDraw(0.5, D, seed))
+        return heads.train(s, t1, key=seed + 1000, D=D, save=af.LinearGrid(5), eval_samples=0, dtype=jnp.float32)
 
     seeds = np.arange(SEEDS)
     t0 = time.perf_counter()
@@ -73,11 +72,13 @@ def gaussian_floor(D, steps):
     Online SGD needs a fresh (L, D) Gaussian token matrix per sample, so this is roughly the
     most the SGD run can reach, whatever the model costs (timing noise can put a run above it).
     """
+
     def per_seed(seed):
         key = jax.random.PRNGKey(seed)
 
         def body(c, i):
             return c + jnp.sum(af.rng.normal(jax.random.fold_in(key, i), (L, D))), None
+
         return jax.lax.scan(body, jnp.float32(0), jnp.arange(steps))[0]
 
     seeds = np.arange(SEEDS)
@@ -114,15 +115,16 @@ def torch_runs(D, steps):
 
 
 def field_cost(n):
-    prior = FlippedSpike(2.0)
-    bank = FieldBank(prior, L, H, n=n, key=0)
-    dyn = HeadsDynamics(Softmax(), bank, ETA)
     M = 0.1 * jnp.arange(1, H + 1, dtype=float)[:, None]
-    y = dyn.state(M, M @ M.T + 0.2 * jnp.eye(H))
-    f = jax.jit(order_parameter_field)
+    setup = heads.Setup(
+        prior=heads.FlippedSpike(2.0), L=L, H=H, eta=ETA, init=heads.Overlaps(M, M @ M.T + 0.2 * jnp.eye(H))
+    )
+    dyn = heads.Dynamics.build(setup, heads.BankOptions(n=n, seed=0))
+    y = heads.initial_state(setup)
+    f = jax.jit(heads.order_parameter_field)
     jax.block_until_ready(f(0.0, y, dyn))
     t, _ = best_of(lambda: [f(0.0, y, dyn) for _ in range(20)], repeat=3)
-    return t / 20, bank.size
+    return t / 20, dyn.bank.size
 
 
 def main():
@@ -130,13 +132,20 @@ def main():
     ap.add_argument("--steps", type=int, default=4000, help="SGD steps per seed for the JAX runs")
     ap.add_argument("--torch-steps", type=int, default=500, help="SGD steps per seed for eager PyTorch")
     ap.add_argument("--Ds", type=int, nargs="+", default=[1024, 4096])
-    ap.add_argument("--devices", type=int, default=None,
-                    help="CPU devices for the sweep (default: one per core, attnflow.use_cpu_cores)")
+    ap.add_argument(
+        "--devices",
+        type=int,
+        default=None,
+        help="CPU devices for the sweep (default: one per core, attnflow.use_cpu_cores)",
+    )
     args = ap.parse_args()
     af.use_cpu_cores(args.devices)  # before any JAX computation
     print(f"online SGD, softmax, H={H}, L={L}, {SEEDS} seeds, float32; devices: {jax.devices()}")
-    print(f"{'D':>6} {'vmapped scan':>14} {'loop of jitted':>15} {'eager torch':>13} {'draws only':>11} {'vmap/loop':>10} "
-          f"{'vmap/torch':>11} {'draws/torch':>12}  (samples/s)")
+    print(
+        f"{'D':>6} {'vmapped scan':>14} {'loop of jitted':>15} {'eager torch':>13} {'draws only':>11} "
+        f"{'vmap/loop':>10} "
+        f"{'vmap/torch':>11} {'draws/torch':>12}  (samples/s)"
+    )
     # PyTorch first, for every D: XLA's worker threads keep spinning for a while after a JAX
     # call and slow an eager loop started right after it (up to 1.5x here)
     t_torchs = {D: torch_runs(D, args.torch_steps) for D in args.Ds}
@@ -150,10 +159,14 @@ def main():
         r_vmap, r_loop = n / t_vmap, n / t_loop
         r_torch = SEEDS * args.torch_steps / t_torch if t_torch else float("nan")
         r_floor = gaussian_floor(D, steps)
-        print(f"{D:>6} {r_vmap:>14.3g} {r_loop:>15.3g} {r_torch:>13.3g} {r_floor:>11.3g} {r_vmap / r_loop:>10.2f} "
-              f"{r_vmap / r_torch:>11.1f} {r_floor / r_torch:>12.1f}   (compile {comp:.1f} s; {steps} steps/seed)")
-    print("'draws only': per seed, a scan that only draws its L x D Gaussians per step (attnflow.rng.normal), swept "
-          "like the SGD run: roughly the most any model on this sampler reaches; 'draws/torch': its ratio to PyTorch")
+        print(
+            f"{D:>6} {r_vmap:>14.3g} {r_loop:>15.3g} {r_torch:>13.3g} {r_floor:>11.3g} {r_vmap / r_loop:>10.2f} "
+            f"{r_vmap / r_torch:>11.1f} {r_floor / r_torch:>12.1f}   (compile {comp:.1f} s; {steps} steps/seed)"
+        )
+    print(
+        "'draws only': per seed, a scan that only draws its L x D Gaussians per step (attnflow.rng.normal), swept "
+        "like the SGD run: roughly the most any model on this sampler reaches; 'draws/torch': its ratio to PyTorch"
+    )
     jax.config.update("jax_enable_x64", True)
     print("\norder-parameter field (expectation form, float64), one evaluation, H=4, L=8:")
     print(f"{'base draws':>10} {'bank size':>10} {'time (ms)':>10} {'ns per draw':>12}")

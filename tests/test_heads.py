@@ -1,43 +1,126 @@
-"""attnflow.heads: priors, Bayes risk, activations, oracle identity, ODE drift forms, invariances, escape times,
-pruning, ODE vs SGD."""
+"""attnflow.heads: the protocol (Setup, solve, train, OBSERVABLES), priors, Bayes risk, activations, the
+oracle identity, drift forms, invariances, fixed point and escape times, pruning, ODE vs SGD."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
+import optimistix as optx
 import pytest
-
-import attnflow as af
 from jax.test_util import check_grads
 
-from attnflow.heads import (AnisotropicGaussian, BayesSoftmax, Discrete, FieldBank, FlippedSpike, HeadsDynamics, MultiHead,
-                            PointMass, SingleLocationTask, Softmax, Softmax1, bayes_posterior, bayes_risk, from_finite_D,
-                            keys_from_overlaps, online_sgd, oracle_config, order_parameter_field, overlaps, predicted_escape_time, prune, risk,
-                            sample_loss, softmax_floor, solve_order_parameters, specialisation, specialisation_spectrum,
-                            symmetric_seed, unspecialised_point)
+import attnflow as af
+from attnflow import heads as hd
+from attnflow.heads import (
+    AnisotropicGaussian,
+    AutodiffForm,
+    BankOptions,
+    BayesSoftmax,
+    Discrete,
+    Dynamics,
+    ExpectationForm,
+    FieldBank,
+    FiniteDDraw,
+    FlippedSpike,
+    MultiHead,
+    NoCopies,
+    Overlaps,
+    PointMass,
+    ScalarTarget,
+    Setup,
+    SingleLocationTask,
+    Softmax,
+    Softmax1,
+    SteinForm,
+    SymmetricSeed,
+    bayes_posterior,
+    bayes_risk,
+    from_finite_D,
+    generalisation_error,
+    half_risk,
+    keys_from_overlaps,
+    oracle_config,
+    order_parameter_field,
+    overlaps,
+    predicted_escape_time,
+    prune,
+    softmax_floor,
+    solve,
+    specialisation,
+    specialisation_spectrum,
+    symmetric_seed,
+    train,
+    unspecialised_point,
+)
+
+REFERENCE_T = 12.0  # horizon of the protocol test: the reference heads specialise at t ~ 10
+
+
+def test_protocol_defaults_and_no_recompile_for_a_new_eta():
+    """Defaults only: solve and train record the same names on the same clock and agree within the
+    documented tolerance at D = 1000; a new learning rate (Python float) compiles nothing."""
+    s = Setup()
+    th = solve(s, REFERENCE_T)
+    sim = train(s, REFERENCE_T, key=0)
+    shared = set(th.names) & set(sim.names)
+    assert shared == set(hd.OBSERVABLES) - {"b", "c"}
+    gaps = af.compare(th, sim)
+    for name, gap in gaps.items():
+        assert gap < hd.TRAIN_TOLERANCE[name], (name, gap)
+    assert float(th["specialisation"][-1]) > 0.5  # the heads specialised within the horizon
+    assert gaps["M"] > 1e-3  # a real finite-D run, not the theory again
+    with af.count_compilations() as c:
+        solve(s.replace(eta=0.7), REFERENCE_T)
+        solve(Setup(eta=0.8), REFERENCE_T)
+        train(s.replace(eta=0.7), REFERENCE_T, key=1)
+    assert c.n == 0, c
+
+
+def test_setup_validation_names_the_value():
+    with pytest.raises(ValueError, match="eta"):
+        Setup(eta=-1.0)
+    with pytest.raises(ValueError, match="eta"):
+        Setup().replace(eta=0.0)
+    with pytest.raises(ValueError, match="weight_decay"):
+        Setup(weight_decay=-0.1)
+    with pytest.raises(ValueError, match="H"):
+        Setup(H=0)
+    with pytest.raises(ValueError, match=r"BayesSoftmax\.b has 3 biases for H = 2"):
+        Setup(activation=BayesSoftmax.zeros(3))
+    with pytest.raises(ValueError, match="positive semidefinite"):
+        Setup(init=Overlaps([[1.0], [0.0]], 0.5 * np.eye(2)))
+    with pytest.raises(ValueError, match="Q must be symmetric"):
+        Setup(init=Overlaps(np.zeros((2, 1)), [[1.0, 0.2], [0.0, 1.0]]))
+    with pytest.raises(ValueError, match=r"M must be \(H, F\) = \(2, 1\)"):
+        Setup(init=Overlaps(np.zeros((3, 1)), np.eye(3)))
+    with pytest.raises(ValueError, match="D >= F \\+ H \\+ 1 = 4, got D = 3"):
+        Setup(init=FiniteDDraw(0.5, 3))
+    with pytest.raises(ValueError, match="no field"):
+        Setup().replace(etta=0.1)
+    with pytest.raises(ValueError, match=r"setup must be an attnflow\.heads\.Setup"):
+        solve(object(), 1.0)
+    with pytest.raises(ValueError, match="D must be an integer >= 3"):
+        train(Setup(), 1.0, D=2)
 
 
 def test_bayes_softmax_at_oracle_equals_bayes_posterior():
     prior = Discrete([[2.0, 0.0], [0.0, 3.0], [-1.0, 1.0]], [0.5, 0.3, 0.2])
     M, Q, b = oracle_config(prior)
-    bank = FieldBank(prior, 4, 3, n=20000, key=1, permutations="none")
+    bank = FieldBank(prior, 4, 3, BankOptions(n=20000, seed=1, copies=NoCopies()))
     chi, chi_star = bank.fields(M, Q)
     a = jax.vmap(BayesSoftmax(b))(chi)
     np.testing.assert_allclose(a, bayes_posterior(prior, chi_star), atol=1e-13)
-    e_bank = float(2 * risk(M, Q, BayesSoftmax(b), bank))
+    e_bank = float(generalisation_error(M, Q, BayesSoftmax(b), bank))
+    assert e_bank == pytest.approx(float(2 * half_risk(M, Q, BayesSoftmax(b), bank)), rel=1e-14)
     e_bayes, se = bayes_risk(prior, 4, key=2, n=200_000)
     assert abs(e_bank - float(e_bayes)) < 4 * (float(se) + 0.5 / np.sqrt(20000)), (e_bank, float(e_bayes))
 
 
 def test_bayes_risk_closed_cases():
-    # no signal: the posterior is uniform, E = 1 - 1/L
-    e, _ = bayes_risk(PointMass([0.0]), 5, n=1000)
+    e, _ = bayes_risk(PointMass([0.0]), 5, n=1000)  # no signal: uniform posterior, E = 1 - 1/L
     assert float(e) == pytest.approx(0.8, abs=1e-12)
-    # huge signal: location found almost surely
-    e, _ = bayes_risk(FlippedSpike(12.0, 0.5), 4, n=20000)
+    e, _ = bayes_risk(FlippedSpike(12.0, 0.5), 4, n=20000)  # huge signal: location found almost surely
     assert float(e) < 1e-3
-    # Gaussian log Z against quadrature of E exp(theta u - theta^2/2)
-    pr = AnisotropicGaussian([0.5], [2.0])
+    pr = AnisotropicGaussian([0.5], [2.0])  # Gaussian log Z against quadrature of E exp(theta u - theta^2/2)
     u = 0.7
     val = af.gauss_hermite(lambda th: jnp.exp(th[0] * u - 0.5 * th[0] ** 2), 60, jnp.array([0.5]), jnp.array([[2.0]]))
     assert float(pr.log_Z(jnp.array([u]))) == pytest.approx(float(jnp.log(val)), rel=1e-10)
@@ -47,94 +130,152 @@ def test_activations():
     chi = jax.random.normal(jax.random.PRNGKey(0), (3, 5))
     np.testing.assert_allclose(Softmax()(chi), jnp.mean(jax.nn.softmax(chi, -1), 0), rtol=1e-14)
     np.testing.assert_allclose(BayesSoftmax(jnp.zeros(1))(chi[:1]), jax.nn.softmax(chi[0]), rtol=1e-14)  # H = 1
-    assert float(jnp.sum(BayesSoftmax(jnp.zeros(3))(chi))) == pytest.approx(1.0, abs=1e-14)
+    assert float(jnp.sum(BayesSoftmax.zeros(3)(chi))) == pytest.approx(1.0, abs=1e-14)
     np.testing.assert_allclose(Softmax1(b=-60.0, c=1.0)(chi), Softmax()(chi), rtol=1e-12)  # b -> -inf is softmax
-    off = Softmax1(b=40.0, c=1.0)(chi)
-    assert float(jnp.sum(off)) < 1e-15  # all heads switched off
+    assert float(jnp.sum(Softmax1(b=40.0, c=1.0)(chi))) < 1e-15  # all heads switched off
+    with pytest.raises(TypeError):
+        hd.Activation()  # abstract
+    with pytest.raises(TypeError):
+        hd.Prior()
 
 
 def test_softmax_floor_formula():
     assert softmax_floor(4) == pytest.approx(0.25 + 1 / 12)
     assert softmax_floor(4, 0.5, n_plus=2, H=4) == pytest.approx(softmax_floor(4))
-    # large signal, even split of two heads aligned with +-s: the softmax error approaches the floor from above
-    prior = FlippedSpike(30.0, 0.5)
-    bank = FieldBank(prior, 4, 2, n=4000)
-    errs = [float(2 * risk(jnp.array([[sc], [-sc]]), jnp.array([[sc], [-sc]]) @ jnp.array([[sc, -sc]]), Softmax(), bank))
-            for sc in (0.3, 1.0, 4.0)]
-    # best scale close to the floor, never below it; larger key norms are worse (norms must grow slower than s)
+    # large signal, even split of two heads aligned with +-s: the error approaches the floor from above
+    bank = FieldBank(FlippedSpike(30.0, 0.5), 4, 2, BankOptions(n=4000))
+    errs = [
+        float(
+            generalisation_error(
+                jnp.array([[sc], [-sc]]), sc**2 * jnp.array([[1.0, -1.0], [-1.0, 1.0]]), Softmax(), bank
+            )
+        )
+        for sc in (0.3, 1.0, 4.0)
+    ]
     assert softmax_floor(4) - 1e-6 <= min(errs) < softmax_floor(4) + 0.01
-    assert errs[0] < errs[1] < errs[2]
+    assert errs[0] < errs[1] < errs[2]  # key norms must grow slower than s
 
 
 def test_drift_forms_agree():
-    """Expectation form (5.1) = autodiff form (5.2) exactly in M (both are the reparameterised gradient of the
-    same Monte Carlo risk), within MC error in Q; the Stein form within MC error; learned-parameter drift
+    """Expectation form = autodiff form exactly in M (both are the reparameterised gradient of the same
+    Monte Carlo risk), within MC error in Q; the Stein form within MC error; learned-parameter drift
     = -eta_b dR/db; and dR/dM passes check_grads."""
     prior = AnisotropicGaussian([0.8, 0.0], [1.0, 0.5])
-    bank = FieldBank(prior, 3, 2, n=30_000, key=3, permutations="none")
+    bank = BankOptions(n=30_000, seed=3, copies=NoCopies())
     M = jnp.array([[0.4, 0.1], [0.2, -0.3]])
     Q = M @ M.T + jnp.array([[0.5, 0.1], [0.1, 0.4]])
     for act in (Softmax(), Softmax1(0.3, 1.2), BayesSoftmax(jnp.array([0.1, -0.2]))):
+        s = Setup(prior=prior, activation=act, L=3, eta=0.7, eta_b=0.3, init=Overlaps(M, Q))
         out = {}
-        for form in ("expectation", "stein", "autodiff"):
-            dyn = HeadsDynamics(act, bank, 0.7, eta_b=0.3, form=form)
-            out[form] = order_parameter_field(0.0, dyn.state(M, Q), dyn)
-        scale = float(jnp.max(jnp.abs(out["expectation"]["M"])))
-        np.testing.assert_allclose(out["autodiff"]["M"], out["expectation"]["M"], atol=1e-13)
-        assert float(jnp.max(jnp.abs(out["autodiff"]["Q"] - out["expectation"]["Q"]))) < 0.03 * scale
+        for form in (ExpectationForm(), SteinForm(), AutodiffForm()):
+            dyn = Dynamics.build(s, bank, form)
+            out[type(form).__name__] = order_parameter_field(0.0, hd.initial_state(s), dyn)
+        e, a, st = out["ExpectationForm"], out["AutodiffForm"], out["SteinForm"]
+        scale = float(jnp.max(jnp.abs(e["M"])))
+        np.testing.assert_allclose(a["M"], e["M"], atol=1e-13)
+        assert float(jnp.max(jnp.abs(a["Q"] - e["Q"]))) < 0.03 * scale
         for k in ("M", "Q"):
-            assert float(jnp.max(jnp.abs(out["stein"][k] - out["expectation"][k]))) < 0.05 * scale, (type(act), k)
+            assert float(jnp.max(jnp.abs(st[k] - e[k]))) < 0.05 * scale, (type(act), k)
+        fb = dyn.bank
         for name in act.learned:
-            g = jax.grad(lambda v: risk(M, Q, act.with_params({**act.params(), name: v}), bank))(getattr(act, name))
-            np.testing.assert_allclose(out["expectation"]["act"][name], -0.3 * g, rtol=1e-10, atol=1e-15)
-    check_grads(lambda m: risk(m, Q, Softmax(), bank), (M,), order=1, modes=("fwd", "rev"))
+            g = jax.grad(lambda v, name=name: half_risk(M, Q, act.with_params({**act.params(), name: v}), fb))(
+                getattr(act, name)
+            )
+            np.testing.assert_allclose(e["act"][name], -0.3 * g, rtol=1e-10, atol=1e-15)
+    check_grads(lambda m: half_risk(m, Q, Softmax(), fb), (M,), order=1, modes=("fwd", "rev"))
 
 
 def test_symmetries_of_the_monte_carlo_field():
     """Antithetic copies keep M = 0 invariant; cyclic head copies keep the equal-rows manifold invariant."""
-    prior = FlippedSpike(2.0, 0.5)
-    bank = FieldBank(prior, 4, 3, n=512, key=1)
-    dyn = HeadsDynamics(Softmax(), bank, 1.0)
-    f = order_parameter_field(0.0, dyn.state(jnp.zeros((3, 1)), 0.3 * jnp.eye(3) + 0.05), dyn)
+    s = Setup(prior=FlippedSpike(2.0, 0.5), H=3, init=Overlaps(np.zeros((3, 1)), 0.3 * np.eye(3) + 0.05))
+    dyn = Dynamics.build(s, BankOptions(n=512, seed=1))
+    f = order_parameter_field(0.0, hd.initial_state(s), dyn)
     assert float(jnp.max(jnp.abs(f["M"]))) < 1e-15
     M = jnp.full((3, 1), 0.4)
-    f = order_parameter_field(0.0, dyn.state(M, M @ M.T + 0.2 * jnp.eye(3)), dyn)
+    f = order_parameter_field(0.0, hd.initial_state(s, M, M @ M.T + 0.2 * jnp.eye(3)), dyn)
     assert float(jnp.max(jnp.abs(f["M"] - f["M"][0]))) < 1e-13
     assert float(jnp.max(jnp.abs(jnp.diag(f["Q"]) - f["Q"][0, 0]))) < 1e-13
     with pytest.raises(ValueError, match="sign-symmetric"):
-        FieldBank(FlippedSpike(1.0, 0.3), 4, 2, n=16, antithetic=True)
+        FieldBank(FlippedSpike(1.0, 0.3), 4, 2, BankOptions(n=16, antithetic=True))
+
+
+def test_unspecialised_point_converges_from_sigma0_squared_identity():
+    """From M = 0, Q = sigma0^2 I (the natural guess), the damped default solver finds the fixed point at
+    the settings of the docs; an undamped Newton step overshoots to a Q - M M^T that is not PSD there."""
+    bank = BankOptions(n=2048)
+    for s, sigma0 in (
+        (Setup(), 0.5),
+        (Setup(init=FiniteDDraw(0.45)), 0.45),
+        (Setup(prior=FlippedSpike(2.0), eta=0.5), 0.5),
+    ):
+        guess = (jnp.zeros((2, 1)), sigma0**2 * jnp.eye(2))
+        y = unspecialised_point(s, guess, bank=bank)
+        f = order_parameter_field(0.0, y, Dynamics.build(s, bank))
+        assert max(float(jnp.max(jnp.abs(v))) for v in (f["M"], f["Q"])) < 1e-10
+        assert np.all(np.isfinite(np.asarray(y["Q"]))) and float(jnp.linalg.eigvalsh(y["Q"])[0]) > 0
+    assert float(y["Q"][0, 0]) == pytest.approx(0.0791, abs=1e-3)  # s = 2, eta = 0.5
+    with pytest.raises(RuntimeError, match="did not converge"):
+        unspecialised_point(s, guess, bank=bank, solver=optx.Newton(rtol=1e-10, atol=1e-12))
 
 
 def test_escape_time_linear_in_log_D_with_jacobian_slope():
-    """Seeds kappa / sqrt(D) at the unspecialised fixed point: t_spec = t0 + ln D / (2 lambda) (section 9)."""
-    prior = FlippedSpike(3.0, 0.5)
-    bank = FieldBank(prior, 4, 2, n=512, key=7)
-    dyn = HeadsDynamics(Softmax(), bank, 1.0)
-    y = unspecialised_point(dyn, dyn.state(jnp.zeros((2, 1)), 0.2 * jnp.eye(2)))
-    f = order_parameter_field(0.0, y, dyn)
-    assert max(float(jnp.max(jnp.abs(v))) for v in (f["M"], f["Q"])) < 1e-10
-    lam = float(specialisation_spectrum(dyn, y).rate)
-    assert lam > 0
-    Ds = [1e4, 1e6, 1e8]
-    ts = []
-    for D in Ds:
-        M0, Q0 = symmetric_seed(y["M"], y["Q"], 1.0, int(D))
-        tr = solve_order_parameters(M0, Q0, Softmax(), bank, 1.0, 200.0, escape=0.3, rtol=1e-8, atol=1e-11)
-        ts.append(tr.meta["escape_time"])
-    slope = np.polyfit(np.log(Ds), ts, 1)[0]
+    """Seeds kappa / sqrt(D) at the unspecialised fixed point: t_spec = t0 + ln D / (2 lambda) (equation (12)),
+    the escape times being the traceable event times of one sweep over D."""
+    s = Setup()
+    bank = BankOptions(n=512)
+    y = unspecialised_point(s, bank=bank)
+    lam = float(specialisation_spectrum(s, y, bank=bank).lambda_max)
+    assert lam == pytest.approx(0.36, abs=0.02)
+    Ds = np.array([1e4, 1e6, 1e8])
+    solver = af.SolverOptions(rtol=1e-8, atol=1e-11)
+    t = np.asarray(
+        af.sweep(
+            lambda D: (
+                solve(
+                    s.replace(init=SymmetricSeed(y["M"], y["Q"], 1.0, D)),
+                    200.0,
+                    save=af.LinearGrid(2),
+                    solver=solver,
+                    bank=bank,
+                    escape=0.3,
+                ).t_event
+            ),
+            {"D": Ds},
+            progress=False,
+        ).values
+    )
+    assert np.all(np.isfinite(t))
+    slope = np.polyfit(np.log(Ds), t, 1)[0]
     assert slope == pytest.approx(1 / (2 * lam), rel=0.03), (slope, 1 / (2 * lam))
-    assert np.allclose(np.diff(ts), np.diff(predicted_escape_time(lam, np.array(Ds))), rtol=0.05)
+    np.testing.assert_allclose(np.diff(t), np.diff(np.asarray(predicted_escape_time(lam, Ds))), rtol=0.05)
+    one = solve(
+        s.replace(init=SymmetricSeed(y["M"], y["Q"], 1.0, Ds[0])),
+        200.0,
+        save=af.LinearGrid(2),
+        solver=solver,
+        bank=bank,
+        escape=0.3,
+    )
+    assert float(one.t_event) == pytest.approx(t[0], rel=1e-6)
+    assert float(specialisation(one["M"][-1])) == pytest.approx(0.3, rel=1e-6)  # the final state is the event's
+    never = solve(s, 0.5, save=af.LinearGrid(2), solver=solver, bank=bank, escape=0.3)
+    assert np.isnan(float(never.t_event)) and float(never.ts[-1]) == 0.5
 
 
 def test_from_finite_D_statistics_and_seed():
     D, sigma0 = 4000, 0.5
-    Ms, Qs = zip(*[from_finite_D(D, 3, 2, sigma0, key=k) for k in range(200)])
-    Ms, Qs = np.stack(Ms), np.stack(Qs)
+    Ms, Qs = jax.vmap(lambda k: from_finite_D(D, 3, 2, sigma0, key=k))(jnp.arange(400))
+    Ms, Qs = np.asarray(Ms), np.asarray(Qs)
     assert np.var(Ms) * D / sigma0**2 == pytest.approx(1.0, rel=0.1)
     assert np.mean(Qs[:, 0, 0]) == pytest.approx(sigma0**2, rel=0.01)
-    assert np.var(Qs[:, 0, 1]) * D / sigma0**4 == pytest.approx(1.0, rel=0.15)
-    M, Q = symmetric_seed(jnp.full((2, 1), 0.3), 0.2 * jnp.eye(2) + 0.09, 2.0, 400)
+    assert np.var(Qs[:, 1, 1]) * D / sigma0**4 == pytest.approx(2.0, rel=0.2)  # chi^2_D / D has variance 2 / D
+    for i, j in ((0, 1), (1, 2)):
+        assert np.var(Qs[:, i, j]) * D / sigma0**4 == pytest.approx(1.0, rel=0.2)
+    np.testing.assert_array_equal(from_finite_D(D, 3, 2, sigma0, key=5)[1], from_finite_D(D, 3, 2, sigma0, key=5)[1])
+    # symmetric_seed normalises u and the direction: the seed has norm kappa / sqrt(D)
+    M, Q = symmetric_seed(jnp.full((2, 2), 0.3), 0.2 * jnp.eye(2) + 0.18, 2.0, 400, direction=[3.0, 4.0])
     assert float(specialisation(M)) == pytest.approx(2.0 / 20.0, rel=1e-12)
+    np.testing.assert_allclose((M - M.mean(0))[0], 0.05 * np.array([0.6, 0.8]) * np.sqrt(2), rtol=1e-12)
     assert np.linalg.eigvalsh(np.asarray(Q - M @ M.T)).min() > 0
 
 
@@ -152,92 +293,104 @@ def test_keys_from_overlaps_is_exact():
 def test_pruning_rules():
     """Duplicated oracle heads of B-softmax prune for free down to |supp|; the softmax-1 mask rule keeps 1/H."""
     prior = Discrete(3.0 * np.eye(2))
-    M, Q, b = oracle_config(prior)
+    M, _, b = oracle_config(prior)
     M2, b2 = jnp.concatenate([M, M]), jnp.concatenate([b, b]) - jnp.log(2.0)
-    bank = FieldBank(prior, 4, 4, n=2000, key=2)
+    bank = FieldBank(prior, 4, 4, BankOptions(n=2000, seed=2))
     res = prune(M2, M2 @ M2.T, BayesSoftmax(b2), bank)
     e = res["error"]
     assert abs(e[2] - e[0]) < 0.01 and e[3] - e[2] > 0.1, e
     assert sorted(res["removed"][:2]) in ([0, 1], [0, 3], [1, 2], [2, 3])  # one copy of each support point kept
+    assert prune(M2, M2 @ M2.T, BayesSoftmax(b2), bank, [3, 0])["removed"] == [3, 0]
+    assert len(prune(M2, M2 @ M2.T, BayesSoftmax(b2), bank, hd.ByMass())["removed"]) == 3
     act = Softmax1(jnp.array([0.0, 1.0, 2.0]), jnp.array([1.0, 1.5, 2.0]), per_head=3)
     chi = jax.random.normal(jax.random.PRNGKey(0), (3, 5))
     keep = np.array([0, 2])
-    np.testing.assert_allclose(act.restrict(keep, 3, "mask")(chi[keep]), jnp.sum(act.head_weights(chi)[keep], 0), rtol=1e-12)
-    np.testing.assert_allclose(act.restrict(keep, 3, "renormalise")(chi[keep]), 1.5 * jnp.sum(act.head_weights(chi)[keep], 0),
-                               rtol=1e-12)
-    with pytest.raises(ValueError, match="order must list distinct"):
-        prune(M2, M2 @ M2.T, BayesSoftmax(b2), bank, order=[0, 0])
+    np.testing.assert_allclose(act.restrict(keep, 3)(chi[keep]), jnp.sum(act.head_weights(chi)[keep], 0), rtol=1e-12)
+    np.testing.assert_allclose(
+        act.restrict(keep, 3, renormalise=True)(chi[keep]), 1.5 * jnp.sum(act.head_weights(chi)[keep], 0), rtol=1e-12
+    )
+    with pytest.raises(ValueError, match="distinct head indices"):
+        prune(M2, M2 @ M2.T, BayesSoftmax(b2), bank, [0, 0])
 
 
 def test_sgd_held_out_error_matches_theory_error():
-    """The held-out SGD error at finite D equals E(M, Q) of the same keys within sampling error."""
-    prior, D = FlippedSpike(2.5, 0.5), 1000
-    task = SingleLocationTask(D, 4, prior, key=1)
+    """The held-out SGD error at finite D equals E(M, Q) of the same overlaps within sampling error."""
     M = jnp.array([[1.0], [-0.8]])
     Q = M @ M.T + 0.1 * jnp.eye(2)
-    K = keys_from_overlaps(M, Q, task.spikes, key=2)
-    tr = online_sgd(task, MultiHead(K, Softmax()), 0.1, 0.01, key=0, n_save=2, eval_samples=2000)
-    e_theory = float(2 * risk(M, Q, Softmax(), FieldBank(prior, 4, 2, n=20000, key=5)))
+    s = Setup(prior=FlippedSpike(2.5), eta=0.1, init=Overlaps(M, Q))
+    tr = train(s, 0.01, key=0, save=af.LinearGrid(2))
+    np.testing.assert_allclose(tr["M"][0], M, atol=1e-12)
+    e_theory = float(generalisation_error(M, Q, Softmax(), FieldBank(s.prior, 4, 2, BankOptions(n=20000, seed=5))))
     assert abs(float(tr["error"][0]) - e_theory) < 0.03, (float(tr["error"][0]), e_theory)
-    assert 0.25 < float(tr["a_signal"][0]) < 1.0
+    assert 0.25 < float(tr["attention"][0]) < 1.0
 
 
 def test_scalar_target_noise_term_matches_sgd():
-    """Scalar target with label noise (spec 5.3): same drift, different eta^2 term. SGD's Q follows the
-    scalar-target ODE and not the token-target one."""
-    prior, D = FlippedSpike(2.0, 0.5), 1000
-    task = SingleLocationTask(D, 4, prior, key=1, target="scalar", Delta=0.5)
-    model = MultiHead.init(100, 2, D, Softmax(), sigma0=0.5)
-    ov = overlaps(model.K, task.spikes)
-    sim = online_sgd(task, model, 1.0, 4.0, key=0, n_save=5, eval_samples=1000)
-    bank = FieldBank(prior, 4, 2, n=1024, key=7)
-    gap = {}
-    for target, Delta in (("scalar", 0.5), ("token", 0.0)):
-        ode = solve_order_parameters(ov["M"], ov["Q"], Softmax(), bank, 1.0, 4.0, ts=sim.ts, target=target, Delta=Delta)
-        gap[target] = float(jnp.max(jnp.abs(sim["Q"] - ode["Q"])))
-        if target == "scalar":
-            # E + Delta against 1000 held-out samples: (y - y_hat)^2 is ~ E chi^2_1, standard error E sqrt(2/1000)
-            se = float(jnp.max(ode["error"])) * np.sqrt(2 / 1000)
-            assert float(jnp.max(jnp.abs(sim["error"] - ode["error"]))) < 4 * se < 0.5
+    """Scalar target with label noise: same drift, different eta^2 term. SGD's Q follows the scalar-target
+    ODE and not the token-target one; its held-out error follows E + Delta."""
+    s = Setup(prior=FlippedSpike(2.0), target=ScalarTarget(0.5))
+    grid = af.LinearGrid(5)
+    sim = train(s, 4.0, key=0, save=grid, eval_samples=1000)
+    bank = BankOptions(n=1024)
+    ode = solve(s, 4.0, save=grid, bank=bank)
+    token = solve(s.replace(target=hd.TokenTarget()), 4.0, save=grid, bank=bank)
+    gap = {
+        "scalar": float(jnp.max(jnp.abs(sim["Q"] - ode["Q"]))),
+        "token": float(jnp.max(jnp.abs(sim["Q"] - token["Q"]))),
+    }
     assert gap["scalar"] < 0.06 < 0.15 < gap["token"], gap
+    se = float(jnp.max(ode["error"])) * np.sqrt(2 / 1000)  # (y - y_hat)^2 ~ E chi^2_1 over 1000 samples
+    assert float(jnp.max(jnp.abs(sim["error"] - ode["error"]))) < 4 * se < 0.5
+    assert float(ode["error"][0] - token["error"][0]) == pytest.approx(0.5, abs=1e-12)
     with pytest.raises(ValueError, match="Delta"):
-        SingleLocationTask(D, 4, prior, Delta=0.5)
+        ScalarTarget(-0.5)
+
+
+def test_minibatch_and_weight_decay_follow_the_ode():
+    """Minibatch B on the clock t = steps / D divides the eta^2 term by B; weight decay adds -eta gamma M and
+    -2 eta gamma Q. SGD follows the B = 8 ODE, not the B = 1 one."""
+    s = Setup(prior=FlippedSpike(2.0), minibatch=8, eta=2.0, weight_decay=0.3)
+    grid = af.LinearGrid(9)
+    sim = train(s, 4.0, key=0, save=grid, eval_samples=0)
+    gap = af.compare(solve(s, 4.0, save=grid), sim)
+    gap_b1 = af.compare(solve(s.replace(minibatch=1), 4.0, save=grid), sim)
+    assert gap["Q"] < 0.005 < 0.02 < gap_b1["Q"] and gap["M"] < 0.02, (gap, gap_b1)
 
 
 def test_sgd_learns_only_learned_parameters():
-    task = SingleLocationTask(300, 4, FlippedSpike(2.0), key=1)
-    model = MultiHead.init(2, 2, 300, Softmax1(0.0, 1.0, learn_b=True, learn_c=False, per_head=2))
-    tr = online_sgd(task, model, 0.5, 3.0, key=3, n_save=4)
+    s = Setup(prior=FlippedSpike(2.0), activation=Softmax1(0.0, 1.0, learn_b=True, learn_c=False, per_head=2))
+    tr = train(s, 3.0, key=3, D=300, save=af.LinearGrid(4), eval_samples=0)
     assert float(jnp.max(jnp.abs(tr["b"][-1]))) > 1e-4
-    assert "c" not in tr.ys
+    assert "c" not in tr.ys and "error" not in tr.ys
 
 
 def test_ode_tracks_sgd_and_gap_shrinks_with_D():
-    prior = FlippedSpike(2.0, 0.5)
+    """Each D: two SGD seeds (one sweep over traced keys and initial draws) against the ODEs of the same draws."""
+    s = Setup(prior=FlippedSpike(2.0), eta=0.5)
+    grid, bank = af.LinearGrid(9), BankOptions(n=2048)
     gaps = []
     for D in (400, 1600):
-        task = SingleLocationTask(D, 4, prior, key=1)
-        model = MultiHead.init(2, 2, D, Softmax(), sigma0=0.5)
-        ov = overlaps(model.K, task.spikes)
-        sim = af.simulate(sample_loss, model, optax.sgd(0.5), 4 * D, mode=af.OnlineSGD(task.sample, 1), key=3, clock=1.0 / D,
-                          observe=lambda m: overlaps(m.K, task.spikes), n_save=9, spacing="linear")
-        ode = solve_order_parameters(ov["M"], ov["Q"], Softmax(), FieldBank(prior, 4, 2, n=2048), 0.5, 4.0, ts=sim.ts)
-        gaps.append(max(float(jnp.max(jnp.abs(sim[k] - ode[k]))) for k in ("M", "Q")))
-    assert gaps[1] < gaps[0] and gaps[1] < 0.03, gaps
+        sims = af.sweep(
+            lambda seed, D=D: train(
+                s.replace(init=FiniteDDraw(0.5, D, seed)), 4.0, key=seed, D=D, save=grid, eval_samples=0
+            ),
+            {"seed": np.arange(2)},
+            progress=False,
+        ).values
+        for i in range(2):
+            ode = solve(s.replace(init=FiniteDDraw(0.5, D, i)), 4.0, save=grid, bank=bank)
+            gaps.append((D, max(float(jnp.max(jnp.abs(sims[k][i] - ode[k]))) for k in ("M", "Q"))))
+    small, large = (np.mean([g for D, g in gaps if d == D]) for d in (400, 1600))
+    assert large < small and max(g for D, g in gaps if D == 1600) < 0.03, gaps
 
 
 def test_float32_sgd_tracks_ode():
-    """float32 online SGD (tokens from `attnflow.rng.normal`, Box-Muller) against the float64 ODE at D = 1600.
-
-    Max gap over M, Q for SGD keys 0-3: 0.0046 to 0.0064; with the token noise scaled by 1.1 (a sampler
-    10 % too wide) 0.0099 to 0.0119. The bound 0.009 separates them."""
-    prior, D = FlippedSpike(2.0, 0.5), 1600
-    task = SingleLocationTask(D, 4, prior, key=1, dtype=jnp.float32)
-    model = MultiHead(MultiHead.init(2, 2, D, Softmax(), sigma0=0.5).K.astype(jnp.float32), Softmax())
-    ov = overlaps(model.K.astype(float), task.spikes.astype(float))
-    sim = online_sgd(task, model, 0.5, 4.0, key=3, n_save=9)
+    """float32 online SGD (tokens from `attnflow.rng.normal`, Box-Muller) against the float64 ODE at D = 1600."""
+    s = Setup(prior=FlippedSpike(2.0), eta=0.5, init=FiniteDDraw(0.5, 1600, 2))
+    grid = af.LinearGrid(9)
+    sim = train(s, 4.0, key=3, D=1600, save=grid, eval_samples=0, dtype=jnp.float32)
     assert sim["M"].dtype == jnp.float32
-    ode = solve_order_parameters(ov["M"], ov["Q"], Softmax(), FieldBank(prior, 4, 2, n=2048), 0.5, 4.0, ts=sim.ts)
+    ode = solve(s, 4.0, save=grid, bank=BankOptions(n=2048))
     gap = max(float(jnp.max(jnp.abs(sim[k] - ode[k]))) for k in ("M", "Q"))
     assert gap < 0.009, gap
 
@@ -253,32 +406,34 @@ def test_bad_input():
         AnisotropicGaussian([0.0, 0.0], [1.0, -1.0])
     with pytest.raises(ValueError, match="H"):
         MultiHead.init(0, 0, 10, Softmax())
-    with pytest.raises(ValueError, match="positive semidefinite"):
-        solve_order_parameters(jnp.array([[1.0]]), jnp.array([[0.5]]), Softmax(), FieldBank(FlippedSpike(1.0), 3, 1, n=16), 0.5, 1.0)
-    with pytest.raises(ValueError, match="Q must be symmetric"):
-        solve_order_parameters(jnp.zeros((2, 1)), jnp.array([[1.0, 0.2], [0.0, 1.0]]), Softmax(),
-                               FieldBank(FlippedSpike(1.0), 3, 2, n=16), 0.5, 1.0)
-    with pytest.raises(ValueError, match="form"):
-        HeadsDynamics(Softmax(), FieldBank(FlippedSpike(1.0), 3, 1, n=16), 0.5, form="euler")
-    with pytest.raises(ValueError, match="c"):
+    with pytest.raises(ValueError, match=r"c must be finite and positive, got -1\.0"):
         Softmax1(0.0, -1.0)
     with pytest.raises(ValueError, match="finite support"):
         oracle_config(AnisotropicGaussian([0.0], [1.0]))
     with pytest.raises(ValueError, match="p must be a probability"):
         softmax_floor(4, 1.5)
+    with pytest.raises(ValueError, match="form must be"):
+        Dynamics(Setup(), FieldBank(FlippedSpike(1.0), 4, 2, BankOptions(n=16)), "euler")
+    with pytest.raises(ValueError, match="copies must be"):
+        BankOptions(copies="cyclic")
+    with pytest.raises(ValueError, match="escape"):
+        solve(Setup(), 1.0, escape=-0.5)
+    with pytest.raises(ValueError, match="direction must have shape"):
+        symmetric_seed(jnp.zeros((2, 1)), jnp.eye(2), 1.0, 100, direction=[1.0, 0.0])
+    with pytest.raises(ValueError, match="target must be"):
+        SingleLocationTask(100, 4, FlippedSpike(1.0), target="scalar")
 
 
 @pytest.mark.slow
 def test_ode_vs_sgd_at_D_2000_within_finite_size_error():
     """Four SGD seeds at D = 2000 against their seeded ODEs: max gap over M, Q below 3 / sqrt(D)."""
-    prior, D = FlippedSpike(2.0, 0.5), 2000
-    task = SingleLocationTask(D, 4, prior, key=1)
-    bank = FieldBank(prior, 4, 2, n=4096, key=7)
+    D = 2000
+    s = Setup(prior=FlippedSpike(2.0), eta=0.5)
+    grid = af.LinearGrid(9)
     for seed in range(4):
-        model = MultiHead.init(100 + seed, 2, D, Softmax(), sigma0=0.5)
-        ov = overlaps(model.K, task.spikes)
-        sim = online_sgd(task, model, 0.5, 8.0, key=seed, n_save=9)
-        ode = solve_order_parameters(ov["M"], ov["Q"], Softmax(), bank, 0.5, 8.0, ts=sim.ts)
+        setup = s.replace(init=FiniteDDraw(0.5, D, 100 + seed))
+        sim = train(setup, 8.0, key=seed, D=D, save=grid, eval_samples=0)
+        ode = solve(setup, 8.0, save=grid, bank=BankOptions(n=4096))
         gap = max(float(jnp.max(jnp.abs(sim[k] - ode[k]))) for k in ("M", "Q"))
         assert gap < 3 / np.sqrt(D), (seed, gap)
 
@@ -287,21 +442,22 @@ def test_ode_vs_sgd_at_D_2000_within_finite_size_error():
 def test_sgd_specialisation_time_grows_with_log_D():
     """SGD started from the seed 2 / sqrt(D) at the unspecialised point (2 seeds at D = 500 and 4000): the mean
     escape times differ by ln 8 / (2 lambda) within 15 %, and each is within 1 of the identically seeded ODE."""
-    prior = FlippedSpike(3.0, 0.5)
-    bank = FieldBank(prior, 4, 2, n=2048, key=7)
-    dyn = HeadsDynamics(Softmax(), bank, 1.0)
-    y = unspecialised_point(dyn, dyn.state(jnp.zeros((2, 1)), 0.2 * jnp.eye(2)))
-    lam = float(specialisation_spectrum(dyn, y).rate)
+    s = Setup(init=FiniteDDraw(0.45))
+    bank = BankOptions(n=2048)
+    y = unspecialised_point(s, bank=bank)
+    lam = float(specialisation_spectrum(s, y, bank=bank).lambda_max)
     means = []
     for D in (500, 4000):
-        M0, Q0 = symmetric_seed(y["M"], y["Q"], 2.0, D)
-        t_ode = solve_order_parameters(M0, Q0, Softmax(), bank, 1.0, 30.0, escape=0.5).meta["escape_time"]
-        task = SingleLocationTask(D, 4, prior, key=1)
-        ts = []
-        for seed in range(2):
-            K = keys_from_overlaps(M0, Q0, task.spikes, key=seed)
-            tr = online_sgd(task, MultiHead(K, Softmax()), 1.0, 12.0, key=seed + 10, n_save=241)
-            ts.append(float(tr.ts[np.flatnonzero(np.asarray(tr["specialisation"]) >= 0.5)[0]]))
-        assert max(abs(t - t_ode) for t in ts) < 1.0, (D, ts, t_ode)
-        means.append(np.mean(ts))
+        seeded = s.replace(init=SymmetricSeed(y["M"], y["Q"], 2.0, D))
+        t_ode = float(solve(seeded, 30.0, bank=bank, escape=0.5).t_event)
+        sims = af.sweep(
+            lambda seed, D=D, seeded=seeded: train(
+                seeded, 12.0, key=seed, D=D, save=af.LinearGrid(241), eval_samples=0
+            ),
+            {"seed": np.arange(2)},
+            progress=False,
+        ).values
+        ts = np.asarray(af.first_crossing(sims.ts, sims["specialisation"], 0.5, interpolate=True))
+        assert np.max(np.abs(ts - t_ode)) < 1.0, (D, ts, t_ode)
+        means.append(ts.mean())
     assert means[1] - means[0] == pytest.approx(np.log(8) / (2 * lam), rel=0.15), (means, lam)

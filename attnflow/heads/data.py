@@ -1,13 +1,18 @@
-"""Priors and the single-location task (spec `heads.md` sections 1 and 8).
+"""The data model: priors on the signal amplitude, targets, and the single-location task.
 
-A sample: location ``eps ~ Unif{1..L}``, amplitude ``theta ~ P_theta`` on ``R^F``,
-``x_l = xi_l + delta_{l eps} sum_f theta_f k*_f / sqrt(D)``, target ``y = x_eps``.
-Each prior samples ``theta`` and evaluates ``log Z(u) = log E_theta exp(theta.u - |theta|^2/2)``,
-the Bayes posterior partition function: ``P(eps = l | X) = softmax_l(log Z(chi*_l))``.
+A sample has ``L`` tokens ``x_l`` in ``R^D``. One location ``eps ~ Unif{1..L}`` carries the
+signal: ``x_l = xi_l + delta_{l eps} sum_f theta_f k*_f / sqrt(D)`` with ``xi_l ~ N(0, I_D)``,
+amplitudes ``theta ~ P_theta`` on ``R^F`` and ``F`` orthogonal spikes ``|k*_f|^2 = D``
+(equation (1) of the heads page). Each prior samples ``theta`` and evaluates the log partition
+function ``log Z(u) = log E_theta exp(theta . u - |theta|^2 / 2)`` of the Bayes posterior on the
+location, ``P(eps = l | X) = softmax_l(log Z(chi*_l))`` (equation (12)).
+
+The target (token or scalar, equation (2)) is an object: `TokenTarget` or `ScalarTarget`.
 """
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 import equinox as eqx
@@ -18,42 +23,63 @@ import numpy as np
 from .. import _validate as V
 from ..rng import normal
 
-__all__ = ["Prior", "FlippedSpike", "AnisotropicGaussian", "Discrete", "PointMass", "SingleLocationTask", "bayes_risk"]
+__all__ = [
+    "AnisotropicGaussian",
+    "Discrete",
+    "FlippedSpike",
+    "PointMass",
+    "Prior",
+    "ScalarTarget",
+    "SingleLocationTask",
+    "Target",
+    "TokenTarget",
+]
 
 
+# ----------------------------------------------------------------------------- priors
 class Prior(eqx.Module):
-    """A prior on the amplitudes ``theta`` in ``R^F``."""
+    """A prior ``P_theta`` on the signal amplitudes ``theta`` in ``R^F`` (abstract).
+
+    Concrete priors: `FlippedSpike`, `AnisotropicGaussian`, `Discrete` (and `PointMass`).
+    """
 
     @property
-    def F(self) -> int:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def sample(self, key: jax.Array, n: int) -> jax.Array:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def log_Z(self, u: jax.Array) -> jax.Array:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def F(self) -> int:
+        """Number of latent features (spikes)."""
 
     @property
+    @abc.abstractmethod
     def sign_symmetric(self) -> bool:
-        return False
+        """Whether ``theta`` and ``-theta`` have the same law (decided at construction; a prior made
+        from traced parameters counts as not symmetric)."""
 
+    @abc.abstractmethod
     def support(self) -> tuple[jax.Array, jax.Array] | None:
         """``(points (J, F), weights (J,))`` for a prior with finite support, else ``None``."""
-        return None
+
+    @abc.abstractmethod
+    def sample(self, key: jax.Array, n: int) -> jax.Array:
+        """``n`` draws of ``theta``, shape ``(n, F)``."""
+
+    @abc.abstractmethod
+    def log_Z(self, u: jax.Array) -> jax.Array:
+        """``log E_theta exp(theta . u - |theta|^2 / 2)`` for ``u (..., F)``, shape ``(...)``."""
 
 
 class FlippedSpike(Prior):
-    """``F = 1``; ``theta = +s`` with probability ``p``, ``-s`` otherwise."""
+    """``F = 1``; ``theta = +s`` with probability ``p``, ``-s`` otherwise (sign-symmetric at ``p = 1/2``)."""
 
     s: jax.Array
     p: jax.Array
+    symmetric: bool = eqx.field(static=True)
 
     def __init__(self, s: Any, p: Any = 0.5):
-        V.positive("s", s)
+        V.positive("s (signal strength)", s)
         if not V.any_traced(p) and not 0.0 <= float(p) <= 1.0:
             raise ValueError(f"p must be a probability in [0, 1], got {p!r}")
         self.s, self.p = jnp.asarray(s, dtype=float), jnp.asarray(p, dtype=float)
+        self.symmetric = not V.any_traced(p) and float(p) == 0.5
 
     @property
     def F(self) -> int:
@@ -61,7 +87,7 @@ class FlippedSpike(Prior):
 
     @property
     def sign_symmetric(self) -> bool:
-        return bool(self.p == 0.5)
+        return self.symmetric
 
     def support(self):
         return jnp.stack([self.s, -self.s])[:, None], jnp.stack([self.p, 1.0 - self.p])
@@ -80,14 +106,16 @@ class AnisotropicGaussian(Prior):
 
     mean: jax.Array
     variances: jax.Array
+    symmetric: bool = eqx.field(static=True)
 
     def __init__(self, mean: Any, variances: Any):
-        mean, variances = np.asarray(mean, float), np.asarray(variances, float)
+        mean, variances = jnp.asarray(mean, dtype=float), jnp.asarray(variances, dtype=float)
         if mean.ndim != 1 or variances.shape != mean.shape:
             raise ValueError(f"mean and variances must be 1-D of equal length, got {mean.shape} and {variances.shape}")
         V.finite_tree("mean", mean)
         V.positive("variances", variances)
-        self.mean, self.variances = jnp.asarray(mean), jnp.asarray(variances)
+        self.mean, self.variances = mean, variances
+        self.symmetric = not V.any_traced(mean) and bool(np.all(np.asarray(mean) == 0))
 
     @property
     def F(self) -> int:
@@ -95,7 +123,10 @@ class AnisotropicGaussian(Prior):
 
     @property
     def sign_symmetric(self) -> bool:
-        return bool(jnp.all(self.mean == 0))
+        return self.symmetric
+
+    def support(self):
+        return None
 
     def sample(self, key, n):
         return self.mean + jnp.sqrt(self.variances) * jax.random.normal(key, (n, self.F))
@@ -106,40 +137,45 @@ class AnisotropicGaussian(Prior):
 
 
 class Discrete(Prior):
-    """``theta = points[j]`` with probability ``weights[j]`` (weights nonnegative, summing to 1)."""
+    """``theta = points[j]`` with probability ``weights[j]`` (nonnegative, summing to 1; uniform by default)."""
 
     points: jax.Array
     weights: jax.Array
+    symmetric: bool = eqx.field(static=True)
 
     def __init__(self, points: Any, weights: Any = None):
-        points = np.atleast_2d(np.asarray(points, float))
+        points = jnp.asarray(points, dtype=float)
+        if points.ndim == 1:
+            points = points[None]
+        if points.ndim != 2:
+            raise ValueError(f"points must have shape (J, F), got {points.shape}")
         J = points.shape[0]
-        weights = np.full(J, 1.0 / J) if weights is None else np.asarray(weights, float)
+        weights = jnp.full(J, 1.0 / J) if weights is None else jnp.asarray(weights, dtype=float)
         if weights.shape != (J,):
             raise ValueError(f"weights must have shape ({J},), got {weights.shape}")
         V.finite_tree("points", points)
-        bad = np.flatnonzero(~np.isfinite(weights) | (weights < 0))
-        if bad.size:
-            raise ValueError(f"weights must be nonnegative; weight {int(bad[0])} is {weights[bad[0]]!r}")
-        if abs(weights.sum() - 1.0) > 1e-12:
-            raise ValueError(f"weights must sum to 1, got {weights.sum()!r}")
-        self.points, self.weights = jnp.asarray(points), jnp.asarray(weights)
+        if not V.any_traced(weights):
+            w = np.asarray(weights)
+            bad = np.flatnonzero(~np.isfinite(w) | (w < 0))
+            if bad.size:
+                raise ValueError(f"weights must be nonnegative; weight {int(bad[0])} is {w[bad[0]]!r}")
+            if abs(w.sum() - 1.0) > 1e-12:
+                raise ValueError(f"weights must sum to 1, got {w.sum()!r}")
+        self.points, self.weights = points, weights
+        self.symmetric = not V.any_traced((points, weights)) and _mirror_symmetric(
+            np.asarray(points), np.asarray(weights)
+        )
 
     @property
     def F(self) -> int:
         return self.points.shape[1]
 
-    def support(self):
-        return self.points, self.weights
-
     @property
     def sign_symmetric(self) -> bool:
-        pts, w = np.asarray(self.points), np.asarray(self.weights)
-        for j in range(pts.shape[0]):  # each point's mirror image must carry the same weight
-            k = np.flatnonzero(np.all(np.isclose(pts, -pts[j]), axis=1))
-            if k.size == 0 or not np.isclose(w[k].sum(), w[j]):
-                return False
-        return True
+        return self.symmetric
+
+    def support(self):
+        return self.points, self.weights
 
     def sample(self, key, n):
         j = jax.random.choice(key, self.points.shape[0], (n,), p=self.weights)
@@ -150,95 +186,165 @@ class Discrete(Prior):
         return jax.scipy.special.logsumexp(logits, axis=-1)
 
 
-def PointMass(mu: Any) -> Discrete:  # noqa: N802 - a constructor named as in the spec
-    """``theta = mu`` almost surely (a `Discrete` prior with one point)."""
-    return Discrete(np.atleast_2d(np.asarray(mu, float)), np.ones(1))
+def _mirror_symmetric(pts: np.ndarray, w: np.ndarray) -> bool:
+    """Whether each point's mirror image carries the same weight."""
+    for j in range(pts.shape[0]):
+        k = np.flatnonzero(np.all(np.isclose(pts, -pts[j]), axis=1))
+        if k.size == 0 or not np.isclose(w[k].sum(), w[j]):
+            return False
+    return True
 
 
+def PointMass(mu: Any) -> Discrete:
+    """``theta = mu`` almost surely: a `Discrete` prior with one point."""
+    return Discrete(jnp.atleast_2d(jnp.asarray(mu, dtype=float)), jnp.ones(1))
+
+
+# ----------------------------------------------------------------------------- targets
+class Target(eqx.Module):
+    """What the model must output (abstract): `TokenTarget` (``y = x_eps``) or `ScalarTarget`.
+
+    A target makes the labels of a batch, the loss of attention weights on a batch, and the
+    second moment of the per-sample score gradient that drives the ``eta^2`` term of the
+    order-parameter ODE (equations (8) and (9)).
+    """
+
+    @abc.abstractmethod
+    def label_noise(self) -> Any:
+        """The label-noise variance ``Delta`` added to the error (0 for the token target)."""
+
+    @abc.abstractmethod
+    def batch(self, key: jax.Array, X: jax.Array, eps: jax.Array, readout: jax.Array) -> tuple:
+        """The batch of tokens ``X (B, L, D)`` with signal locations ``eps (B,)``."""
+
+    @abc.abstractmethod
+    def loss(self, a: jax.Array, batch: tuple) -> jax.Array:
+        """Mean loss over the batch of the prediction with attention weights ``a (B, L)``."""
+
+    @abc.abstractmethod
+    def gradient_moment(self, activation: Any, chi: jax.Array, G: jax.Array) -> jax.Array:
+        """``(H, H)`` second moment of the per-sample key gradient, divided by ``eta^2``, for one
+        draw of the scores ``chi (H, L)`` with ``G = d loss / d chi`` (equations (8) and (9))."""
+
+
+class TokenTarget(Target):
+    """Sequence-to-token target ``y = x_eps`` in ``R^D``; loss ``|y - sum_l a_l x_l|^2 / (2 D)``."""
+
+    def label_noise(self):
+        return 0.0
+
+    def batch(self, key, X, eps, readout):
+        return X, X[jnp.arange(X.shape[0]), eps], eps
+
+    def loss(self, a, batch):
+        X, y = batch[0], batch[1]
+        yhat = jnp.einsum("bl,bld->bd", a, X)
+        return jnp.mean(jnp.sum((y - yhat) ** 2, axis=-1)) / (2 * X.shape[-1])
+
+    def gradient_moment(self, activation, chi, G):
+        return G @ G.T
+
+
+class ScalarTarget(Target):
+    """Scalar target ``y = z_eps + sqrt(Delta) xi_0`` with ``z_l = x_l . v* / sqrt(D)`` for a fixed
+    readout ``v*`` orthogonal to the spikes (``|v*|^2 = D``); loss ``(y - sum_l a_l z_l)^2 / 2``.
+
+    The error gains ``Delta``; the ``eta^2`` term becomes
+    ``E[(|r|^2 + Delta) <J^h, J^h'>_F + 2 sum_l G_hl G_h'l]`` with ``J^h_{l'l} = d a_l' / d chi_hl``
+    (equation (9)).
+    """
+
+    Delta: jax.Array = eqx.field(converter=lambda x: jnp.asarray(x, dtype=float), default=0.0)
+
+    def __check_init__(self):
+        V.nonnegative("Delta (label noise variance)", self.Delta)
+
+    def label_noise(self):
+        return self.Delta
+
+    def batch(self, key, X, eps, readout):
+        z = X @ readout / jnp.sqrt(X.shape[-1])
+        xi0 = jax.random.normal(key, (X.shape[0],), dtype=X.dtype)
+        y = jnp.take_along_axis(z, eps[:, None], axis=1)[:, 0] + jnp.sqrt(self.Delta).astype(X.dtype) * xi0
+        return X, y, eps, z
+
+    def loss(self, a, batch):
+        y, z = batch[1], batch[3]
+        return 0.5 * jnp.mean((y - jnp.sum(a * z, axis=-1)) ** 2)
+
+    def gradient_moment(self, activation, chi, G):
+        a = activation(chi)
+        r2 = jnp.sum((jax.nn.one_hot(0, chi.shape[1], dtype=a.dtype) - a) ** 2)
+        J = jax.jacfwd(activation)(chi)  # (L, H, L)
+        return (r2 + self.Delta) * jnp.einsum("ihl,igl->hg", J, J) + 2 * G @ G.T
+
+
+# ----------------------------------------------------------------------------- task
 class SingleLocationTask(eqx.Module):
     """``L`` tokens in dimension ``D`` with ``F`` orthogonal spikes ``k*_f`` (``|k*_f|^2 = D``, exact QR).
 
     ``location=None`` draws the signal location uniformly per sample; an index fixes it.
-    ``dtype``: of the tokens (default: JAX's default float, float64 with x64 on); float32 tokens
-    are drawn with `attnflow.rng.normal`, float64 ones with ``jax.random.normal``.
-    ``target="token"`` (default): ``y = x_eps``. ``target="scalar"`` (spec 5.3): ``y = z_eps + sqrt(Delta) xi_0``
-    with ``z_l = x_l . v* / sqrt(D)`` for a fixed ``v*`` orthogonal to the spikes, ``|v*|^2 = D``."""
+    ``target``: `TokenTarget()` (default) or `ScalarTarget(Delta)`; the scalar readout ``v*``
+    (orthogonal to every spike, ``|v*|^2 = D``) is drawn from ``key`` too. ``dtype``: of the
+    tokens (default: JAX's default float); float32 tokens come from `attnflow.rng.normal`
+    (Box-Muller on both Threefry words), float64 ones from ``jax.random.normal``.
+    """
 
     spikes: jax.Array
     readout: jax.Array
-    Delta: jax.Array
-    L: int = eqx.field(static=True)
     prior: Prior
+    target: Target
+    L: int = eqx.field(static=True)
     location: int | None = eqx.field(static=True)
-    target: str = eqx.field(static=True)
 
-    def __init__(self, D: int, L: int, prior: Prior, key: Any = 0, location: int | None = None, target: str = "token",
-                 Delta: float = 0.0, dtype: Any = None):
+    def __init__(
+        self,
+        D: int,
+        L: int,
+        prior: Prior,
+        key: Any = 0,
+        location: int | None = None,
+        target: Target | None = None,
+        dtype: Any = None,
+    ):
         D = V.positive_int("D", D, minimum=2)
         self.L = V.positive_int("L", L, minimum=2)
         if not isinstance(prior, Prior):
-            raise ValueError(f"prior must be a Prior, got {prior!r}")
-        if prior.F > D:
-            raise ValueError(f"need F <= D, got F = {prior.F}, D = {D}")
-        key = V.prng_key(key)
-        q, _ = jnp.linalg.qr(jax.random.normal(key, (D, prior.F)))
+            raise ValueError(f"prior must be a Prior (FlippedSpike, AnisotropicGaussian, Discrete), got {prior!r}")
+        if prior.F >= D:
+            raise ValueError(f"need F < D, got F = {prior.F}, D = {D}")
+        target = TokenTarget() if target is None else target
+        if not isinstance(target, Target):
+            raise ValueError(f"target must be TokenTarget() or ScalarTarget(Delta), got {target!r}")
         dtype = jnp.result_type(float) if dtype is None else jnp.dtype(dtype)
         if not jnp.issubdtype(dtype, jnp.floating):
             raise ValueError(f"dtype must be a floating type, got {dtype}")
-        self.spikes = (jnp.sqrt(D) * q.T).astype(dtype)
-        self.prior = prior
         if location is not None and not 0 <= int(location) < self.L:
             raise ValueError(f"location must be None (random) or an index in [0, {self.L}), got {location!r}")
-        self.location = None if location is None else int(location)
-        self.target = V.choice("target", target, ("token", "scalar"))
-        V.nonnegative("Delta", Delta)
-        if target == "token" and Delta != 0:
-            raise ValueError(f"Delta (label noise) needs target='scalar', got Delta = {Delta!r} with the token target")
-        self.Delta = jnp.asarray(Delta, dtype=self.spikes.dtype)
+        key = V.prng_key(key)
+        q, _ = jnp.linalg.qr(jax.random.normal(key, (D, prior.F)))
+        self.spikes = (jnp.sqrt(D) * q.T).astype(dtype)
         v = jax.random.normal(jax.random.fold_in(key, 1), (D,), dtype=self.spikes.dtype)
         v = v - self.spikes.T @ (self.spikes @ v) / D  # orthogonal to every spike
-        self.readout = jnp.sqrt(D) * v / jnp.linalg.norm(v)
+        self.readout = jnp.sqrt(D).astype(dtype) * v / jnp.linalg.norm(v)
+        self.prior, self.target = prior, target
+        self.location = None if location is None else int(location)
 
     @property
     def D(self) -> int:
         return self.spikes.shape[1]
 
     def sample(self, key: jax.Array, batch_size: int) -> tuple:
-        """``(X (B, L, D), y (B, D), eps (B,))``; for the scalar target ``(X, y (B,), eps, z (B, L))``."""
+        """A batch from ``key``: ``(X (B, L, D), y (B, D), eps (B,))`` for the token target,
+        ``(X, y (B,), eps, z (B, L))`` for the scalar target."""
         k1, k2, k3 = jax.random.split(key, 3)
         if self.location is None:
             eps = jax.random.randint(k1, (batch_size,), 0, self.L)
         else:
             eps = jnp.full((batch_size,), self.location)
         theta = self.prior.sample(k2, batch_size)
-        # float32 tokens: Box-Muller on both Threefry words (attnflow.rng.normal, ~2x jax.random.normal);
-        # float64: jax.random.normal
         X = normal(k3, (batch_size, self.L, self.D), dtype=self.spikes.dtype)
-        signal = (theta @ self.spikes) / jnp.sqrt(self.D)
-        rows = jnp.arange(batch_size)
+        signal = (theta @ self.spikes.astype(theta.dtype)) / jnp.sqrt(self.D)
         # add the signal to the eps-th token only (a scatter, not a one-hot product over all L tokens)
-        X = X.at[rows, eps].add(signal.astype(X.dtype))
-        if self.target == "scalar":
-            z = X @ self.readout / jnp.sqrt(self.D)
-            xi0 = jax.random.normal(jax.random.fold_in(k1, 7), (batch_size,), dtype=X.dtype)
-            y = jnp.take_along_axis(z, eps[:, None], axis=1)[:, 0] + jnp.sqrt(self.Delta) * xi0
-            return X, y, eps, z
-        y = X[rows, eps]
-        return X, y, eps
-
-
-def bayes_posterior(prior: Prior, chi_star: jax.Array) -> jax.Array:
-    """Location posterior ``p_l = softmax_l(log Z(chi*_l))`` for projections ``chi* (..., L, F)``."""
-    return jax.nn.softmax(prior.log_Z(chi_star), axis=-1)
-
-
-def bayes_risk(prior: Prior, L: int, key: Any = 0, n: int = 200_000) -> tuple[jax.Array, jax.Array]:
-    """Monte Carlo Bayes risk ``E_Bayes = 1 - E[p_eps]`` (location 1 by exchangeability) and its standard error."""
-    V.positive_int("L", L, minimum=1)
-    key = V.prng_key(key)
-    k1, k2 = jax.random.split(key)
-    theta = prior.sample(k1, n)
-    zeta = jax.random.normal(k2, (n, L, prior.F))
-    chi = zeta.at[:, 0].add(theta)
-    p1 = bayes_posterior(prior, chi)[:, 0]
-    return 1.0 - jnp.mean(p1), jnp.std(p1) / jnp.sqrt(n)
+        X = X.at[jnp.arange(batch_size), eps].add(signal.astype(X.dtype))
+        return self.target.batch(jax.random.fold_in(k1, 7), X, eps, self.readout)
