@@ -57,7 +57,7 @@ def filter_jit(fn: Callable[..., Any]) -> Callable[..., Any]:
     options = cpu_compiler_options()
     if not options:
         return plain
-    tuned = eqx.filter_jit(fn, compiler_options=options)
+    tuned = eqx.filter_jit(fn, compiler_options=options)  # type: ignore[call-overload]  # passed to jax.jit
 
     @functools.wraps(fn)
     def call(*args, **kwargs):

@@ -175,19 +175,19 @@ def fit_line(
     needs 3)."""
     from scipy import stats
 
-    x, y = np.asarray(x, dtype=float).ravel(), np.asarray(y, dtype=float).ravel()
-    if x.shape != y.shape:
-        raise ValueError(f"x and y must have the same number of points, got {x.size} and {y.size}")
-    ok = np.isfinite(x) & np.isfinite(y)
-    x, y = x[ok], y[ok]
-    n = x.size
-    if n < 2 or np.ptp(x) == 0:
+    xs, ys = np.asarray(x, dtype=float).ravel(), np.asarray(y, dtype=float).ravel()
+    if xs.shape != ys.shape:
+        raise ValueError(f"x and y must have the same number of points, got {xs.size} and {ys.size}")
+    ok = np.isfinite(xs) & np.isfinite(ys)
+    xs, ys = xs[ok], ys[ok]
+    n = xs.size
+    if n < 2 or np.ptp(xs) == 0:
         raise ValueError(f"a line needs at least 2 finite points with distinct x, got {n}")
-    slope, intercept = np.polyfit(x, y, 1)
+    slope, intercept = np.polyfit(xs, ys, 1)
     if n < 3:
         return LineFit(float(slope), float(intercept), float("nan"), (float("nan"), float("nan")), n)
-    resid = y - (slope * x + intercept)
-    se = float(np.sqrt(np.sum(resid**2) / (n - 2) / np.sum((x - x.mean()) ** 2)))
+    resid = ys - (slope * xs + intercept)
+    se = float(np.sqrt(np.sum(resid**2) / (n - 2) / np.sum((xs - xs.mean()) ** 2)))
     q = float(stats.t.ppf(0.5 + level / 2, n - 2))
     return LineFit(float(slope), float(intercept), se, (float(slope - q * se), float(slope + q * se)), n)
 

@@ -45,11 +45,11 @@ def count_compilations() -> Iterator[CompileCount]:
     function, in any thread) made while the block runs."""
     count = CompileCount()
 
-    def listen(event: str, duration: float, **_: object) -> None:
+    def listen(event: str, duration_secs: float, **_: str | int) -> None:
         if event == _EVENT:
             with _LOCK:
                 count.n += 1
-                count.seconds += float(duration)
+                count.seconds += float(duration_secs)
 
     monitoring.register_event_duration_secs_listener(listen)
     try:

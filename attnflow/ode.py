@@ -293,7 +293,7 @@ def integrate(
         lambda t, y, a: field(t, y, eqx.combine(a, static_args)), return_shape=True
     )(t0, y0, dyn_args)
     in_struct = jax.eval_shape(lambda y: y, y0)
-    if jax.tree_util.tree_structure(out_struct) != jax.tree_util.tree_structure(in_struct) or any(
+    if jax.tree_util.tree_structure(out_struct) != jax.tree_util.tree_structure(in_struct) or any(  # type: ignore[operator]
         a.shape != b.shape for a, b in zip(jax.tree_util.tree_leaves(out_struct), jax.tree_util.tree_leaves(in_struct))
     ):
         raise ValueError(f"field returns {out_struct}, which does not match the state {in_struct}")

@@ -55,6 +55,7 @@ def fixed_point(
         raise ValueError(f"solver must be an Optimistix root finder or least-squares solver, got {solver!r}")
     fn = _Residual(field)
     targs = (jnp.asarray(t, dtype=float), as_data(args))
+    sol: Any
     if isinstance(solver, optx.AbstractLeastSquaresSolver):
         sol = optx.least_squares(fn, solver, y_guess, args=targs, max_steps=max_steps, throw=False)
     else:

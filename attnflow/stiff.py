@@ -68,8 +68,8 @@ class PolynomialInterpolation(diffrax.AbstractLocalInterpolation):
     """Dense output as a polynomial in ``theta = (t - t0) / (t1 - t0)``: ``coeffs`` holds, per
     leaf of the state, the coefficients of degree 4 down to 0 (``polyval`` order)."""
 
-    t0: Any
-    t1: Any
+    t0: Any  # type: ignore[misc]  # a field, as in Diffrax's own interpolations
+    t1: Any  # type: ignore[misc]
     coeffs: Any
 
     def evaluate(self, t0, t1=None, left=True):

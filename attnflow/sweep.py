@@ -100,7 +100,7 @@ class SweepResult:
 
     def index(self, **point: Any) -> tuple[int, ...]:
         """Grid index of the point whose coordinates are closest to ``point`` (per named axis)."""
-        idx = []
+        idx: list[Any] = []
         for d in self.dims:
             if d in point:
                 c = self.coords[d]
@@ -483,7 +483,7 @@ def sweep(
             leaves = [np.asarray(x) for x in out_leaves]
             results[i] = leaves
             if out_path is not None:
-                atomic_write(out_path / f"chunk_{i:05d}.npz", lambda f, leaves=leaves: np.savez(f, *leaves))
+                atomic_write(out_path / f"chunk_{i:05d}.npz", functools.partial(_save_leaves, leaves=leaves))
             if bar is not None:
                 bar.update(1)
             if on_chunk is not None:
@@ -493,11 +493,12 @@ def sweep(
             bar.close()
 
     grid_shape = tuple(len(coords[d]) for d in dims)
-    leaves = []
+    gathered: list[Any] = []
     for j in range(len(leaves_struct)):
-        full = (results[0][j] if n_chunks == 1 else np.concatenate([results[i][j] for i in range(n_chunks)]))[:n]
-        leaves.append(jnp.asarray(full.reshape(grid_shape + full.shape[1:])))
-    values, status = jax.tree_util.tree_unflatten(treedef, leaves)
+        done = [r for r in results if r is not None]
+        full = (done[0][j] if n_chunks == 1 else np.concatenate([r[j] for r in done]))[:n]
+        gathered.append(jnp.asarray(full.reshape(grid_shape + full.shape[1:])))
+    values, status = jax.tree_util.tree_unflatten(treedef, gathered)
     info = {
         "n_points": n,
         "chunk_size": chunk_size,
@@ -521,6 +522,10 @@ def sweep(
             text + "; their values are NaN (SweepResult.status, SweepResult.failures())", RuntimeWarning, stacklevel=2
         )
     return result
+
+
+def _save_leaves(f: Any, leaves: list[np.ndarray]) -> None:
+    np.savez(f, *leaves)
 
 
 def _manifest(dims, coords, chunk_size, treedef, leaves_struct, meta, fingerprint):
@@ -624,7 +629,7 @@ def _digest(obj: Any, h: Any, depth: int, seen: set) -> None:
             _digest(obj[k], h, depth + 1, seen)
         return
     leaves, treedef = jax.tree_util.tree_flatten(obj)
-    if treedef.num_leaves == 1 and leaves[0] is obj:  # an opaque object: its type only
+    if treedef.num_leaves == 1 and leaves[0] is obj:  # type: ignore[attr-defined]  # an opaque object: its type only
         h.update(f"<{type(obj).__module__}.{type(obj).__qualname__}>".encode())
         return
     # a pytree (an Equinox module, a Setup): structure, static fields (without memory addresses), leaves

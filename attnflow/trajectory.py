@@ -294,7 +294,7 @@ class Trajectory:
         if self.t_event is not None:
             arrays["__t_event__"] = np.asarray(self.t_event)
         meta = {"attnflow_trajectory": 1, "names": list(self.ys), "meta": self.meta, "versions": versions()}
-        atomic_write(path, lambda f: np.savez(f, **arrays))
+        atomic_write(path, lambda f: np.savez(f, **arrays))  # type: ignore[arg-type]
         atomic_write(path.with_suffix(".json"), lambda f: f.write(strict_json(meta).encode()))
         return path
 
