@@ -44,6 +44,17 @@ def reals(name: str, value: Any) -> np.ndarray:
         raise ValueError(f"{name} must be a real number or array of them, got {show(value)}") from None
 
 
+def floats(name: str, value: Any, dtype: Any = None) -> Any:
+    """``value`` as a JAX array of ``dtype`` (default: JAX's float); traced values pass through
+    converted; anything that is not an array of reals raises ``ValueError`` naming ``name``."""
+    import jax.numpy as jnp
+
+    kind = jnp.result_type(float) if dtype is None else dtype
+    if _is_traced(value):
+        return jnp.asarray(value, dtype=kind)
+    return jnp.asarray(reals(name, value), dtype=kind)
+
+
 def positive(name: str, value: Any) -> None:
     """Raise ``ValueError`` unless every entry of ``value`` is finite and > 0.
 

@@ -92,10 +92,15 @@ def _check_out(out: Path) -> None:
         raise UsageError(f"--out {str(out)!r}: cannot write in {str(parent)!r} (permission denied)")
 
 
+# staging folders made by this process, removed by the error boundary whatever interrupts the run
+_STAGED: list[Path] = []
+
+
 def _staging(out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     stage = out / f".attnflow-tmp-{uuid.uuid4().hex[:8]}"
     stage.mkdir()
+    _STAGED.append(stage)
     return stage
 
 
@@ -103,12 +108,12 @@ def _swap_in(stage: Path, out: Path, names: list[str]) -> None:
     """Move ``stage/NAME`` to ``out/NAME`` for each name (replacing the old folder or file), by renames."""
     trash = out / f".attnflow-old-{uuid.uuid4().hex[:8]}"
     trash.mkdir()
+    _STAGED.append(trash)
     for name in names:
         if (out / name).exists():
             os.replace(out / name, trash / name)
         os.replace(stage / name, out / name)
-    shutil.rmtree(trash, ignore_errors=True)
-    shutil.rmtree(stage, ignore_errors=True)
+    _cleanup()
 
 
 def _run_one(exp, overrides, stage: Path, quiet: bool) -> dict:
@@ -142,19 +147,17 @@ def _one_line(err: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    stage: Path | None = None
     try:
-        code, stage = _main(args)
-        return code
+        return _main(args)
     except KeyboardInterrupt:
         print("attnflow: interrupted; --out is unchanged", file=sys.stderr, flush=True)
-        _cleanup(stage)
+        _cleanup()
         # skip interpreter finalisation: XLA's threads may still hold work (a segfault risk)
         sys.stderr.flush()
         sys.stdout.flush()
         os._exit(EXIT_INTERRUPTED)
     except Exception as err:  # the one error boundary of the command
-        _cleanup(stage)
+        _cleanup()
         if getattr(args, "debug", False):
             raise
         from .ode import DivergenceError, MaxStepsError
@@ -183,12 +186,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED if failed else EXIT_BAD_INPUT
 
 
-def _cleanup(stage: Path | None) -> None:
-    if stage is not None:
-        shutil.rmtree(stage, ignore_errors=True)
+def _cleanup() -> None:
+    while _STAGED:
+        shutil.rmtree(_STAGED.pop(), ignore_errors=True)
 
 
-def _main(args) -> tuple[int, Path | None]:
+def _main(args) -> int:
     if getattr(args, "cpu_devices", None) is not None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         if args.cpu_devices < 1 or args.cpu_devices > cores:
@@ -211,15 +214,15 @@ def _main(args) -> tuple[int, Path | None]:
         folder = cache_dir()
         if folder is None:
             print("compilation cache: off ($ATTNFLOW_CACHE)")
-            return EXIT_OK, None
+            return EXIT_OK
         if args.clear:
             print(f"compilation cache {folder}: removed {clear_compilation_cache(folder)} file(s)")
-            return EXIT_OK, None
+            return EXIT_OK
         files = [p for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else []
         print(
             f"compilation cache {folder}: {len(files)} file(s), {sum(p.stat().st_size for p in files) / 2**20:.1f} MiB"
         )
-        return EXIT_OK, None
+        return EXIT_OK
     from .ode import enable_x64
     from .registry import get_experiment, headline, load_all
     from .report import config_from
@@ -231,14 +234,14 @@ def _main(args) -> tuple[int, Path | None]:
             mark = "*" if e.headline else " "
             print(f"{mark} {e.name:28s} [{e.package}] {e.description}")
         print("(* = headline experiment, run by `attnflow reproduce`; `attnflow show NAME` lists its options)")
-        return EXIT_OK, None
+        return EXIT_OK
     if args.command == "show":
         load_all()
         exp = get_experiment(args.name)
         print(f"{exp.name} [{exp.package}]: {exp.description}")
         for key, (tp, default) in exp.options().items():
             print(f"  --set {key}=...   {tp}, default {default!r}")
-        return EXIT_OK, None
+        return EXIT_OK
     out = Path(args.out)
     if args.command == "run":
         load_all()
@@ -251,7 +254,7 @@ def _main(args) -> tuple[int, Path | None]:
         _swap_in(stage, out, [exp.name])
         if not args.quiet:
             print(f"[attnflow] {exp.name} -> {out / exp.name}", file=sys.stderr)
-        return (EXIT_OK if res["passed"] else EXIT_FAILED), None
+        return EXIT_OK if res["passed"] else EXIT_FAILED
     exps = list(load_all().values()) if args.all else headline()
     _check_out(out)
     stage = _staging(out)
@@ -264,7 +267,7 @@ def _main(args) -> tuple[int, Path | None]:
         f"[attnflow] {len(results)} experiment(s), {sum(r['passed'] for r in results)} passed their checks, "
         f"{total:.1f} s; summary in {out / 'summary.md'}"
     )
-    return (EXIT_OK if all(r["passed"] for r in results) else EXIT_FAILED), None
+    return EXIT_OK if all(r["passed"] for r in results) else EXIT_FAILED
 
 
 def _write_index(folder: Path, results: list[dict], total: float) -> None:

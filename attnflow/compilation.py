@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from jax import monitoring
 
@@ -33,10 +34,19 @@ _LOCK = threading.Lock()
 @dataclass
 class CompileCount:
     """XLA compilations seen inside a `count_compilations` block: ``n`` and their total
-    ``seconds`` (backend compilation only, without tracing and lowering)."""
+    ``seconds`` (backend compilation only, without tracing and lowering), and ``by_name``, how
+    many times each program (named after its jitted function, or the primitive of an eager
+    operation) was compiled."""
 
     n: int = 0
     seconds: float = 0.0
+    by_name: Counter[str] = field(default_factory=Counter)
+
+    def repeated(self, min_count: int = 2) -> dict[str, int]:
+        """Programs compiled at least ``min_count`` times: the same function traced again for a new
+        static value or shape (a Python loop that could be a sweep), or distinct programs sharing
+        a name."""
+        return {name: k for name, k in sorted(self.by_name.items()) if k >= min_count}
 
 
 @contextlib.contextmanager
@@ -45,11 +55,12 @@ def count_compilations() -> Iterator[CompileCount]:
     function, in any thread) made while the block runs."""
     count = CompileCount()
 
-    def listen(event: str, duration_secs: float, **_: str | int) -> None:
+    def listen(event: str, duration_secs: float, **kwargs: str | int) -> None:
         if event == _EVENT:
             with _LOCK:
                 count.n += 1
                 count.seconds += float(duration_secs)
+                count.by_name[str(kwargs.get("fun_name", "?"))] += 1
 
     monitoring.register_event_duration_secs_listener(listen)
     try:

@@ -57,7 +57,7 @@ class Report:
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     checks: dict[str, tuple[float, float]] = field(default_factory=dict)
-    compilations: dict[str, float] = field(default_factory=dict)
+    compilations: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if dataclasses.is_dataclass(self.config) and not isinstance(self.config, type):
@@ -110,6 +110,13 @@ class Report:
                 f"XLA compilations: {int(self.compilations['count'])}, "
                 f"{self.compilations['seconds']:.2f} s of backend compile time."
             )
+            repeated = self.compilations.get("repeated") or {}
+            if repeated:
+                lines.append(
+                    "Compiled more than once (same name: new shapes, static values, or distinct programs): "
+                    + ", ".join(f"{k} x{v}" for k, v in repeated.items())
+                    + "."
+                )
             lines.append("")
         for n in self.notes:
             lines.append(f"- {n}")
@@ -172,7 +179,12 @@ class Experiment:
         with count_compilations() as compiled:
             report = self.fn(config, quiet)
         report.timings.setdefault("total", time.perf_counter() - t0)
-        report.compilations = {"count": compiled.n, "seconds": compiled.seconds}
+        report.compilations = {
+            "count": compiled.n,
+            "seconds": compiled.seconds,
+            "programs": len(compiled.by_name),
+            "repeated": compiled.repeated(),
+        }
         return report
 
 

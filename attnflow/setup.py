@@ -34,16 +34,10 @@ def array_field(name: str, default: Any, dtype: Any = None) -> Any:
     """A ``Setup`` field holding an array of reals (a number, a vector, ...): values are converted
     to JAX arrays of ``dtype`` (default: JAX's float) on construction, so they are data, never
     static; a value that is not an array of reals raises ``ValueError`` naming the field."""
-    import jax
-    import jax.numpy as jnp
-
     from . import _validate as V
 
     def convert(x: Any) -> Any:
-        kind = jnp.result_type(float) if dtype is None else dtype
-        if isinstance(x, jax.core.Tracer):
-            return jnp.asarray(x, dtype=kind)
-        return jnp.asarray(V.reals(name, x), dtype=kind)
+        return V.floats(name, x, dtype)
 
     return eqx.field(converter=convert, default=default)
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import attnflow as af
 from attnflow import deeplinear as dl
-from attnflow import focus, qkov
+from attnflow import focus, heads, qkov
 
 BAD = st.one_of(
     st.sampled_from(
@@ -195,6 +195,24 @@ CONSTRUCTORS_THEORIES = {
     "focus.MarkovChain.P": (lambda v: focus.MarkovChain(focus.SYNTHETIC_PI, v), "P"),
     "focus.MarkovChain.lazy.lam": (lambda v: focus.MarkovChain.lazy(focus.SYNTHETIC_PI, v), "lam"),
     "focus.perturbed_pi.delta": (lambda v: focus.perturbed_pi(0.75, 4, v), "delta"),
+    "heads.Setup.eta": (lambda v: heads.Setup(eta=v), "eta"),
+    "heads.Setup.eta_b": (lambda v: heads.Setup(eta_b=v), "eta_b"),
+    "heads.Setup.weight_decay": (lambda v: heads.Setup(weight_decay=v), "weight_decay"),
+    "heads.Setup.L": (lambda v: heads.Setup(L=v), "L"),
+    "heads.Setup.H": (lambda v: heads.Setup(H=v), "H"),
+    "heads.Setup.minibatch": (lambda v: heads.Setup(minibatch=v), "minibatch"),
+    "heads.Setup.prior": (lambda v: heads.Setup(prior=v), "prior"),
+    "heads.Setup.activation": (lambda v: heads.Setup(activation=v), "activation"),
+    "heads.FlippedSpike.s": (lambda v: heads.FlippedSpike(v), "s"),
+    "heads.FlippedSpike.p": (lambda v: heads.FlippedSpike(2.0, v), "p"),
+    "heads.Discrete.points": (lambda v: heads.Discrete(v), "points"),
+    "heads.Discrete.weights": (lambda v: heads.Discrete([1.0, -1.0], v), "weights"),
+    "heads.BayesSoftmax.b": (lambda v: heads.BayesSoftmax(v), "b"),
+    "heads.Softmax1.b": (lambda v: heads.Softmax1(b=v), "b"),
+    "heads.FiniteDDraw.sigma0": (lambda v: heads.FiniteDDraw(sigma0=v), "sigma0"),
+    "heads.FiniteDDraw.D": (lambda v: heads.FiniteDDraw(D=v), "D"),
+    "heads.FiniteDDraw.seed": (lambda v: heads.FiniteDDraw(seed=v), "seed"),
+    "heads.MultiHead.K": (lambda v: heads.MultiHead(v, heads.Softmax()), "K"),
 }
 
 VERBS_THEORIES = {
@@ -216,6 +234,16 @@ VERBS_THEORIES = {
     "focus.train.batch": (lambda v: focus.train(focus.Setup(m=4, mk=4), 0.1, batch=v, save=af.LinearGrid(2)), "batch"),
     "focus.train.dt": (lambda v: focus.train(focus.Setup(m=4, mk=4), 0.1, dt=v, save=af.LinearGrid(2)), "dt"),
     "focus.init_theta.eps": (lambda v: focus.init_theta(0, 4, 4, 4, v), "eps"),
+    "heads.solve.t1": (lambda v: heads.solve(heads.Setup(), v, save=af.LinearGrid(2)), "t1"),
+    "heads.train.t1": (lambda v: heads.train(heads.Setup(), v, D=50, save=af.LinearGrid(2)), "t1"),
+    "heads.train.D": (lambda v: heads.train(heads.Setup(), 0.1, D=v, save=af.LinearGrid(2)), "D"),
+    "heads.train.key": (lambda v: heads.train(heads.Setup(), 0.1, D=50, key=v, save=af.LinearGrid(2)), "key"),
+    "heads.train.eval_samples": (
+        lambda v: heads.train(heads.Setup(), 0.1, D=50, eval_samples=v, save=af.LinearGrid(2)),
+        "eval_samples",
+    ),
+    "heads.bayes_risk.n": (lambda v: heads.bayes_risk(heads.FlippedSpike(2.0), 4, n=v), "n"),
+    "heads.bayes_risk.L": (lambda v: heads.bayes_risk(heads.FlippedSpike(2.0), v, n=100), "L"),
 }
 
 

@@ -75,10 +75,13 @@ class FlippedSpike(Prior):
     symmetric: bool = eqx.field(static=True)
 
     def __init__(self, s: Any, p: Any = 0.5):
+        s, p = V.floats("s (signal strength)", s), V.floats("p", p)
+        if s.ndim or p.ndim:
+            raise ValueError(f"s and p must be scalars, got shapes {s.shape} and {p.shape}")
         V.positive("s (signal strength)", s)
         if not V.any_traced(p) and not 0.0 <= float(p) <= 1.0:
-            raise ValueError(f"p must be a probability in [0, 1], got {p!r}")
-        self.s, self.p = jnp.asarray(s, dtype=float), jnp.asarray(p, dtype=float)
+            raise ValueError(f"p must be a probability in [0, 1], got {V.show(p)}")
+        self.s, self.p = s, p
         self.symmetric = not V.any_traced(p) and float(p) == 0.5
 
     @property
@@ -109,7 +112,7 @@ class AnisotropicGaussian(Prior):
     symmetric: bool = eqx.field(static=True)
 
     def __init__(self, mean: Any, variances: Any):
-        mean, variances = jnp.asarray(mean, dtype=float), jnp.asarray(variances, dtype=float)
+        mean, variances = V.floats("mean", mean), V.floats("variances", variances)
         if mean.ndim != 1 or variances.shape != mean.shape:
             raise ValueError(f"mean and variances must be 1-D of equal length, got {mean.shape} and {variances.shape}")
         V.finite_tree("mean", mean)
@@ -144,13 +147,15 @@ class Discrete(Prior):
     symmetric: bool = eqx.field(static=True)
 
     def __init__(self, points: Any, weights: Any = None):
-        points = jnp.asarray(points, dtype=float)
+        points = V.floats("points", points)
+        if points.size == 0:
+            raise ValueError("points must hold at least one point, got an empty array")
         if points.ndim == 1:
             points = points[None]
         if points.ndim != 2:
             raise ValueError(f"points must have shape (J, F), got {points.shape}")
         J = points.shape[0]
-        weights = jnp.full(J, 1.0 / J) if weights is None else jnp.asarray(weights, dtype=float)
+        weights = jnp.full(J, 1.0 / J) if weights is None else V.floats("weights", weights)
         if weights.shape != (J,):
             raise ValueError(f"weights must have shape ({J},), got {weights.shape}")
         V.finite_tree("points", points)
@@ -254,7 +259,7 @@ class ScalarTarget(Target):
     (equation (9)).
     """
 
-    Delta: jax.Array = eqx.field(converter=lambda x: jnp.asarray(x, dtype=float), default=0.0)
+    Delta: jax.Array = eqx.field(converter=lambda x: V.floats("Delta", x), default=0.0)
 
     def __check_init__(self):
         V.nonnegative("Delta (label noise variance)", self.Delta)

@@ -101,7 +101,7 @@ class Softmax1(Activation):
     def __init__(
         self, b: Any = 0.0, c: Any = 1.0, learn_b: bool = True, learn_c: bool = True, per_head: int | None = None
     ):
-        b, c = jnp.asarray(b, dtype=float), jnp.asarray(c, dtype=float)
+        b, c = V.floats("b", b), V.floats("c", c)
         V.finite_tree("b", b)
         V.positive("c", c)
         if per_head is not None:
@@ -148,9 +148,9 @@ class BayesSoftmax(Activation):
     learn_b: bool = eqx.field(static=True)
 
     def __init__(self, b: Any, learn_b: bool = True):
-        b = jnp.asarray(b, dtype=float)
+        b = V.floats("b", b)
         if b.ndim != 1:
-            raise ValueError(f"BayesSoftmax needs one bias per head (shape (H,)), got shape {b.shape}")
+            raise ValueError(f"BayesSoftmax b needs one bias per head (shape (H,)), got shape {b.shape}")
         V.finite_tree("b", b)
         self.b, self.learn_b = b, bool(learn_b)
 
@@ -184,7 +184,9 @@ class MultiHead(eqx.Module):
     activation: Activation
 
     def __init__(self, K: Any, activation: Activation):
-        K = jnp.asarray(K)
+        # keys keep a floating dtype they come with (float32 SGD under x64), anything else becomes float
+        floating = hasattr(K, "dtype") and jnp.issubdtype(K.dtype, jnp.floating)
+        K = V.floats("K", K, dtype=K.dtype if floating else None)
         if K.ndim != 2 or K.shape[0] < 1:
             raise ValueError(f"K must have shape (H >= 1, D), got {K.shape}")
         if not isinstance(activation, Activation):

@@ -11,6 +11,7 @@ so theory and simulation start at the same point.
 from __future__ import annotations
 
 import abc
+import dataclasses
 from typing import Any
 
 import equinox as eqx
@@ -19,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _validate as V
-from ..setup import AbstractSetup
+from ..setup import AbstractSetup, array_field
 from .data import FlippedSpike, Prior, Target, TokenTarget
 from .model import Activation, Softmax
 
@@ -55,15 +56,11 @@ INIT_SEED = 0
 """Seed of the reference initial draw."""
 
 
-def _floats(x: Any) -> jax.Array:
-    return jnp.asarray(x, dtype=jnp.result_type(float))
-
-
-def _optional_floats(x: Any) -> jax.Array | None:
-    return None if x is None else _floats(x)
-
-
 def _seed(x: Any) -> jax.Array:
+    if not V.any_traced(x):
+        v = V.reals("seed", x)
+        if not np.all(np.isfinite(v)) or not np.all(v == np.round(v)) or np.any(np.abs(v) > 2**31 - 1):
+            raise ValueError(f"seed must be an integer (int32), got {V.show(x)}")
     return jnp.asarray(x, dtype=jnp.int32)
 
 
@@ -177,8 +174,8 @@ class FiniteDDraw(InitialCondition):
     """The overlaps of keys ``k_h ~ N(0, sigma0^2 I_D)`` drawn from ``seed`` (`from_finite_D`).
     Every field is an array: ``sigma0``, ``D`` and ``seed`` can be sweep axes."""
 
-    sigma0: jax.Array = eqx.field(converter=_floats, default=REFERENCE_SIGMA0)
-    D: jax.Array = eqx.field(converter=_floats, default=REFERENCE_D)
+    sigma0: jax.Array = array_field("sigma0", REFERENCE_SIGMA0)
+    D: jax.Array = array_field("D", REFERENCE_D)
     seed: jax.Array = eqx.field(converter=_seed, default=INIT_SEED)
 
     def overlaps(self, H, F):
@@ -193,8 +190,8 @@ class FiniteDDraw(InitialCondition):
 class Overlaps(InitialCondition):
     """Explicit initial overlaps ``M (H, F)`` and ``Q (H, H)`` (``Q - M M^T`` positive semidefinite)."""
 
-    M: jax.Array = eqx.field(converter=_floats)
-    Q: jax.Array = eqx.field(converter=_floats)
+    M: jax.Array = array_field("M", dataclasses.MISSING)
+    Q: jax.Array = array_field("Q", dataclasses.MISSING)
 
     def overlaps(self, H, F):
         return self.M, self.Q
@@ -208,11 +205,13 @@ class SymmetricSeed(InitialCondition):
     `symmetric_seed` along ``direction`` (default the first feature; normalised). ``kappa`` and
     ``D`` are arrays (sweep axes)."""
 
-    M_bar: jax.Array = eqx.field(converter=_floats)
-    Q_bar: jax.Array = eqx.field(converter=_floats)
-    kappa: jax.Array = eqx.field(converter=_floats, default=1.0)
-    D: jax.Array = eqx.field(converter=_floats, default=REFERENCE_D)
-    direction: jax.Array | None = eqx.field(converter=_optional_floats, default=None)
+    M_bar: jax.Array = array_field("M_bar", dataclasses.MISSING)
+    Q_bar: jax.Array = array_field("Q_bar", dataclasses.MISSING)
+    kappa: jax.Array = array_field("kappa", 1.0)
+    D: jax.Array = array_field("D", REFERENCE_D)
+    direction: jax.Array | None = eqx.field(
+        converter=lambda x: None if x is None else V.floats("direction", x), default=None
+    )
 
     def overlaps(self, H, F):
         return symmetric_seed(self.M_bar, self.Q_bar, self.kappa, self.D, self.direction)
@@ -246,9 +245,9 @@ class Setup(AbstractSetup):
 
     prior: Prior = eqx.field(default_factory=lambda: FlippedSpike(REFERENCE_SIGNAL, 0.5))
     activation: Activation = eqx.field(default_factory=Softmax)
-    eta: jax.Array = eqx.field(converter=_floats, default=REFERENCE_ETA)
-    eta_b: jax.Array | None = eqx.field(converter=_optional_floats, default=None)
-    weight_decay: jax.Array = eqx.field(converter=_floats, default=0.0)
+    eta: jax.Array = array_field("eta", REFERENCE_ETA)
+    eta_b: jax.Array | None = eqx.field(converter=lambda x: None if x is None else V.floats("eta_b", x), default=None)
+    weight_decay: jax.Array = array_field("weight_decay", 0.0)
     target: Target = eqx.field(default_factory=TokenTarget)
     init: InitialCondition = eqx.field(default_factory=FiniteDDraw)
     L: int = eqx.field(static=True, default=4)
