@@ -50,11 +50,6 @@ def _log1p10(t):
     return np.log10(1.0 + np.asarray(t))
 
 
-def _in_tau(traj: Trajectory, setup: Setup) -> Trajectory:
-    """``traj`` on the authors' clock ``tau = t min(eta)`` (for figures comparable with theirs)."""
-    return Trajectory(to_tau(traj.ts, setup), traj.ys)
-
-
 # =============================================================================== qkov-reduced
 @dataclass(frozen=True)
 class ReducedConfig:
@@ -99,41 +94,52 @@ def _reduced_setup(cfg: ReducedConfig, r) -> Setup:
 def qkov_reduced(cfg: ReducedConfig, quiet: bool) -> Report:
     rep = Report("qkov-reduced", cfg)
     ratios = np.asarray(cfg.ratios, dtype=float)
-    setups = [_reduced_setup(cfg, r) for r in ratios]
     if cfg.parametrisation != "CACO":
         rep.notes.append(
             f"{cfg.parametrisation} starts at mu = {cfg.mu0:g} on its factorised circuits (W = 0 is stationary there)."
         )
+    # log-spaced loss thresholds for the fixed-loss states; a few of them are also reached by
+    # event-terminated integration, to check the fixed-loss solver
+    thresholds = np.geomspace(1.0, cfg.loss_target, cfg.n_thresholds)
+    probe = thresholds[:: max(1, len(thresholds) // 5)]
+    targets = np.concatenate([[cfg.loss_target], probe])  # targets[0]: the authors' protocol
 
-    def run(r):  # the authors' protocol in time t: horizon 5e7 in tau, stop at the loss target
+    def point(r, L):
+        # one program for the whole experiment: a sweep over (r, L) whose nested vmap computes
+        # what depends on r only (authors' RK4, states at all thresholds) once per ratio
         s = _reduced_setup(cfg, r)
-        return solve(s, from_tau(PAPER_HORIZON_TAU, s), loss_target=cfg.loss_target)
+        tr = solve(s, from_tau(PAPER_HORIZON_TAU, s), loss_target=L)  # horizon 5e7 in tau, stop at L
+        rk = authors_rk4(s, loss_target=cfg.loss_target)
+        return {
+            "adaptive": tr,
+            "rk4": rk,
+            "tau": to_tau(tr.ts, s),
+            "rk4_tau": to_tau(rk.ts, s),
+            "tau_end": to_tau(tr.t_event, s),
+            "rk4_tau_end": to_tau(rk.t_event, s),
+            "first_integral": jnp.max(jnp.abs(first_integral({"mu_ov": tr["mu_ov"], "mu_qk": tr["mu_qk"]}, s))),
+            "at_L": state_at_loss(s, L),
+            "fixed": state_at_loss(s, thresholds),
+        }
 
     with Timer() as tm:
-        res = sweep(run, {"r": ratios}, progress=not quiet)
-    rep.timings["adaptive solve, all ratios (one compiled call)"] = tm.seconds
-    trajs = {f"r={r:g}": res.values.batch(i) for i, r in enumerate(ratios)}
-    t_event = np.asarray(res.values.t_event)
-
-    fi = 0.0
-    for i, (s, tr) in enumerate(zip(setups, trajs.values(), strict=True)):
-        fi = max(fi, float(jnp.max(jnp.abs(first_integral({"mu_ov": tr["mu_ov"], "mu_qk": tr["mu_qk"]}, s)))))
-        f = tr.final()
-        rep.summary[f"r={ratios[i]:g}: t_end, tau_end"] = [float(t_event[i]), float(to_tau(t_event[i], s))]
-        rep.summary[f"r={ratios[i]:g}: final (mu_OV, mu_QK, alpha)"] = [
-            float(f[k]) for k in ("mu_ov", "mu_qk", "alpha")
-        ]
-    rep.check("first integral residual along all trajectories (max abs)", fi, 1e-7)
-
-    with Timer() as tm:
-        rk = sweep(
-            lambda r: authors_rk4(_reduced_setup(cfg, r), loss_target=cfg.loss_target), {"r": ratios}, progress=False
-        )
-    rep.timings["authors' RK4, all ratios (one compiled call)"] = tm.seconds
-    rk_gap = max(
-        abs(float(rk.values.batch(i).final()["mu_ov"]) - float(tr.final()["mu_ov"])) / float(tr.final()["mu_ov"])
-        for i, tr in enumerate(trajs.values())
+        res = sweep(point, {"r": ratios, "L": targets}, progress=not quiet)
+    rep.timings["adaptive solves, authors' RK4, fixed-loss solver: all ratios and targets (one compiled call)"] = (
+        tm.seconds
     )
+    out = jax.tree_util.tree_map(np.asarray, res.values)  # numpy from here on: the checks compile nothing
+    ad, rk = out["adaptive"], out["rk4"]
+    names = [f"r={r:g}" for r in ratios]
+    trajs = {name: ad.batch((i, 0)) for i, name in enumerate(names)}
+    final = {k: ad.ys[k][:, 0, -1] for k in ("mu_ov", "mu_qk", "alpha")}
+    for i, name in enumerate(names):
+        rep.summary[f"{name}: t_end, tau_end"] = [float(ad.t_event[i, 0]), float(out["tau_end"][i, 0])]
+        rep.summary[f"{name}: final (mu_OV, mu_QK, alpha)"] = [float(final[k][i]) for k in ("mu_ov", "mu_qk", "alpha")]
+    rep.check(
+        "first integral residual along all trajectories (max abs)", float(np.max(out["first_integral"][:, 0])), 1e-7
+    )
+    rk_ov = rk.ys["mu_ov"][:, 0, -1]
+    rk_gap = float(np.max(np.abs(rk_ov - final["mu_ov"]) / final["mu_ov"]))
     rep.check("authors' RK4 vs adaptive, final mu_OV (max rel. difference)", rk_gap, 1e-3)
 
     i_ref = int(np.argmin(np.abs(ratios - 0.01)))
@@ -144,58 +150,43 @@ def qkov_reduced(cfg: ReducedConfig, quiet: bool) -> Report:
         and (cfg.m, cfg.n, cfg.b, cfg.M, cfg.eta_ov, cfg.loss_target) == (5, 50, 50, 20, 1.0, 1e-4)
     )
     if reference:
-        s_ref = setups[i_ref]
 
-        def worst(state, t_end):
+        def worst(state, tau_end):
             errs = (
                 []
-                if t_end is None
-                else [
-                    abs(float(f"{float(to_tau(t_end, s_ref)):.3g}") - REFERENCE_R001["tau_end"])
-                    / REFERENCE_R001["tau_end"]
-                ]
+                if tau_end is None
+                else [abs(float(f"{float(tau_end):.3g}") - REFERENCE_R001["tau_end"]) / REFERENCE_R001["tau_end"]]
             )
             errs += [abs(round(float(state[k]), 3) - REFERENCE_R001[k]) for k in ("mu_ov", "mu_qk", "alpha")]
             return max(errs)
 
-        ad, rk_ref = trajs[f"r={ratios[i_ref]:g}"], rk.values.batch(i_ref)
-        fl = state_at_loss(s_ref, cfg.loss_target)
+        ref = {
+            "adaptive": ({k: ad.ys[k][i_ref, 0, -1] for k in final}, out["tau_end"][i_ref, 0]),
+            "authors' RK4": ({k: rk.ys[k][i_ref, 0, -1] for k in final}, out["rk4_tau_end"][i_ref, 0]),
+        }
+        fl = {k: out["at_L"][k][i_ref, 0] for k in final}  # the fixed-loss solver at the loss target
         rep.check(
             "reference r = 0.01 (tau_end 2.55e6, mu_OV 81.669, mu_QK 0.559, alpha 0.149), adaptive: "
             "error after rounding to the printed digits",
-            worst(ad.final(), t_event[i_ref]),
+            worst(*ref["adaptive"]),
             0.0,
         )
-        rep.check("reference r = 0.01, authors' RK4 (error after rounding)", worst(rk_ref.final(), rk_ref.t_event), 0.0)
+        rep.check("reference r = 0.01, authors' RK4 (error after rounding)", worst(*ref["authors' RK4"]), 0.0)
         rep.check("reference r = 0.01, fixed-loss solver (error after rounding)", worst(fl, None), 0.0)
-        for name, tr in (("adaptive", ad), ("authors' RK4", rk_ref)):
-            rep.summary[f"r=0.01 {name}: tau_end, mu_OV, mu_QK, alpha"] = [float(to_tau(tr.t_event, s_ref))] + [
-                float(tr.final()[k]) for k in ("mu_ov", "mu_qk", "alpha")
+        for name, (state, tau_end) in ref.items():
+            rep.summary[f"r=0.01 {name}: tau_end, mu_OV, mu_QK, alpha"] = [float(tau_end)] + [
+                float(state[k]) for k in ("mu_ov", "mu_qk", "alpha")
             ]
 
-    # state at log-spaced loss thresholds: the fixed-loss solver, all ratios at once
-    thresholds = np.geomspace(1.0, cfg.loss_target, cfg.n_thresholds)
-    with Timer() as tm:
-        fixed = sweep(
-            lambda r, L: state_at_loss(_reduced_setup(cfg, r), L), {"r": ratios, "L": thresholds}, progress=False
-        )
-    rep.timings["fixed-loss solver, ratios x thresholds"] = tm.seconds
-    probe = thresholds[:: max(1, len(thresholds) // 5)]
-
-    def event_state(r, L):
-        s = _reduced_setup(cfg, r)
-        return solve(s, from_tau(PAPER_HORIZON_TAU, s), loss_target=L, save=LinearGrid(2)).final()
-
-    ev = sweep(event_state, {"r": ratios, "L": probe}, progress=False)
-    i_probe = [int(np.argmin(np.abs(thresholds - L))) for L in probe]
-    err = max(
-        float(jnp.max(jnp.abs(ev.values[k] - fixed.values[k][:, i_probe]) / jnp.abs(fixed.values[k][:, i_probe])))
-        for k in ("mu_ov", "mu_qk", "alpha")
-        if float(jnp.min(jnp.abs(fixed.values[k][:, i_probe]))) > 0
-    )
+    # state at log-spaced loss thresholds (the fixed-loss solver) against event-terminated
+    # integration to a few of them
+    fixed = {k: out["fixed"][k][:, 0] for k in final}  # (ratio, threshold)
+    ev = {k: ad.ys[k][:, 1:, -1] for k in final}
+    at = {k: out["at_L"][k][:, 1:] for k in final}
+    err = max(float(np.max(np.abs(ev[k] - at[k]) / np.abs(at[k]))) for k in final if float(np.min(np.abs(at[k]))) > 0)
     rep.check("fixed-loss solver vs event-terminated integration (max rel. error)", err, 1e-6)
-    d_alpha = np.diff(np.asarray(fixed.values["alpha"]), axis=0)
-    d_ov = np.diff(np.asarray(fixed.values["mu_ov"]), axis=0)
+    d_alpha = np.diff(fixed["alpha"], axis=0)
+    d_ov = np.diff(fixed["mu_ov"], axis=0)
     rep.summary["fixed loss: alpha increasing in r at every threshold"] = bool(np.all(d_alpha > 0))
     rep.summary["fixed loss: mu_OV decreasing in r at every threshold"] = bool(np.all(d_ov < 0))
     rep.check(
@@ -206,7 +197,8 @@ def qkov_reduced(cfg: ReducedConfig, quiet: bool) -> Report:
 
     for name, tr in trajs.items():
         rep.trajectories[f"reduced_{name}"] = tr
-    in_tau = {name: _in_tau(tr, s) for (name, tr), s in zip(trajs.items(), setups, strict=True)}
+    # on the authors' clock tau = t min(eta), for figures comparable with theirs
+    in_tau = {name: Trajectory(out["tau"][i, 0], tr.ys) for i, (name, tr) in enumerate(trajs.items())}
     rep.figures["reduced_dynamics"] = family(
         in_tau,
         ["mu_ov", "mu_qk", "alpha", "loss"],
@@ -219,8 +211,8 @@ def qkov_reduced(cfg: ReducedConfig, quiet: bool) -> Report:
     )
     # a Trajectory needs increasing "times": thresholds ascending, axis inverted below
     fixed_trajs = {
-        f"r={r:g}": Trajectory(thresholds[::-1], {k: fixed.values[k][i][::-1] for k in ("mu_ov", "mu_qk", "alpha")})
-        for i, r in enumerate(ratios)
+        name: Trajectory(thresholds[::-1], {k: fixed[k][i][::-1] for k in ("mu_ov", "mu_qk", "alpha")})
+        for i, name in enumerate(names)
     }
     fig = family(
         fixed_trajs,
@@ -236,10 +228,9 @@ def qkov_reduced(cfg: ReducedConfig, quiet: bool) -> Report:
         if ax.get_visible():
             ax.invert_xaxis()
     rep.figures["state_at_fixed_loss"] = fig
-    s0 = setups[i_ref]
     rep.figures["rk4_vs_adaptive"] = overlay(
-        _in_tau(trajs[f"r={ratios[i_ref]:g}"], s0),
-        _in_tau(rk.values.batch(i_ref), s0),
+        in_tau[names[i_ref]],
+        Trajectory(out["rk4_tau"][i_ref, 0], rk.batch((i_ref, 0)).ys),
         ["mu_ov", "mu_qk", "alpha", "loss"],
         log_time=True,
         log_y=("loss",),
