@@ -14,6 +14,7 @@ experiment folders and its index ``OUT/summary.md`` / ``OUT/summary.json`` toget
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -24,6 +25,7 @@ from pathlib import Path
 from . import __version__
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+SWEEPS = ".attnflow-sweeps"  # OUT/SWEEPS/NAME/sweep-k: the chunks of a sharded run's sweeps, kept between runs
 
 
 class UsageError(ValueError):
@@ -71,6 +73,19 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run one experiment")
     r.add_argument("name")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override an option (typed, JSON)")
+    r.add_argument(
+        "--shard",
+        default=None,
+        metavar="I/N",
+        help=f"compute only shard I of N of every sweep the experiment runs, saved in OUT/{SWEEPS}/NAME "
+        "(one task of a Slurm job array); stops at the first sweep whose other shards are not done",
+    )
+    r.add_argument(
+        "--merge",
+        action="store_true",
+        help=f"finish the experiment from the chunks the shards saved in OUT/{SWEEPS}/NAME (computing what is "
+        "missing) and write its report",
+    )
     _common(r)
     rp = sub.add_parser("reproduce", help="run the headline experiment of each package")
     rp.add_argument("--all", action="store_true", help="run every registered experiment")
@@ -78,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("cache", help="where the compilation cache is, its size; --clear empties it")
     c.add_argument("--clear", action="store_true", help="delete the cached compiled programs")
     c.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    ct = sub.add_parser("cite", help="BibTeX for an experiment, a package, or (no name) everything reproduce uses")
+    ct.add_argument("name", nargs="?", default=None, help="experiment (qkov-reduced) or package (qkov)")
+    ct.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     return p
 
 
@@ -210,6 +228,11 @@ def _main(args) -> int:
         os.environ[DATA_ENV] = str(Path(args.data_dir).resolve())  # read by attnflow.data_path
     from .cache import cache_dir, clear_compilation_cache, use_compilation_cache
 
+    if args.command == "cite":
+        from .citations import bibtex, keys_for
+
+        print(bibtex(keys_for(args.name)), end="")
+        return EXIT_OK
     if args.command == "cache":
         folder = cache_dir()
         if folder is None:
@@ -244,13 +267,23 @@ def _main(args) -> int:
         return EXIT_OK
     out = Path(args.out)
     if args.command == "run":
+        shard = _parse_shard(args.shard, args.merge)
         load_all()
         exp = get_experiment(args.name)
         overrides = _parse_sets(args.set)
-        config_from(exp.config, overrides, exp.name)  # every option checked before computing
+        config = config_from(exp.config, overrides, exp.name)  # every option checked before computing
         _check_out(out)
+        sweeps = out / SWEEPS / exp.name  # outside the staging folder: it outlives each run
+        if args.merge and not sweeps.is_dir():
+            raise UsageError(
+                f"--merge: {str(sweeps)!r} holds no shard output; run the shards first "
+                f"(attnflow run {exp.name} --shard I/N --out {out})"
+            )
+        if shard is not None:
+            return _run_shard(exp, overrides, config, shard, sweeps, args)
         stage = _staging(out)
-        res = _run_one(exp, overrides, stage, args.quiet)
+        with _sweeps_in(sweeps, exp.name, config) if args.merge else contextlib.nullcontext():
+            res = _run_one(exp, overrides, stage, args.quiet)
         _swap_in(stage, out, [exp.name])
         if not args.quiet:
             print(f"[attnflow] {exp.name} -> {out / exp.name}", file=sys.stderr)
@@ -268,6 +301,65 @@ def _main(args) -> int:
         f"{total:.1f} s; summary in {out / 'summary.md'}"
     )
     return EXIT_OK if all(r["passed"] for r in results) else EXIT_FAILED
+
+
+def _parse_shard(text: str | None, merge: bool):
+    """``--shard I/N`` as a `Shard` (None without it), checked before any computing."""
+    if text is None:
+        return None
+    if merge:
+        raise UsageError("--shard and --merge do not go together: run each shard, then one --merge")
+    from .sweep import Shard
+
+    try:
+        return Shard.parse(text)
+    except ValueError as err:
+        raise UsageError(f"--shard {text!r}: {err}") from None
+
+
+def _sweeps_in(folder: Path, name: str, config, shard=None):
+    """Every sweep of the run saves its chunks in ``folder/sweep-k`` (and resumes from them), under the
+    experiment's name and options: a folder saved with other ``--set`` values is refused."""
+    import dataclasses
+
+    from .sweep import sweep_defaults
+
+    return sweep_defaults(folder, shard=shard, meta={"experiment": name, "options": dataclasses.asdict(config)})
+
+
+def _run_shard(exp, overrides, config, shard, folder: Path, args) -> int:
+    """Run the experiment with every sweep sharded into ``folder``; stops at the first sweep that
+    lacks other shards' chunks. Exit status 0 either way; one line says what was done and what next."""
+    import shlex
+
+    from .sweep import ShardPending
+
+    if not args.quiet:
+        print(f"[attnflow] running {exp.name}, shard {shard} ...", file=sys.stderr, flush=True)
+    sets = [a for s in args.set for a in ("--set", s)]
+    merge = shlex.join(["attnflow", "run", exp.name, *sets, "--out", args.out, "--merge"])
+    head = f"[attnflow] {exp.name} shard {shard}"
+    try:
+        with _sweeps_in(folder, exp.name, config, shard) as log:
+            exp.run(overrides, quiet=args.quiet)
+    except ShardPending as pending:
+        computed = sum(e["computed"] for e in log)
+        print(
+            f"{head}: computed {computed} chunk(s) in {folder}; sweep {pending.sweep} still lacks "
+            f"{len(pending.missing)} of its {pending.n_chunks} chunks, from other shards. Next, once every shard "
+            f"has finished: {merge} (or run the shards again to share the sweeps after it)",
+            flush=True,
+        )
+        return EXIT_OK
+    if not log:
+        print(f"{head}: {exp.name} runs no sweep, so there is nothing to share; run it without --shard", flush=True)
+        return EXIT_OK
+    print(
+        f"{head}: computed {sum(e['computed'] for e in log)} chunk(s); all {len(log)} sweep(s) are complete in "
+        f"{folder}. Next: {merge} (writes the report)",
+        flush=True,
+    )
+    return EXIT_OK
 
 
 def _write_index(folder: Path, results: list[dict], total: float) -> None:
@@ -296,6 +388,12 @@ def _write_index(folder: Path, results: list[dict], total: float) -> None:
             lines.append(f"- {k}: {v:.3e} (tolerance {tol:.1e})")
         lines.append(f"- details: [{r['name']}/summary.md]({r['name']}/summary.md)")
         lines.append("")
+    from .citations import PACKAGE_KEYS, SOFTWARE_KEYS, references
+    from .registry import load_all
+
+    experiments = load_all()
+    used = [k for r in results for k in PACKAGE_KEYS.get(experiments[r["name"]].package, ())]
+    lines += ["## References", "", *[f"- {ref}" for ref in references([*used, *SOFTWARE_KEYS])], ""]
     text = "\n".join(lines).encode()
     atomic_write(folder / "summary.md", lambda f: f.write(text))
 

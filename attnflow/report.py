@@ -58,6 +58,7 @@ class Report:
     notes: list[str] = field(default_factory=list)
     checks: dict[str, tuple[float, float]] = field(default_factory=dict)
     compilations: dict[str, Any] = field(default_factory=dict)
+    references: list[str] = field(default_factory=list)  # one line each (`attnflow.citations`)
 
     def __post_init__(self) -> None:
         if dataclasses.is_dataclass(self.config) and not isinstance(self.config, type):
@@ -81,6 +82,7 @@ class Report:
             "timings_s": self.timings,
             "compilations": self.compilations,
             "notes": self.notes,
+            "references": self.references,
             "files": {
                 "figures": [f"{k}.png" for k in self.figures],
                 "trajectories": [f"{k}.npz" for k in self.trajectories],
@@ -122,6 +124,8 @@ class Report:
             lines.append(f"- {n}")
         if self.figures:
             lines += ["", *[f"![{k}]({k}.png)" for k in self.figures]]
+        if self.references:  # last, so every summary ends with what to cite (`attnflow cite NAME`)
+            lines += ["", "## References", "", *[f"- {r}" for r in self.references]]
         lines.append("")
         return "\n".join(lines)
 
@@ -179,6 +183,10 @@ class Experiment:
         with count_compilations() as compiled:
             report = self.fn(config, quiet)
         report.timings.setdefault("total", time.perf_counter() - t0)
+        if not report.references:
+            from .citations import PACKAGE_KEYS, SOFTWARE_KEYS, references
+
+            report.references = references([*PACKAGE_KEYS.get(self.package, ()), *SOFTWARE_KEYS])
         report.compilations = {
             "count": compiled.n,
             "seconds": compiled.seconds,

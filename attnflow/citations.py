@@ -1,0 +1,165 @@
+"""BibTeX for the papers and software whose equations and code a result used: `bibtex`,
+`references`, `keys_for`.
+
+Each theory package rests on one paper (``qkov``: Vashisht and Ramaswamy 2026; ``focus``:
+Chen, Lin, Xu and Luo 2026; ``heads``: Sagitova, Duranthon and Zdeborová 2026;
+``deeplinear``: Saxe, McClelland and Ganguli 2014); every package integrates with Diffrax
+and trains with Optax on JAX and Equinox. ``attnflow cite [NAME]`` prints the entries for an
+experiment, a package or (without a name) everything a ``reproduce`` used.
+
+```python
+from attnflow.citations import bibtex, keys_for
+
+print(bibtex(keys_for("qkov")))
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = ["ENTRIES", "PACKAGE_KEYS", "SOFTWARE_KEYS", "bibtex", "keys_for", "references"]
+
+# key -> (one-line reference for summaries, BibTeX entry)
+ENTRIES: dict[str, tuple[str, str]] = {
+    "vashisht2026faster": (
+        "R. Vashisht, H. G. Ramaswamy. Faster Query-Key Learning Sharpens Attention in Self-Attention "
+        "Models. ICML 2026, PMLR 306:123512-123537. arXiv:2608.06776.",
+        """@inproceedings{vashisht2026faster,
+  title     = {Faster Query-Key Learning Sharpens Attention in Self-Attention Models},
+  author    = {Vashisht, R. and Ramaswamy, H. G.},
+  booktitle = {Proceedings of the 43rd International Conference on Machine Learning},
+  series    = {Proceedings of Machine Learning Research},
+  volume    = {306},
+  pages     = {123512--123537},
+  year      = {2026},
+  eprint    = {2608.06776},
+  archivePrefix = {arXiv}
+}""",
+    ),
+    "chen2026focus": (
+        "Chen, Lin, Xu, Luo. Focus and Dilution: The Multi-stage Learning Process of Attention. "
+        "ICML 2026. arXiv:2605.01199.",
+        """@inproceedings{chen2026focus,
+  title     = {Focus and Dilution: The Multi-stage Learning Process of Attention},
+  author    = {Chen and Lin and Xu and Luo},
+  booktitle = {Proceedings of the 43rd International Conference on Machine Learning},
+  year      = {2026},
+  eprint    = {2605.01199},
+  archivePrefix = {arXiv}
+}""",
+    ),
+    "sagitova2026specialization": (
+        "M. Sagitova, O. Duranthon, L. Zdeborová. Specialization of softmax attention heads: insights "
+        "from the high-dimensional single-location model. arXiv:2603.03993 (2026).",
+        """@article{sagitova2026specialization,
+  title   = {Specialization of softmax attention heads: insights from the high-dimensional
+             single-location model},
+  author  = {Sagitova, M. and Duranthon, O. and Zdeborov{\\'a}, L.},
+  journal = {arXiv preprint arXiv:2603.03993},
+  year    = {2026}
+}""",
+    ),
+    "saxe2014exact": (
+        "A. M. Saxe, J. L. McClelland, S. Ganguli. Exact solutions to the nonlinear dynamics of learning "
+        "in deep linear neural networks. ICLR 2014. arXiv:1312.6120.",
+        """@inproceedings{saxe2014exact,
+  title     = {Exact solutions to the nonlinear dynamics of learning in deep linear neural networks},
+  author    = {Saxe, Andrew M. and McClelland, James L. and Ganguli, Surya},
+  booktitle = {International Conference on Learning Representations},
+  year      = {2014},
+  eprint    = {1312.6120},
+  archivePrefix = {arXiv}
+}""",
+    ),
+    "jax2018github": (
+        "J. Bradbury et al. JAX: composable transformations of Python+NumPy programs (2018). "
+        "https://github.com/jax-ml/jax",
+        """@software{jax2018github,
+  author = {James Bradbury and Roy Frostig and Peter Hawkins and Matthew James Johnson and Chris Leary
+            and Dougal Maclaurin and George Necula and Adam Paszke and Jake Vander{P}las
+            and Skye Wanderman-{M}ilne and Qiao Zhang},
+  title  = {{JAX}: composable transformations of {P}ython+{N}um{P}y programs},
+  url    = {https://github.com/jax-ml/jax},
+  year   = {2018}
+}""",
+    ),
+    "kidger2021equinox": (
+        "P. Kidger, C. Garcia. Equinox: neural networks in JAX via callable PyTrees and filtered "
+        "transformations. Differentiable Programming workshop, NeurIPS 2021.",
+        """@article{kidger2021equinox,
+  author  = {Patrick Kidger and Cristian Garcia},
+  title   = {{E}quinox: neural networks in {JAX} via callable {P}y{T}rees and filtered transformations},
+  journal = {Differentiable Programming workshop at Neural Information Processing Systems 2021},
+  year    = {2021}
+}""",
+    ),
+    "kidger2021on": (
+        "P. Kidger. On Neural Differential Equations. PhD thesis, University of Oxford, 2021 (Diffrax).",
+        """@phdthesis{kidger2021on,
+  title  = {{O}n {N}eural {D}ifferential {E}quations},
+  author = {Patrick Kidger},
+  school = {University of Oxford},
+  year   = {2021}
+}""",
+    ),
+    "deepmind2020jax": (
+        "DeepMind. The DeepMind JAX Ecosystem (2020), Optax. https://github.com/google-deepmind/optax",
+        """@software{deepmind2020jax,
+  title  = {The {D}eep{M}ind {JAX} {E}cosystem},
+  author = {DeepMind},
+  url    = {https://github.com/google-deepmind},
+  year   = {2020}
+}""",
+    ),
+}
+
+# the paper each theory package implements
+PACKAGE_KEYS: dict[str, tuple[str, ...]] = {
+    "qkov": ("vashisht2026faster",),
+    "focus": ("chen2026focus",),
+    "heads": ("sagitova2026specialization",),
+    "deeplinear": ("saxe2014exact",),
+}
+# what every package runs on: JAX, Equinox, Diffrax (solve), Optax (train)
+SOFTWARE_KEYS: tuple[str, ...] = ("jax2018github", "kidger2021equinox", "kidger2021on", "deepmind2020jax")
+
+
+def keys_for(name: str | None = None) -> list[str]:
+    """Citation keys for a theory package (``"qkov"``), a registered experiment
+    (``"qkov-reduced"``) or, with ``None``, everything: the package's paper first, then the
+    software. An unknown name raises ``ValueError`` listing the valid ones."""
+    if name is None:
+        papers = [k for keys in PACKAGE_KEYS.values() for k in keys]
+        return papers + list(SOFTWARE_KEYS)
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a package or experiment name (a string), got {name!r}")
+    if name in PACKAGE_KEYS:
+        return [*PACKAGE_KEYS[name], *SOFTWARE_KEYS]
+    from .registry import load_all
+
+    experiments = load_all()
+    if name not in experiments:
+        raise ValueError(
+            f"unknown package or experiment {name!r}; packages: {', '.join(PACKAGE_KEYS)}; "
+            f"experiments: {', '.join(sorted(experiments))}"
+        )
+    return [*PACKAGE_KEYS.get(experiments[name].package, ()), *SOFTWARE_KEYS]
+
+
+def _known(keys: Iterable[str]) -> list[str]:
+    keys = list(keys)
+    unknown = [k for k in keys if k not in ENTRIES]
+    if unknown:
+        raise ValueError(f"unknown citation key(s) {unknown}; known: {', '.join(ENTRIES)}")
+    return list(dict.fromkeys(keys))  # each once, in order
+
+
+def bibtex(keys: Iterable[str]) -> str:
+    """The BibTeX entries of ``keys`` (see `ENTRIES`), separated by blank lines."""
+    return "\n\n".join(ENTRIES[k][1] for k in _known(keys)) + "\n"
+
+
+def references(keys: Iterable[str]) -> list[str]:
+    """One-line references of ``keys``, for a summary's References section."""
+    return [ENTRIES[k][0] for k in _known(keys)]

@@ -1,0 +1,92 @@
+"""`attnflow cite` and the References sections: valid BibTeX, the right papers per name."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from attnflow.citations import ENTRIES, bibtex, keys_for, references
+from attnflow.report import Report
+
+
+def _parse_bibtex(text: str) -> dict[str, dict[str, str]]:
+    """A strict little BibTeX reader: ``@type{key, field = {value}, ...}`` entries with balanced
+    braces; raises AssertionError on anything else."""
+    entries, i = {}, 0
+    while True:
+        m = re.compile(r"\s*@(\w+)\{([\w:-]+),").match(text, i)
+        if m is None:
+            assert text[i:].strip() == "", f"unparsed text: {text[i : i + 80]!r}"
+            return entries
+        key, i, fields = m.group(2), m.end(), {}
+        while True:
+            f = re.compile(r"\s*(\w+)\s*=\s*\{").match(text, i)
+            if f is None:
+                break
+            depth, j = 1, f.end()
+            while depth:
+                assert j < len(text), f"unbalanced braces in {key}"
+                depth += {"{": 1, "}": -1}.get(text[j], 0)
+                j += 1
+            fields[f.group(1).lower()] = text[f.end() : j - 1]
+            i = j
+            c = re.compile(r"\s*,?").match(text, i)
+            i = c.end()
+        close = re.compile(r"\s*\}").match(text, i)
+        assert close is not None, f"entry {key} not closed"
+        i = close.end()
+        assert key not in entries, f"duplicate key {key}"
+        entries[key] = fields
+
+
+def test_every_entry_is_valid_bibtex_with_title_author_year():
+    parsed = _parse_bibtex(bibtex(ENTRIES))
+    assert set(parsed) == set(ENTRIES)
+    for key, fields in parsed.items():
+        assert {"title", "author", "year"} <= set(fields), key
+        assert re.fullmatch(r"\d{4}", fields["year"]), key
+
+
+def test_cite_command_prints_the_qkov_paper_for_qkov_reduced():
+    out = subprocess.run(
+        [sys.executable, "-m", "attnflow.cli", "cite", "qkov-reduced"], capture_output=True, text=True, check=True
+    ).stdout
+    parsed = _parse_bibtex(out)
+    assert "vashisht2026faster" in parsed
+    title = parsed["vashisht2026faster"]["title"]
+    assert title == "Faster Query-Key Learning Sharpens Attention in Self-Attention Models"
+    assert {"jax2018github", "kidger2021on", "kidger2021equinox", "deepmind2020jax"} <= set(parsed)
+    assert "chen2026focus" not in parsed and "sagitova2026specialization" not in parsed
+
+
+@pytest.mark.parametrize(
+    ("name", "paper"),
+    [
+        ("focus", "chen2026focus"),
+        ("heads-staged", "sagitova2026specialization"),
+        ("deep-linear", "saxe2014exact"),
+        ("qkov", "vashisht2026faster"),
+    ],
+)
+def test_keys_for_packages_and_experiments(name, paper):
+    keys = keys_for(name)
+    assert keys[0] == paper and len(keys) == 5
+
+
+def test_cite_without_name_lists_all_papers_and_bad_name_is_named():
+    assert set(keys_for(None)) == set(ENTRIES)
+    with pytest.raises(ValueError, match="'qkov-nope'"):
+        keys_for("qkov-nope")
+    with pytest.raises(ValueError, match="unknown citation key"):
+        bibtex(["nobody2020"])
+    proc = subprocess.run([sys.executable, "-m", "attnflow.cli", "cite", "qkov-nope"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "'qkov-nope'" in proc.stderr
+
+
+def test_summary_ends_with_references():
+    rep = Report("x", {}, references=references(keys_for("heads")))
+    text = rep.markdown().rstrip()
+    tail = text[text.rindex("## References") :].splitlines()
+    assert tail[0] == "## References" and tail[2].startswith("- M. Sagitova")
+    assert text.splitlines()[-1].startswith("- DeepMind")
