@@ -68,9 +68,13 @@ from .simulate import check_divergence as check_divergence
 from .simulate import simulate as simulate
 from .stiff import AutoStiff as AutoStiff
 from .stiff import KrylovW as KrylovW
+from .sweep import Shard as Shard
+from .sweep import ShardPending as ShardPending
 from .sweep import SweepError as SweepError
 from .sweep import SweepResult as SweepResult
+from .sweep import process_shard as process_shard
 from .sweep import sweep as sweep
+from .sweep import sweep_defaults as sweep_defaults
 from .sweep import use_cpu_cores as use_cpu_cores
 from .trajectory import Trajectory as Trajectory
 from .trajectory import compare as compare
@@ -90,6 +94,8 @@ __all__ = [
     "OnlineSGD",
     "Report",
     "SaveGrid",
+    "Shard",
+    "ShardPending",
     "SolverOptions",
     "SweepError",
     "SweepResult",
@@ -124,6 +130,7 @@ __all__ = [
     "overlay",
     "per_circuit",
     "plot",
+    "process_shard",
     "psd_sqrt",
     "rng",
     "saddle",
@@ -131,6 +138,7 @@ __all__ = [
     "simulate",
     "spectrum",
     "sweep",
+    "sweep_defaults",
     "unstable_subspace",
     "use_compilation_cache",
     "use_cpu_cores",

@@ -21,18 +21,31 @@ A grid point whose run fails inside the compiled call (an ODE that used up ``max
 diverged, an SGD run that diverged) does not stop the sweep: its values are NaN, and
 `SweepResult.status` and `SweepResult.failures` say which points failed and why
 (``on_error="raise"`` raises instead, naming the first failing point).
+
+A sweep spreads over processes and machines that share a folder through shards: with
+``shard=Shard(i, N)`` and an ``out_dir``, a call computes only the chunks ``i - 1, i - 1 + N,
+...`` into ``out_dir``, and a plain call on the same folder afterwards loads every chunk and
+computes only what is missing (the merge). `process_shard` gives each process of a
+``jax.distributed`` program its shard; `sweep_defaults` shards every sweep that code such as
+an experiment calls (``attnflow run NAME --shard I/N``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
 import functools
 import hashlib
 import json
 import math
+import os
 import re
+import time
 import types
+import uuid
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +58,19 @@ from ._errors import collecting, status_code
 from ._io import atomic_write
 from ._jit import cpu_compiler_options
 
-__all__ = ["sweep", "SweepResult", "SweepError", "use_cpu_cores"]
+__all__ = [
+    "sweep",
+    "SweepResult",
+    "SweepError",
+    "use_cpu_cores",
+    "Shard",
+    "ShardPending",
+    "process_shard",
+    "sweep_defaults",
+]
+
+PENDING = -1
+"""`SweepResult.status` of a point computed by another shard whose chunk is not in ``out_dir`` yet."""
 
 
 class SweepError(RuntimeError):
@@ -58,7 +83,9 @@ class SweepResult:
     ``dims``: axis names in order; ``coords[name]``: the axis values; ``values``: the
     pytree returned by ``fn`` with every leaf of shape ``grid_shape + leaf_shape``;
     ``status``: an integer array of shape ``grid_shape``, 0 where the point ran, else
-    ``1 +`` the index of its failure in ``messages`` (the point's values are then NaN).
+    ``1 +`` the index of its failure in ``messages`` (the point's values are then NaN), or
+    -1 where the point is *pending*: a sharded sweep (`Shard`) left it to another shard whose
+    chunk is not in ``out_dir`` yet (its values are NaN, 0 for integer leaves).
     """
 
     def __init__(
@@ -82,10 +109,22 @@ class SweepResult:
         """Boolean array of shape ``grid_shape``: True where the point ran without failure."""
         return self.status == 0
 
+    @property
+    def pending(self) -> np.ndarray:
+        """Boolean array of shape ``grid_shape``: True where the point is left to another shard
+        and not computed yet (see `Shard`); all False for an unsharded sweep."""
+        return self.status == PENDING
+
+    @property
+    def complete(self) -> bool:
+        """True when no point is pending: every chunk of the grid was computed or loaded."""
+        return not bool(np.any(self.pending))
+
     def failures(self) -> list[tuple[dict[str, Any], str]]:
-        """``[(coordinates, message)]`` of the failed points, in grid order."""
+        """``[(coordinates, message)]`` of the failed points, in grid order (pending points are
+        not failures)."""
         out = []
-        for idx in zip(*np.nonzero(self.status), strict=True):
+        for idx in zip(*np.nonzero(self.status > 0), strict=True):
             point = {d: self.coords[d][i].item() for d, i in zip(self.dims, idx, strict=True)}
             code = int(self.status[idx])
             out.append((point, self.messages[code - 1] if 0 < code <= len(self.messages) else f"failure {code}"))
@@ -216,6 +255,159 @@ def use_cpu_cores(n: int | None = None) -> int:
         )
         return len(jax.devices("cpu"))
     return int(n)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """Shard ``index`` of ``count`` of a sweep (counting from 1), to spread one grid over
+    processes or machines that share a folder.
+
+    ``sweep(fn, axes, out_dir=DIR, shard=Shard(i, N))`` computes only the chunks ``i - 1,
+    i - 1 + N, i - 1 + 2N, ...`` of the grid and saves them in ``DIR``, then loads whatever
+    chunks the other shards have saved there. A point whose chunk is still missing is
+    *pending*: `SweepResult.pending` is True there and its values are NaN. Once every shard
+    has run, a sweep of the same function and grid on ``DIR`` without ``shard`` loads every
+    chunk and computes only what is still missing: that is the merge. Every shard and the
+    merge must use the same function, axes and ``chunk_size`` (the folder's manifest refuses
+    anything else); the default chunk size of a sharded sweep gives each shard about one
+    chunk (at most 4096 points), and a merge without ``chunk_size`` uses the folder's.
+
+    ``wait``: what a shard does when, after its own chunks, other shards' chunks are missing:
+    ``False`` (default) returns at once with those points pending (a task of a Slurm job
+    array, whose siblings may run later); ``True`` waits until every chunk is in the folder
+    and returns the whole grid (processes started together, as under ``jax.distributed``;
+    see `process_shard`); a number of seconds waits at most that long.
+
+    ``Shard.parse("2/4")`` reads the ``I/N`` form the ``attnflow`` command takes.
+    """
+
+    index: int
+    count: int
+    wait: bool | float = False
+
+    def __post_init__(self) -> None:
+        for name in ("index", "count"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise ValueError(f"Shard {name} must be an integer, got {value!r}")
+            object.__setattr__(self, name, int(value))
+        if self.count < 1:
+            raise ValueError(f"shard {self.index}/{self.count}: N, the number of shards, must be at least 1")
+        if not 1 <= self.index <= self.count:
+            n = self.count
+            raise ValueError(
+                f"shard {self.index}/{self.count}: need 1 <= I <= N (shard I of N, counting from 1: 1/{n} ... {n}/{n})"
+            )
+        w = self.wait
+        if not isinstance(w, (bool, int, float, np.integer, np.floating)) or not (isinstance(w, bool) or w >= 0):
+            raise ValueError(f"Shard wait must be True, False or a number of seconds >= 0, got {w!r}")
+
+    @classmethod
+    def parse(cls, text: str, wait: bool | float = False) -> Shard:
+        """The shard written ``"I/N"`` (shard I of N, counting from 1), as in ``--shard 2/4``."""
+        m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
+        if m is None:
+            raise ValueError(f"shard {text!r} is not of the form I/N (shard I of N, counting from 1: 1/4 ... 4/4)")
+        return cls(int(m[1]), int(m[2]), wait)
+
+    def chunks(self, n_chunks: int) -> range:
+        """Indices of the chunks this shard computes, out of ``n_chunks``."""
+        return range(self.index - 1, n_chunks, self.count)
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+def _as_shard(shard: Any) -> Shard:
+    if isinstance(shard, Shard):
+        return shard
+    if isinstance(shard, str):
+        return Shard.parse(shard)
+    if isinstance(shard, (tuple, list)) and len(shard) == 2:
+        return Shard(*shard)
+    raise ValueError(f"shard must be a Shard, an (index, count) pair or an 'I/N' string, got {shard!r}")
+
+
+def process_shard(wait: bool | float = True) -> Shard:
+    """This process's shard in a multi-process program: ``Shard(jax.process_index() + 1,
+    jax.process_count(), wait)``.
+
+    Call it after ``jax.distributed.initialize(...)`` and pass it to a sweep whose
+    ``out_dir`` every process can read (a shared filesystem): each process computes its
+    chunks, waits until the other processes' chunks are in the folder (``wait=True``, the
+    default), and returns the whole grid, the same values as one process would. Each
+    process computes on its own devices (``jax.local_devices()``), with no communication
+    between processes beyond the folder. In a single process it is ``Shard(1, 1)``: the
+    whole sweep.
+    """
+    return Shard(jax.process_index() + 1, jax.process_count(), wait)
+
+
+class ShardPending(Exception):
+    """A sweep sharded through `sweep_defaults` computed its own chunks, but chunks of other
+    shards are not in its folder yet, so the code that called `sweep` cannot go on.
+
+    Raised only for sweeps that take their shard from `sweep_defaults` (as ``attnflow run
+    NAME --shard I/N`` does for an experiment's sweeps); a sweep given ``shard=`` itself
+    returns its partial result instead. Attributes: ``shard`` (`Shard`), ``out_dir`` (the
+    sweep's folder), ``sweep`` (its number in the `sweep_defaults` block, from 1),
+    ``n_chunks``, ``computed`` (indices of the chunks this call computed) and ``missing``
+    (indices of the chunks not in the folder yet).
+    """
+
+    def __init__(
+        self, shard: Shard, out_dir: Path, sweep: int | None, n_chunks: int, computed: list[int], missing: list[int]
+    ):
+        self.shard, self.out_dir, self.sweep, self.n_chunks = shard, Path(out_dir), sweep, n_chunks
+        self.computed, self.missing = list(computed), list(missing)
+        which = f"sweep {sweep}" if sweep is not None else "sweep"
+        super().__init__(
+            f"{which} in {self.out_dir}: shard {shard} computed {len(self.computed)} chunk(s) "
+            f"({len(shard.chunks(n_chunks))} of {n_chunks} are its own); {len(self.missing)} chunk(s) of other "
+            "shards are not there yet"
+        )
+
+
+@dataclasses.dataclass
+class _Defaults:
+    out_dir: Path
+    shard: Shard | None
+    meta: dict[str, Any]
+    log: list[dict[str, Any]]
+    count: int = 0
+
+
+_DEFAULTS: contextvars.ContextVar[_Defaults | None] = contextvars.ContextVar("attnflow_sweep_defaults", default=None)
+
+
+@contextlib.contextmanager
+def sweep_defaults(
+    out_dir: str | Path, *, shard: Shard | tuple[int, int] | str | None = None, meta: Mapping[str, Any] | None = None
+) -> Iterator[list[dict[str, Any]]]:
+    """Checkpoint folders, and a shard, for every `sweep` that code called inside the block
+    runs (an experiment, which calls `sweep` itself).
+
+    ``out_dir``: the k-th sweep called inside the block (k = 1, 2, ...) saves its chunks in
+    ``out_dir/sweep-k`` unless it passes its own ``out_dir``, so running the same code again
+    resumes every sweep from its chunks. ``shard`` (a `Shard`, ``(i, N)`` or ``"i/N"``): each
+    sweep without its own ``shard`` computes only that shard's chunks; when it then lacks
+    chunks of other shards it raises `ShardPending` (the calling code could not use a partial
+    grid), for the caller of the block to catch. Run the block again without ``shard`` (the
+    merge) once every shard is done, or with it to share the next sweep. ``meta`` is merged
+    into each sweep's ``meta`` and so recorded in its manifest: a folder saved under other
+    ``meta`` (the options of another run) is refused.
+
+    Yields a list that receives one dict per sweep run inside the block: ``sweep`` (k),
+    ``out_dir``, ``n_chunks``, and chunk counts ``computed``, ``loaded`` and ``pending``.
+    """
+    if not isinstance(out_dir, (str, os.PathLike)):
+        raise TypeError(f"sweep_defaults: out_dir must be a folder path, got {out_dir!r}")
+    ctx = _Defaults(Path(out_dir), None if shard is None else _as_shard(shard), dict(meta or {}), [])
+    token = _DEFAULTS.set(ctx)
+    try:
+        yield ctx.log
+    finally:
+        _DEFAULTS.reset(token)
 
 
 def _grid(axes: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -353,6 +545,7 @@ def sweep(
     meta: Mapping[str, Any] | None = None,
     nest: bool | None = None,
     on_error: str = "nan",
+    shard: Shard | tuple[int, int] | str | None = None,
 ) -> SweepResult:
     """Evaluate ``fn(**point)`` on the cartesian grid of ``axes``.
 
@@ -365,14 +558,19 @@ def sweep(
     axes:
         ``{name: 1-D values}``; the grid is their cartesian product in this order.
     chunk_size:
-        Points per compiled call (default: all points up to 4096), rounded up to a
-        multiple of the device count (nested: to whole rows of the first axis, a multiple
-        of the device count of them). Bounds memory for large grids.
+        Points per compiled call (default: all points up to 4096; sharded, about one chunk
+        per shard; with an ``out_dir`` that holds this grid, the chunk size saved there),
+        rounded up to a multiple of the device count (nested: to whole rows of the first
+        axis, a multiple of the device count of them). Bounds memory for large grids. The
+        chunks of a sharded or resumed sweep keep their size on any device count (each
+        compiled call is padded to a multiple of the devices instead).
     out_dir:
         If given, each finished chunk is saved there (``chunk_00000.npz``) with a
-        ``sweep.json`` manifest; rerunning the same sweep loads finished chunks.
+        ``sweep.json`` manifest; rerunning the same sweep loads finished chunks. Chunks and
+        manifest are written atomically, so processes sharing the folder are safe.
     devices:
-        Devices to shard the point axis over (default: all, ``jax.devices()``).
+        Devices to shard the point axis over (default: this process's devices,
+        ``jax.local_devices()``, which under ``jax.distributed`` are not all devices).
     progress:
         tqdm progress bar over chunks.
     on_chunk:
@@ -389,31 +587,74 @@ def sweep(
         up its steps): ``"nan"`` (default) gives it NaN values, a nonzero
         `SweepResult.status` and a warning naming its coordinates; ``"raise"`` raises
         `SweepError` naming the failing points after the sweep.
+    shard:
+        Compute only this `Shard` of the grid (``Shard(i, N)``, ``(i, N)`` or ``"i/N"``) into
+        ``out_dir`` (required), loading the chunks other shards saved there; points of
+        chunks still missing are pending (`SweepResult.pending`, values NaN) unless the
+        shard waits for them (``Shard(i, N, wait=True)``, `process_shard`). A later call
+        without ``shard`` on the same ``out_dir`` merges: it loads every chunk and computes
+        only the missing ones. Inside a `sweep_defaults` block, ``out_dir`` and ``shard``
+        default to the block's.
     """
     if on_error not in ("nan", "raise"):
         raise ValueError(f"on_error must be 'nan' or 'raise', got {on_error!r}")
     if not callable(fn):
         raise TypeError(f"fn must be callable (the function of the axis names), got {fn!r}")
+    ctx = _DEFAULTS.get()
+    number = None  # the sweep's number in its sweep_defaults block
+    shard_from_block = False
+    if ctx is not None:
+        ctx.count += 1
+        number = ctx.count
+        if out_dir is None:
+            out_dir = ctx.out_dir / f"sweep-{number}"
+        if shard is None and ctx.shard is not None:
+            shard, shard_from_block = ctx.shard, True
+        if ctx.meta:
+            meta = {**ctx.meta, **dict(meta or {})}
+    shard = None if shard is None else _as_shard(shard)
+    if shard is not None and out_dir is None:
+        raise ValueError(
+            f"sweep: shard {shard} needs an out_dir, the folder where every shard saves its chunks and the merge "
+            "finds them"
+        )
+    out_path = Path(out_dir) if out_dir is not None else None
     dims, coords, flat = _grid(axes)
     n = len(next(iter(flat.values())))
-    devices = list(devices) if devices is not None else jax.devices()
+    devices = list(devices) if devices is not None else jax.local_devices()
     n_dev = len(devices)
+    n_rows = len(coords[dims[0]])
+    n_inner = n // n_rows  # points in one row of the first axis
+    saved = _saved_chunk_size(out_path, dims, coords) if chunk_size is None and out_path is not None else None
     if chunk_size is None:
-        chunk_size = min(n, 4096)
+        # one chunk per shard (whole rows), at most 4096 points
+        chunk_size = saved or min(-(-n_rows // (shard.count if shard is not None else 1)) * n_inner, 4096)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r:.60}")
-    chunk_size = min(int(chunk_size), n)  # a chunk never holds more than the grid
+    if saved is None:
+        chunk_size = min(int(chunk_size), n)  # a chunk never holds more than the grid
     if nest not in (None, True, False):
         raise ValueError(f"nest must be True, False or None, got {nest!r}")
-    n_inner = n // len(coords[dims[0]])  # points in one row of the first axis
     if nest is None:
-        nest = len(dims) >= 2 and chunk_size >= n_inner
+        nest = len(dims) >= 2 and chunk_size >= n_inner and (saved is None or chunk_size % n_inner == 0)
+    elif nest and saved is not None and chunk_size % n_inner:
+        raise ValueError(
+            f"sweep: the chunks saved in {out_path} hold {chunk_size} points, not whole rows of {n_inner}; "
+            "resume them with nest=False"
+        )
+    # the stored chunks of a sharded or resumed sweep keep their size whatever this machine's device
+    # count; each compiled call is then padded to a multiple of the devices
+    shared_layout = shard is not None or saved is not None
     if nest:
         rows = max(1, chunk_size // n_inner)
-        rows = int(math.ceil(rows / n_dev) * n_dev)
+        if not shared_layout:
+            rows = int(math.ceil(rows / n_dev) * n_dev)
         chunk_size = rows * n_inner
+        call = int(math.ceil(rows / n_dev) * n_dev)  # rows per compiled call
     else:
-        chunk_size = int(math.ceil(chunk_size / n_dev) * n_dev)
+        if not shared_layout:
+            chunk_size = int(math.ceil(chunk_size / n_dev) * n_dev)
+        call = int(math.ceil(chunk_size / n_dev) * n_dev)  # points per compiled call
     n_chunks = int(math.ceil(n / chunk_size))
 
     # more than one device: shard_map (no cross-device step), unless fn does not trace under
@@ -429,10 +670,10 @@ def sweep(
             # other axes whole
             first = coords[dims[0]]
             lo = i * rows
-            idx = np.minimum(np.arange(lo, lo + rows), len(first) - 1)
+            idx = np.minimum(np.arange(lo, lo + call), len(first) - 1)
             return {d: (first[idx] if j == 0 else coords[d]) for j, d in enumerate(dims)}
         lo = i * chunk_size
-        idx = np.minimum(np.arange(lo, lo + chunk_size), n - 1)  # pad the last chunk by repetition
+        idx = np.minimum(np.arange(lo, lo + call), n - 1)  # pad the last chunk by repetition
         return {d: flat[d][idx] for d in dims}
 
     example = {
@@ -456,22 +697,27 @@ def sweep(
         )
     leaves_struct, treedef = jax.tree_util.tree_flatten(out_struct)
 
-    out_path = Path(out_dir) if out_dir is not None else None
     if out_path is not None:
         _check_manifest(out_path, dims, coords, chunk_size, treedef, leaves_struct, meta, _fingerprint(fn))
+
+    def chunk_file(i: int) -> Path:
+        assert out_path is not None
+        return out_path / f"chunk_{i:05d}.npz"
 
     results: list[list[np.ndarray] | None] = [None] * n_chunks
     if out_path is not None:
         for i in range(n_chunks):
-            results[i] = _load_chunk(out_path / f"chunk_{i:05d}.npz", leaves_struct)
-    todo = [i for i in range(n_chunks) if results[i] is None]
+            results[i] = _load_chunk(chunk_file(i), leaves_struct, chunk_size)
+    mine = range(n_chunks) if shard is None else shard.chunks(n_chunks)
+    todo = [i for i in mine if results[i] is None]
 
     devices_used = 0
     bar = None
     if progress and todo:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=n_chunks, initial=n_chunks - len(todo), desc="sweep", unit="chunk")
+        desc = "sweep" if shard is None else f"sweep, shard {shard}"
+        bar = tqdm(total=len(mine), initial=len(mine) - len(todo), desc=desc, unit="chunk")
     try:
         for i in todo:
             # host arrays go straight into the jitted call, which places them by its
@@ -480,10 +726,10 @@ def sweep(
             out_leaves = jax.tree_util.tree_leaves(out)
             if out_leaves:
                 devices_used = max(devices_used, len(out_leaves[0].sharding.device_set))
-            leaves = [np.asarray(x) for x in out_leaves]
+            leaves = [np.asarray(x)[:chunk_size] for x in out_leaves]  # a call padded to the devices: the chunk
             results[i] = leaves
             if out_path is not None:
-                atomic_write(out_path / f"chunk_{i:05d}.npz", functools.partial(_save_leaves, leaves=leaves))
+                atomic_write(chunk_file(i), functools.partial(_save_leaves, leaves=leaves))
             if bar is not None:
                 bar.update(1)
             if on_chunk is not None:
@@ -492,11 +738,27 @@ def sweep(
         if bar is not None:
             bar.close()
 
+    if shard is not None and shard.wait is not False and any(r is None for r in results):
+        # the other shards' chunks, as they appear in the shared folder
+        deadline = math.inf if shard.wait is True else time.monotonic() + float(shard.wait)
+        pause = 0.05
+        while True:
+            for i in range(n_chunks):
+                if results[i] is None:
+                    results[i] = _load_chunk(chunk_file(i), leaves_struct, chunk_size)
+            if all(r is not None for r in results) or time.monotonic() >= deadline:
+                break
+            time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
+            pause = min(2 * pause, 1.0)
+    missing = [i for i in range(n_chunks) if results[i] is None]
+
     grid_shape = tuple(len(coords[d]) for d in dims)
     gathered: list[Any] = []
-    for j in range(len(leaves_struct)):
-        done = [r for r in results if r is not None]
-        full = (done[0][j] if n_chunks == 1 else np.concatenate([r[j] for r in done]))[:n]
+    for j, s in enumerate(leaves_struct):
+        # a pending chunk: NaN values (0 for integers) and the status PENDING (the last leaf)
+        fill = PENDING if j == len(leaves_struct) - 1 else (np.nan if np.dtype(s.dtype).kind in "fc" else 0)
+        parts = [r[j] if r is not None else np.full((chunk_size, *s.shape[1:]), fill, s.dtype) for r in results]
+        full = (parts[0] if n_chunks == 1 else np.concatenate(parts))[:n]
         gathered.append(jnp.asarray(full.reshape(grid_shape + full.shape[1:])))
     values, status = jax.tree_util.tree_unflatten(treedef, gathered)
     info = {
@@ -508,9 +770,24 @@ def sweep(
         "nested": bool(nest),
         "shard_map": bool(local),
         "computed_chunks": len(todo),
+        **({"shard": str(shard), "pending_chunks": len(missing)} if shard is not None else {}),
         **dict(meta or {}),
     }
     result = SweepResult(dims, coords, values, info, status=np.asarray(status), messages=list(messages))
+    if ctx is not None:
+        ctx.log.append(
+            {
+                "sweep": number,
+                "out_dir": str(out_path),
+                "n_chunks": n_chunks,
+                "computed": len(todo),
+                "loaded": n_chunks - len(todo) - len(missing),
+                "pending": len(missing),
+            }
+        )
+    if missing and shard_from_block:
+        assert shard is not None and out_path is not None
+        raise ShardPending(shard, out_path, number, n_chunks, todo, missing)
     failed = result.failures()
     if failed:
         shown = "; ".join(f"{', '.join(f'{k}={v!r}' for k, v in p.items())}: {m}" for p, m in failed[:3])
@@ -557,24 +834,60 @@ def _check_manifest(out_path: Path, dims, coords, chunk_size, treedef, leaves_st
     out_path.mkdir(parents=True, exist_ok=True)
     want = _manifest(dims, coords, chunk_size, treedef, leaves_struct, meta, fingerprint)
     mf = out_path / "sweep.json"
-    if mf.exists():
-        try:
-            have = json.loads(mf.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    # processes sharing the folder (shards) race to write it: one creates it, the others compare
+    if not mf.exists() and _create_if_absent(mf, json.dumps(want, indent=1).encode()):
+        return
+    try:
+        have = json.loads(mf.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(
+            f"{mf} is not a sweep manifest (invalid JSON: {err}); use a fresh out_dir or delete it"
+        ) from None
+    if not isinstance(have, dict):
+        raise ValueError(f"{mf} is not a sweep manifest; use a fresh out_dir or delete it")
+    for key in ("fn", "structure", "leaves", "dims", "coords", "chunk_size", "meta"):
+        if have.get(key) != want[key]:
             raise ValueError(
-                f"{mf} is not a sweep manifest (invalid JSON: {err}); use a fresh out_dir or delete it"
-            ) from None
-        if not isinstance(have, dict):
-            raise ValueError(f"{mf} is not a sweep manifest; use a fresh out_dir or delete it")
-        for key in ("fn", "structure", "leaves", "dims", "coords", "chunk_size", "meta"):
-            if have.get(key) != want[key]:
-                raise ValueError(
-                    f"{out_path} holds a different sweep: {_WHAT[key]} changed (saved {str(have.get(key))[:100]!r}, "
-                    f"now {str(want[key])[:100]!r}); its chunks are not reused. "
-                    "Use a fresh out_dir or delete the old one"
-                )
-    else:
-        atomic_write(mf, lambda f: f.write(json.dumps(want, indent=1).encode()))
+                f"sweep: {out_path} holds a different sweep: {_WHAT[key]} changed (saved {str(have.get(key))[:100]!r}, "
+                f"now {str(want[key])[:100]!r}); its chunks are not reused. "
+                "Use a fresh out_dir or delete the old one"
+            )
+
+
+def _create_if_absent(path: Path, data: bytes) -> bool:
+    """Create ``path`` holding ``data`` unless it exists; True when this call created it.
+
+    The file appears whole or not at all (written to a temporary file first), and of
+    processes racing to create it exactly one succeeds: a hard link fails when the name
+    exists. On a filesystem without hard links, a rename after a check (a narrow race)."""
+    tmp = atomic_write(path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.new"), lambda f: f.write(data))
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:  # no hard links here
+        if path.exists():
+            return False
+        os.replace(tmp, path)
+        return True
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _saved_chunk_size(out_path: Path, dims: tuple[str, ...], coords: Mapping[str, np.ndarray]) -> int | None:
+    """The chunk size of the sweep saved in ``out_path`` if it has the same grid, else None
+    (a missing or foreign manifest is then reported by `_check_manifest`)."""
+    try:
+        have = json.loads((out_path / "sweep.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(have, dict) or have.get("dims") != list(dims):
+        return None
+    if have.get("coords") != {d: coords[d].tolist() for d in dims}:
+        return None
+    size = have.get("chunk_size")
+    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 1 else None
 
 
 def _fingerprint(fn: Any) -> str:
@@ -629,9 +942,11 @@ def _digest(obj: Any, h: Any, depth: int, seen: set) -> None:
             _digest(obj[k], h, depth + 1, seen)
         return
     leaves, treedef = jax.tree_util.tree_flatten(obj)
-    if treedef.num_leaves == 1 and leaves[0] is obj:  # type: ignore[attr-defined]  # an opaque object: its type only
+    if treedef.num_leaves == 1 and leaves[0] is obj:  # type: ignore[attr-defined]  # not a pytree
         h.update(f"<{type(obj).__module__}.{type(obj).__qualname__}>".encode())
-        return
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # a configuration: its fields too
+            _digest({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}, h, depth + 1, seen)
+        return  # another opaque object: its type only
     # a pytree (an Equinox module, a Setup): structure, static fields (without memory addresses), leaves
     h.update(re.sub(r"0x[0-9a-fA-F]+", "", str(treedef)).encode())
     for leaf in leaves:
@@ -648,7 +963,7 @@ def _digest_code(code: types.CodeType, h: Any) -> None:
             h.update(repr(c).encode())
 
 
-def _load_chunk(path: Path, leaves_struct) -> list[np.ndarray] | None:
+def _load_chunk(path: Path, leaves_struct, chunk_size: int) -> list[np.ndarray] | None:
     if not path.exists():
         return None
     try:
@@ -657,6 +972,6 @@ def _load_chunk(path: Path, leaves_struct) -> list[np.ndarray] | None:
     except Exception:  # a corrupt file is recomputed, never trusted
         return None
     for leaf, s in zip(leaves, leaves_struct):
-        if leaf.shape[1:] != s.shape[1:]:
+        if leaf.shape != (chunk_size, *s.shape[1:]):
             return None
     return leaves
