@@ -504,6 +504,9 @@ def _compiled(
                     lambda x: x.reshape((x.shape[0] * n_inner,) + x.shape[len(nested_dims) :]), out
                 )
 
+        # the compiled program is named after the swept function (compile logs, `count_compilations`)
+        name = getattr(fn, "__name__", type(fn).__name__)
+        batched.__name__ = batched.__qualname__ = f"sweep_{name if name.isidentifier() else 'lambda'}"
         body = batched
         if local:
             body = jax.shard_map(
