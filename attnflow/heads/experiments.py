@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optimistix as optx
@@ -527,39 +528,38 @@ class ActivationsConfig:
     seed: int = 0
 
 
-def _oracle_errors(prior: FlippedSpike, L: int, H: int, bank: FieldBank) -> dict[str, float]:
+def _oracle_start(z: jax.Array, fn: Callable[[jax.Array, FieldBank], jax.Array], bank: FieldBank) -> jax.Array:
+    """``fn`` at the BFGS minimum reached from ``z`` (``fn(z, bank)``, a log-scale first)."""
+    sol = optx.minimise(fn, optx.BFGS(rtol=1e-7, atol=1e-9), z, args=bank, throw=False, max_steps=300)
+    return fn(sol.value, bank)
+
+
+def _oracle_errors(prior: FlippedSpike, L: int, H: int, bank: FieldBank) -> dict[str, jax.Array]:
     """Best errors at structured ("oracle") configurations: heads at the support points, one free scale
-    (softmax), scale and (b, c) (softmax-1), and the exact Bayes-softmax oracle."""
+    (softmax), scale and (b, c) (softmax-1), and the exact Bayes-softmax oracle. Traceable: the
+    starts of each minimisation are one ``vmap``."""
     Th, _ = prior.support()
     M1 = jnp.concatenate([Th] * (H // Th.shape[0]))
 
-    def err_softmax(z):
+    def err_softmax(z, bank):
         M = jnp.exp(z[0]) * M1
         return generalisation_error(M, M @ M.T, Softmax(), bank)
 
-    def err_softmax1(z):
+    def err_softmax1(z, bank):
         M = jnp.exp(z[0]) * M1
         return generalisation_error(M, M @ M.T, Softmax1(z[1], jnp.exp(z[2])), bank)
 
     out = {}
-    for name, fn, z0 in (("softmax", err_softmax, jnp.zeros(1)), ("softmax-1", err_softmax1, jnp.zeros(3))):
-        best = np.inf
-        for start in (-1.0, 0.0, 1.0):  # a few starts of the log-scale: the objective is not convex
-            sol = optx.minimise(
-                lambda z, _, fn=fn: fn(z),
-                optx.BFGS(rtol=1e-7, atol=1e-9),
-                z0.at[0].set(start),
-                throw=False,
-                max_steps=300,
-            )
-            best = min(best, float(fn(sol.value)))
-        out[name] = best
+    starts = jnp.asarray([-1.0, 0.0, 1.0])  # a few starts of the log-scale: the objective is not convex
+    for name, fn, n in (("softmax", err_softmax, 1), ("softmax-1", err_softmax1, 3)):
+        z0 = jnp.zeros((starts.shape[0], n)).at[:, 0].set(starts)
+        out[name] = jnp.nanmin(jax.vmap(lambda z, fn=fn: _oracle_start(z, fn, bank))(z0))
     M, _, b = oracle_config(prior)
     k = H // M.shape[0]
     Mr, br = jnp.concatenate([M] * k), jnp.concatenate([b - jnp.log(k)] * k)  # duplicated heads share their weight
     # the oracle error is a rare-event probability at large s: evaluate it on a larger bank
     big = FieldBank(prior, L, H, BankOptions(n=ORACLE_BANK_SIZE, seed=ORACLE_BANK_SEED, copies=NoCopies()))
-    out["bayes-softmax"] = float(generalisation_error(Mr, Mr @ Mr.T, BayesSoftmax(br), big))
+    out["bayes-softmax"] = generalisation_error(Mr, Mr @ Mr.T, BayesSoftmax(br), big)
     return out
 
 
@@ -575,35 +575,35 @@ def heads_activations(cfg: ActivationsConfig, quiet: bool) -> Report:
     H, L = cfg.H, cfg.L
     S = np.asarray(cfg.signals, dtype=float)
     bank = _bank(cfg.bank, cfg.seed)
-    trained, curves = {}, {}
-    for a in ACTIVATIONS:  # one sweep over the signal strengths per activation, from one shared initial draw
-        base = Setup(
-            activation=make_activation(a, H), L=L, H=H, eta=cfg.eta, init=FiniteDDraw(cfg.sigma0, cfg.D_init, cfg.seed)
-        )
-        with Timer() as tm:
-            res = sweep(
-                lambda s, base=base: solve(
-                    base.replace(prior=FlippedSpike(s, cfg.p)), cfg.t_end, save=LogGrid(50, t_min=0.1), bank=bank
-                ),
-                {"s": S},
-                progress=not quiet,
-            ).values
-        rep.timings[f"{a}: trained ODEs at {len(S)} signal strengths (one sweep)"] = tm.seconds
-        trained[a] = np.asarray(res["error"][:, -1])
-        curves[a] = res
-    rows = {"bayes": [], "bayes_se": [], **{f"oracle {a}": [] for a in ACTIVATIONS}}
-    with Timer() as tm:
-        for s in S:
-            prior = FlippedSpike(s, cfg.p)
-            e, se = bayes_risk(prior, L, key=cfg.seed + 3, n=cfg.bayes_samples)
-            rows["bayes"].append(float(e))
-            rows["bayes_se"].append(float(se))
-            orc = _oracle_errors(prior, L, H, FieldBank(prior, L, H, bank))
-            for a in ACTIVATIONS:
-                rows[f"oracle {a}"].append(orc[a])
-    rep.timings["Bayes risks and oracle configurations"] = tm.seconds
-    for a in ACTIVATIONS:
-        rows[f"trained {a}"] = [float(x) for x in trained[a]]
+    init = FiniteDDraw(cfg.sigma0, cfg.D_init, cfg.seed)  # one shared initial draw
+    bases = {a: Setup(activation=make_activation(a, H), L=L, H=H, eta=cfg.eta, init=init) for a in ACTIVATIONS}
+
+    def at_signal(s):  # everything at signal strength s: trained ODEs, Bayes risk, oracle configurations
+        prior = FlippedSpike(s, cfg.p)
+        e, se = bayes_risk(prior, L, key=cfg.seed + 3, n=cfg.bayes_samples)
+        return {
+            "trained": {
+                a: solve(base.replace(prior=prior), cfg.t_end, save=LogGrid(50, t_min=0.1), bank=bank)
+                for a, base in bases.items()
+            },
+            "bayes": e,
+            "bayes_se": se,
+            "oracle": _oracle_errors(prior, L, H, FieldBank(prior, L, H, bank)),
+        }
+
+    with Timer() as tm:  # one sweep over the signal strengths: one compiled program; NumPy from here on
+        res = jax.device_get(sweep(at_signal, {"s": S}, progress=not quiet).values)
+    rep.timings[
+        f"trained ODEs ({len(ACTIVATIONS)} activations), Bayes risks and oracle configurations "
+        f"at {len(S)} signal strengths (one sweep)"
+    ] = tm.seconds
+    curves = res["trained"]
+    rows = {
+        "bayes": [float(x) for x in res["bayes"]],
+        "bayes_se": [float(x) for x in res["bayes_se"]],
+        **{f"oracle {a}": [float(x) for x in res["oracle"][a]] for a in ACTIVATIONS},
+        **{f"trained {a}": [float(x) for x in curves[a]["error"][:, -1]] for a in ACTIVATIONS},
+    }
     for k, v in rows.items():
         if k != "bayes_se":
             rep.summary[f"E at s = {[float(x) for x in S]}: {k}"] = [float(f"{x:.4g}") for x in v]
