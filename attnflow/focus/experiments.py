@@ -16,6 +16,7 @@ from ..options import LinearGrid, LogGrid, TimeGrid
 from ..plot import overlay
 from ..report import Report, Timer, register
 from ..sweep import sweep
+from ..trajectory import Trajectory
 from .data import SYNTHETIC_PI, Characters, CorpusChain, MarkovChain, Words, perturbed_pi
 from .figures import attention_snapshots, cycle_figure, embedding_pca_figure, rates_figure, symmetry_figure
 from .metrics import condensation, local_attention_rate, singular_values, stage_one_rate, stage_sequence, stage_two_rate
@@ -269,6 +270,18 @@ class RatesConfig:
     n_save: int = 300
 
 
+@jax.jit
+def _lazy_rates(pi: jax.Array, lams: jax.Array, taus: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The predictions of ``focus-rates`` in one compiled call: ``2 sigma`` (R1) and the closed-form
+    ``c`` (R4) at every (lambda, tau) of the grid, shape ``(len(lams), len(taus))``."""
+    return 2 * sigma(pi), attention_rate_lazy(pi, lams[:, None], taus[None, :])
+
+
+def _padded(ts: jax.Array, n: int) -> jax.Array:
+    """Save times ``ts`` padded to ``n`` points by repeating the last one (saved again at the end)."""
+    return jnp.pad(ts, (0, n - ts.shape[0]), mode="edge")
+
+
 @register(
     "focus-rates",
     config=RatesConfig,
@@ -276,45 +289,54 @@ class RatesConfig:
 )
 def focus_rates(cfg: RatesConfig, quiet: bool) -> Report:
     rep = Report("focus-rates", cfg)
-    pi = jnp.asarray(cfg.pi)
+    pi = np.asarray(cfg.pi, float)
     lams, taus = np.asarray(cfg.lams, float), np.asarray(cfg.taus, float)
     for lam in lams:
-        MarkovChain.lazy(cfg.pi, lam)  # validates every lambda before the sweep
-    c_min = min(float(attention_rate_lazy(pi, lam, tau)) for lam in lams for tau in taus)
+        MarkovChain.lazy(pi, lam)  # validates every lambda before the sweep
+    base = Setup(m=cfg.m, mk=cfg.mk, eps=cfg.eps)
+    two_sigma_pred, c_grid = _lazy_rates(pi, lams, taus)
+    two_sigma, c_pred = float(two_sigma_pred), np.asarray(c_grid)
+    c_min = float(np.min(c_pred))
     if c_min <= 0:
         raise ValueError(f"every (lambda, tau) must predict focus (c > 0); the smallest c is {c_min:.3g}")
     t_end = 40.0 + 1.3 * np.log(1 / cfg.eps) / c_min
-    base = Setup(m=cfg.m, mk=cfg.mk, eps=cfg.eps)
-    # Stage II is measured from theta_c^1 itself (W0, W1 on the critical point, WQ, WK at their O(eps) initial
-    # draw), where the linearisation predicts q+ ~ e^{c t} exactly; Stage I from the small initialisation.
-    c1 = critical_point_c1(pi, jnp.eye(cfg.m)[0])
-    theta0 = base.theta0()
-    theta_c1 = {"W0": c1["W0"], "W1": c1["W1"], "WQ": theta0["WQ"], "WK": theta0["WK"]}
 
     # short flows that never turn stiff: Tsit5 alone (AutoStiff would compile its stiff branch for nothing)
     explicit = DEFAULT_SOLVER.replace(solver=None)
+    # Two runs per (lambda, tau), one solve program for both (the axis "run"): 0, Stage I from the small
+    # initialisation to t = 30; 1, Stage II from theta_c^1 itself (W0, W1 on the critical point, WQ, WK at
+    # their O(eps) initial draw), where the linearisation predicts q+ ~ e^{c t} exactly. Initial state, end
+    # time and save times are data; each run's grid is padded to n points by repeating its end time.
+    grids = ((LinearGrid(121), 30.0), (LinearGrid(cfg.n_save), t_end))
+    n = max(grid.n for grid, _ in grids)
 
-    def flows(lam, tau):
+    def rates_flow(lam, tau, run):
         setup = base.replace(chain=MarkovChain.lazy(pi, lam), tau=tau)
-        return (
-            solve(setup, 30.0, save=LinearGrid(121), solver=explicit),
-            solve(setup, t_end, theta0=theta_c1, save=LinearGrid(cfg.n_save), solver=explicit),
-        )
+        theta0 = setup.theta0()
+        c1 = critical_point_c1(pi, jnp.eye(cfg.m)[0])
+        theta_c1 = {"W0": c1["W0"], "W1": c1["W1"], "WQ": theta0["WQ"], "WK": theta0["WK"]}
+        ts = jnp.stack([_padded(grid.times(0.0, t1), n) for grid, t1 in grids])[run]
+        start = jax.tree_util.tree_map(lambda *x: jnp.stack(x)[run], theta0, theta_c1)
+        return solve(setup, ts[-1], theta0=start, save=TimeGrid(ts), solver=explicit)
 
     with Timer() as tm:
-        res = sweep(flows, {"lam": lams, "tau": taus}, progress=not quiet)
+        res = sweep(rates_flow, {"lam": lams, "tau": taus, "run": np.arange(2)}, progress=not quiet)
     rep.timings[f"{len(lams) * len(taus)} x 2 flows in one compiled call"] = tm.seconds
-    two_sigma = 2 * float(sigma(pi))
+    flows = jax.tree_util.tree_map(np.asarray, res.values)  # the checks run in NumPy
+
+    def run_at(i: int, j: int, run: int) -> Trajectory:
+        return jax.tree_util.tree_map(lambda x: x[i, j, run, : grids[run][0].n], flows)
+
     rows, worst = [], 0.0
     for i, lam in enumerate(lams):
         for j, tau in enumerate(taus):
-            tr1, tr2 = res.values[0].batch((i, j)), res.values[1].batch((i, j))
+            tr1, tr2 = run_at(i, j, 0), run_at(i, j, 1)
             q = np.asarray(tr2["q_plus"])
             c_meas = growth_rate(tr2.ts, q, 10 * q[0], 0.05)
-            c_pred = float(attention_rate_lazy(pi, lam, tau))
             s_meas = stage_one_rate(tr1)
-            rows.append([float(lam), float(tau), two_sigma, s_meas, c_pred, c_meas])
-            err = abs(c_meas / c_pred - 1)
+            c = float(c_pred[i, j])
+            rows.append([float(lam), float(tau), two_sigma, s_meas, c, c_meas])
+            err = abs(c_meas / c - 1)
             worst = max(worst, err if np.isfinite(err) else np.inf)  # a failed fit fails the check
             rep.check(
                 f"lambda={lam:g}, tau={tau:g}: 2 sigma measured vs predicted (rel. error)",
@@ -501,19 +523,24 @@ def focus_symmetry(cfg: SymmetryConfig, quiet: bool) -> Report:
 
     solver = DEFAULT_SOLVER if cfg.stiff_solver else DEFAULT_SOLVER.replace(solver=None)
 
-    def flow(delta):
+    def symmetry_flow(delta):
         setup = base.replace(chain=MarkovChain.lazy(perturbed_pi(cfg.pi1, cfg.d, delta), cfg.lam))
-        return solve(setup, cfg.t_end, save=save, observe=symmetry_observables, solver=solver)
+        tr = solve(setup, cfg.t_end, save=save, observe=symmetry_observables, solver=solver)
+        # escape: sigma_2(W0) reaches threshold x its value at t = 50, before Stage IV (NaN if never)
+        s2 = tr["sv_W0"][:, 1]
+        base_s2 = s2[jnp.argmin(jnp.abs(tr.ts - 50.0))]
+        return {"flow": tr, "base_s2": base_s2, "escape": first_crossing(tr.ts, s2, cfg.threshold * base_s2)}
 
     with Timer() as tm:
-        tr = sweep(flow, {"delta": deltas}, progress=not quiet).values
+        out = sweep(symmetry_flow, {"delta": deltas}, progress=not quiet).values
     rep.timings[f"{len(deltas)} flows in one compiled call"] = tm.seconds
-    ts = np.asarray(tr.ts[0])
-    s2 = np.asarray(tr["sv_W0"][..., 1])
+    tr = out["flow"]
+    # the checks run in NumPy
+    ts = np.asarray(tr.ts)[0]
+    s2 = np.asarray(tr["sv_W0"])[..., 1]
     mu = np.asarray(tr["mu_perp"])
-    j_base = int(np.argmin(np.abs(ts - 50.0)))  # before Stage IV: sigma_2(W0) still at its initial scale
-    base_s2 = s2[:, j_base]
-    escape = np.asarray(first_crossing(np.broadcast_to(ts, s2.shape), s2, cfg.threshold * base_s2[:, None]))
+    base_s2 = np.asarray(out["base_s2"])
+    escape = np.asarray(out["escape"])
     escape = np.where(np.isnan(escape), np.inf, escape)
     rows = []
     for i, dl in enumerate(deltas):
