@@ -1,0 +1,73 @@
+"""Bring your own model: the order-parameter ODE of online SGD, derived automatically.
+
+Write a student as a function of its ``K`` local fields ``lambda = W x / sqrt(D)`` (and its
+readout ``v``), a teacher as a function of its ``M`` fields ``nu = W* x / sqrt(D)``, and a loss;
+`solve` integrates the ``D -> infinity`` ODE of the overlaps ``R = W W*^T / D``,
+``Q = W W^T / D`` and the readout (Saad & Solla 1995; Goldt et al. 2019), with
+``delta = -d loss / d lambda`` by autodiff and the Gaussian expectations by quadrature; `train`
+runs online SGD of the same functions at finite ``D``.
+
+```python
+import jax.numpy as jnp
+from attnflow import derive
+s = derive.Setup(derive.soft_committee, derive.soft_committee,
+                 R0=jnp.array([[0.2, 0.0], [0.0, 0.1]]), Q0=0.5 * jnp.eye(2), eta=1.0)
+th = derive.solve(s, 100.0)              # the derived ODE
+sim = derive.train(s, 100.0, key=0)      # online SGD at D = 1000, t = steps / D
+```
+"""
+
+from .observe import OBSERVABLES as OBSERVABLES
+from .observe import state_observables as state_observables
+from .observe import weight_observables as weight_observables
+from .setup import HERMITE_BUDGET as HERMITE_BUDGET
+from .setup import GaussHermite as GaussHermite
+from .setup import MonteCarlo as MonteCarlo
+from .setup import Quadrature as Quadrature
+from .setup import Setup as Setup
+from .setup import default_quadrature as default_quadrature
+from .setup import erf_activation as erf_activation
+from .setup import soft_committee as soft_committee
+from .setup import squared_loss as squared_loss
+from .theory import DEFAULT_SAVE as DEFAULT_SAVE
+from .theory import DEFAULT_SOLVER as DEFAULT_SOLVER
+from .theory import covariance as covariance
+from .theory import expectations as expectations
+from .theory import field as field
+from .theory import generalisation_error as generalisation_error
+from .theory import initial_state as initial_state
+from .theory import rule as rule
+from .theory import solve as solve
+from .theory import vector_field as vector_field
+from .train import DEFAULT_TRAIN_SAVE as DEFAULT_TRAIN_SAVE
+from .train import REFERENCE_D as REFERENCE_D
+from .train import train as train
+from .train import weights_from_overlaps as weights_from_overlaps
+
+__all__ = [
+    "DEFAULT_SAVE",
+    "DEFAULT_SOLVER",
+    "DEFAULT_TRAIN_SAVE",
+    "HERMITE_BUDGET",
+    "OBSERVABLES",
+    "REFERENCE_D",
+    "GaussHermite",
+    "MonteCarlo",
+    "Quadrature",
+    "Setup",
+    "covariance",
+    "default_quadrature",
+    "erf_activation",
+    "expectations",
+    "field",
+    "generalisation_error",
+    "initial_state",
+    "rule",
+    "soft_committee",
+    "solve",
+    "squared_loss",
+    "state_observables",
+    "train",
+    "vector_field",
+    "weight_observables",
+]

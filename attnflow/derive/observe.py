@@ -1,0 +1,44 @@
+"""Observables of a derived model, recorded alike by `solve` and `train`."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any
+
+import jax
+
+from .setup import Setup
+
+__all__ = ["OBSERVABLES", "state_observables", "weight_observables"]
+
+OBSERVABLES = MappingProxyType(
+    {
+        "R": "student-teacher overlaps R = W W*^T / D (shape (K, M))",
+        "Q": "student-student overlaps Q = W W^T / D (shape (K, K))",
+        "v": "the readout parameters (only for a setup with v0)",
+        "error": "generalisation error E[loss(student(lambda, v), teacher(nu))], noise-free label (eq. 5)",
+    }
+)
+"""What `attnflow.derive.solve` and `attnflow.derive.train` both record."""
+
+
+def state_observables(setup: Setup, y: dict, rule: Any) -> dict[str, jax.Array]:
+    """`OBSERVABLES` of the order parameters ``y = {"R", "Q"[, "v"]}``; ``error`` by eq. (5) with
+    the quadrature ``rule``."""
+    from .theory import expectations
+
+    out = dict(y)
+    out["error"] = expectations(setup, y["R"], y["Q"], y.get("v"), rule)["error"]
+    return out
+
+
+def weight_observables(setup: Setup, params: dict, W_star: jax.Array, rule: Any) -> dict[str, jax.Array]:
+    """`OBSERVABLES` of finite-``D`` weights ``params = {"W"[, "v"]}``. The local fields of Gaussian
+    inputs are exactly Gaussian with covariance given by the measured overlaps, so ``error`` is the
+    population error of these weights (up to quadrature), not a test-set estimate."""
+    W = params["W"]
+    D = W.shape[1]
+    y = {"R": W @ W_star.T / D, "Q": W @ W.T / D}
+    if "v" in params:
+        y["v"] = params["v"]
+    return state_observables(setup, y, rule)

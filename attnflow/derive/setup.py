@@ -1,0 +1,228 @@
+"""`Setup` of a derived model: student, teacher, loss, initial overlaps, learning rates, quadrature.
+
+The model (committee-machine family, docs page "Your own model", eq. (1)): inputs
+``x ~ N(0, I_D)``; the student sees its ``K`` local fields ``lambda = W x / sqrt(D)`` and owns
+readout parameters ``v`` (any array, or none); the fixed teacher sees ``M`` fields
+``nu = W* x / sqrt(D)`` with ``W* W*^T / D = T``; the label is ``y = teacher(nu) + sigma xi``
+with ``xi ~ N(0, 1)`` (label noise optional); the per-sample loss is ``loss(student(lambda, v), y)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _validate as V
+from ..expect import hermite_rule
+from ..setup import AbstractSetup
+
+__all__ = [
+    "Setup",
+    "Quadrature",
+    "GaussHermite",
+    "MonteCarlo",
+    "squared_loss",
+    "soft_committee",
+    "erf_activation",
+    "HERMITE_BUDGET",
+]
+
+HERMITE_BUDGET = 2**16
+"""The largest tensor-product Gauss-Hermite grid the default quadrature uses (``n**d`` nodes)."""
+
+
+def squared_loss(y_hat: jax.Array, y: jax.Array) -> jax.Array:
+    """``1/2 (y_hat - y)^2``: the loss of Saad & Solla (1995) and Goldt et al. (2019)."""
+    return 0.5 * (y_hat - y) ** 2
+
+
+def erf_activation(x: jax.Array) -> jax.Array:
+    """``g(x) = erf(x / sqrt 2)``, the activation of Saad & Solla (1995)."""
+    return jax.scipy.special.erf(x / jnp.sqrt(2.0))
+
+
+def soft_committee(lam: jax.Array, v: Any = None) -> jax.Array:
+    """The (soft) committee machine ``sum_k v_k g(lambda_k)`` with ``g = erf(./sqrt 2)``; ``v = None``
+    reads out with unit weights (Saad & Solla 1995). Usable as a student or, with ``v = None``,
+    as a teacher."""
+    g = erf_activation(lam)
+    return jnp.sum(g) if v is None else jnp.dot(v, g)
+
+
+class Quadrature(eqx.Module):
+    """How the Gaussian expectations over ``(lambda, nu[, xi])`` are computed: `GaussHermite` or
+    `MonteCarlo`. `rule` gives nodes of ``N(0, I_d)`` and their weights."""
+
+    def rule(self, dim: int) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+
+class GaussHermite(Quadrature):
+    """Tensor-product Gauss-Hermite quadrature with ``points`` nodes per dimension
+    (`attnflow.expect.hermite_rule`): ``points**d`` nodes, exact for polynomials of degree
+    ``< 2 points`` in each coordinate. For small ``d = K + M`` (+1 with label noise)."""
+
+    points: int = eqx.field(static=True, default=20)
+
+    def __check_init__(self):
+        V.positive_int("points", self.points, minimum=2)
+
+    def rule(self, dim):
+        if self.points**dim > 10_000_000:
+            raise ValueError(
+                f"GaussHermite(points={self.points}) in d = {dim} dimensions makes {self.points}**{dim} nodes; "
+                "use fewer points or MonteCarlo"
+            )
+        return hermite_rule(self.points, dim)
+
+
+class MonteCarlo(Quadrature):
+    """A fixed antithetic bank of ``samples`` standard normal draws (``seed``): the field is a
+    smooth deterministic function of the overlaps (common random numbers), with error
+    ``O(samples^{-1/2})``. For ``K + M`` too large for `GaussHermite`."""
+
+    samples: int = eqx.field(static=True, default=2**16)
+    seed: int = eqx.field(static=True, default=0)
+
+    def __check_init__(self):
+        V.positive_int("samples", self.samples, minimum=2)
+        if self.samples % 2:
+            raise ValueError(f"samples must be even (antithetic pairs), got {self.samples}")
+        V.positive_int("seed", self.seed, minimum=0)
+
+    def rule(self, dim):
+        z = np.random.default_rng(self.seed).standard_normal((self.samples // 2, dim))
+        z = np.concatenate([z, -z])
+        return z, np.full(self.samples, 1.0 / self.samples)
+
+
+def default_quadrature(dim: int) -> Quadrature:
+    """`GaussHermite` with as many points as `HERMITE_BUDGET` allows when that is at least 12 per
+    dimension (``d <= 4``: 16 points, about 1e-6 for smooth activations), else `MonteCarlo` with ``2^16`` draws."""
+    n = int(np.floor(HERMITE_BUDGET ** (1.0 / dim) + 1e-9))
+    return GaussHermite(min(n, 40)) if n >= 12 else MonteCarlo()
+
+
+def _callable(name: str, f: Any) -> Callable:
+    if not callable(f):
+        raise ValueError(f"{name} must be a callable, got {f!r:.80}")
+    return f
+
+
+class Setup(AbstractSetup):
+    """A student-teacher model whose order-parameter ODE `attnflow.derive.solve` derives.
+
+    Fields (numbers are arrays, so any of them can be a `attnflow.sweep` axis):
+
+    - ``student`` (static): ``student(lam, v) -> scalar``, ``lam`` the ``K`` local fields and ``v``
+      the readout parameters (``None`` when ``v0`` is ``None``);
+    - ``teacher`` (static): ``teacher(nu) -> scalar``, ``nu`` the ``M`` teacher fields (fixed);
+    - ``loss`` (static): ``loss(y_hat, y) -> scalar`` (default `squared_loss`);
+    - ``R0`` ``(K, M)``, ``Q0`` ``(K, K)``: the initial overlaps ``W W*^T / D`` and ``W W^T / D``
+      (``Q0 - R0 T^{-1} R0^T`` must be positive semidefinite);
+    - ``T`` ``(M, M)``: the teacher overlap ``W* W*^T / D`` (default the identity);
+    - ``v0``: the initial readout (any shape), or ``None`` for a student without trained readout;
+    - ``eta``: learning rate of ``W`` (SGD step ``W <- W - eta grad_W loss``);
+    - ``eta_v``: learning rate of the readout on the ``t = steps / D`` clock (SGD step
+      ``v <- v - (eta_v / D) grad_v loss``; default ``eta``);
+    - ``noise``: label-noise standard deviation ``sigma``, or ``None`` for none (a number, even 0,
+      adds the noise variable ``xi`` to the quadrature);
+    - ``quadrature`` (static): `GaussHermite` or `MonteCarlo` (default: `default_quadrature`).
+    """
+
+    student: Callable = eqx.field(static=True)
+    teacher: Callable = eqx.field(static=True)
+    R0: jax.Array
+    Q0: jax.Array
+    T: jax.Array
+    v0: Any
+    eta: jax.Array
+    eta_v: jax.Array
+    noise: Any
+    loss: Callable = eqx.field(static=True)
+    quadrature: Quadrature = eqx.field(static=True)
+
+    def __init__(
+        self,
+        student: Callable,
+        teacher: Callable,
+        R0: Any,
+        Q0: Any,
+        *,
+        T: Any = None,
+        v0: Any = None,
+        eta: Any = 1.0,
+        eta_v: Any = None,
+        noise: Any = None,
+        loss: Callable = squared_loss,
+        quadrature: Quadrature | None = None,
+    ):
+        self.student = _callable("student", student)
+        self.teacher = _callable("teacher", teacher)
+        self.loss = _callable("loss", loss)
+        self.R0 = V.floats("R0 (initial student-teacher overlap)", R0)
+        self.Q0 = V.floats("Q0 (initial student-student overlap)", Q0)
+        M = self.R0.shape[-1] if self.R0.ndim == 2 else 1
+        self.T = jnp.eye(M) if T is None else V.floats("T (teacher-teacher overlap)", T)
+        self.v0 = None if v0 is None else V.floats("v0 (initial readout)", v0)
+        self.eta = V.floats("eta (learning rate of W)", eta)
+        self.eta_v = self.eta if eta_v is None else V.floats("eta_v (learning rate of the readout)", eta_v)
+        self.noise = None if noise is None else V.floats("noise (label-noise std)", noise)
+        if quadrature is None:
+            quadrature = default_quadrature(self.K + M + (noise is not None)) if self.R0.ndim == 2 else GaussHermite()
+        if not isinstance(quadrature, Quadrature):
+            raise ValueError(f"quadrature must be GaussHermite(...) or MonteCarlo(...), got {quadrature!r:.80}")
+        self.quadrature = quadrature
+
+    @property
+    def K(self) -> int:
+        """Number of student fields."""
+        return int(self.R0.shape[0]) if self.R0.ndim >= 1 else 0
+
+    @property
+    def M(self) -> int:
+        """Number of teacher fields."""
+        return int(self.R0.shape[1]) if self.R0.ndim == 2 else 0
+
+    @property
+    def dim(self) -> int:
+        """Dimension of the Gaussian expectations: ``K + M`` (+1 with label noise)."""
+        return self.K + self.M + (self.noise is not None)
+
+    def validate(self) -> None:
+        if self.R0.ndim != 2 or 0 in self.R0.shape:
+            raise ValueError(f"R0 must be a (K, M) matrix with K, M >= 1, got shape {self.R0.shape}")
+        K, M = self.R0.shape
+        if self.Q0.shape != (K, K):
+            raise ValueError(f"Q0 must have shape (K, K) = {(K, K)}, got {self.Q0.shape}")
+        if self.T.shape != (M, M):
+            raise ValueError(f"T must have shape (M, M) = {(M, M)}, got {self.T.shape}")
+        V.positive("eta (learning rate of W)", self.eta)
+        V.positive("eta_v (learning rate of the readout)", self.eta_v)
+        if self.noise is not None:
+            V.nonnegative("noise (label-noise std)", self.noise)
+        if self.v0 is not None:
+            V.finite_tree("v0 (initial readout)", self.v0)
+        if V.any_traced((self.R0, self.Q0, self.T)):
+            return
+        V.finite_tree("R0", self.R0)
+        V.finite_tree("Q0", self.Q0)
+        V.finite_tree("T", self.T)
+        T = np.asarray(self.T)
+        if not np.allclose(T, T.T) or np.linalg.eigvalsh(T).min() <= 0:
+            raise ValueError(f"T must be symmetric positive definite, got {V.show(T)}")
+        Q = np.asarray(self.Q0)
+        R = np.asarray(self.R0)
+        if not np.allclose(Q, Q.T):
+            raise ValueError(f"Q0 must be symmetric, got {V.show(Q)}")
+        P = Q - R @ np.linalg.solve(T, R.T)
+        if np.linalg.eigvalsh(0.5 * (P + P.T)).min() < -1e-10 * (1 + np.abs(Q).max()):
+            raise ValueError(
+                "Q0 - R0 T^{-1} R0^T must be positive semidefinite (no weights have these overlaps), "
+                f"got R0 = {V.show(R)}, Q0 = {V.show(Q)}"
+            )

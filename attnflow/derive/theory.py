@@ -1,0 +1,184 @@
+"""The derived order-parameter ODE of online SGD (docs page "Your own model").
+
+With ``lambda = W x / sqrt(D)``, ``nu = W* x / sqrt(D)``, ``y = teacher(nu) + sigma xi`` and the
+per-sample loss ``l = loss(student(lambda, v), y)``, online SGD ``W <- W - eta grad_W l``,
+``v <- v - (eta_v / D) grad_v l`` on the clock ``t = steps / D`` has, as ``D -> infinity``, the
+deterministic limit (Saad & Solla 1995; Goldt et al. 2019)
+
+    dR_km/dt = eta E[delta_k nu_m],                                                  (2)
+    dQ_kl/dt = eta E[delta_k lambda_l + delta_l lambda_k] + eta^2 E[delta_k delta_l],  (3)
+    dv/dt    = -eta_v E[d l / d v],                                                  (4)
+
+with ``delta_k = -d l / d lambda_k`` (autodiff of the user's functions) and the expectations over
+``(lambda, nu) ~ N(0, [[Q, R], [R^T, T]])`` and ``xi ~ N(0, 1)`` (quadrature of the `Setup`).
+The generalisation error is ``error = E[loss(student(lambda, v), teacher(nu))]`` (5), noise-free.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..expect import psd_sqrt
+from ..ode import integrate
+from ..options import LogGrid, SaveGrid, SolverOptions
+from ..trajectory import Trajectory
+from .setup import Setup
+
+__all__ = [
+    "DEFAULT_SAVE",
+    "DEFAULT_SOLVER",
+    "Rule",
+    "rule",
+    "covariance",
+    "expectations",
+    "vector_field",
+    "generalisation_error",
+    "field",
+    "initial_state",
+    "solve",
+]
+
+Rule = tuple[jax.Array, jax.Array]
+"""Quadrature nodes ``(n, d)`` of ``N(0, I_d)`` and weights ``(n,)``."""
+
+
+def rule(setup: Setup) -> Rule:
+    """The nodes and weights of ``setup.quadrature`` in ``setup.dim`` dimensions, as arrays (data,
+    so a jitted field does not bake them in)."""
+    z, w = setup.quadrature.rule(setup.dim)
+    return jnp.asarray(z, dtype=jnp.result_type(float)), jnp.asarray(w, dtype=jnp.result_type(float))
+
+
+def covariance(R: jax.Array, Q: jax.Array, T: jax.Array) -> jax.Array:
+    """The covariance ``[[Q, R], [R^T, T]]`` of ``(lambda, nu)``."""
+    return jnp.block([[Q, R], [R.T, T]])
+
+
+def _fields(setup: Setup, R, Q, nodes):
+    """``(lambda, nu, xi)`` at every node: ``(lambda, nu) = S z`` with ``S`` the symmetric root of
+    the covariance."""
+    K, M = setup.K, setup.M
+    S = psd_sqrt(covariance(R, Q, setup.T))
+    g = nodes[:, : K + M] @ S.T
+    xi = nodes[:, K + M] if setup.noise is not None else jnp.zeros(nodes.shape[0], g.dtype)
+    return g[:, :K], g[:, K:], xi
+
+
+def expectations(setup: Setup, R: Any, Q: Any, v: Any, rule: Rule) -> dict[str, Any]:
+    """The Gaussian expectations of eqs. (2)-(5) at the overlaps ``(R, Q)`` and readout ``v``:
+    ``{"delta_nu": E[delta nu^T] (K, M), "delta_lam": E[delta lambda^T] (K, K),
+    "delta_delta": E[delta delta^T] (K, K), "grad_v": E[d l / d v], "error": E[l_clean]}``."""
+    nodes, weights = rule
+    lam, nu, xi = _fields(setup, jnp.asarray(R), jnp.asarray(Q), nodes)
+    sigma = 0.0 if setup.noise is None else setup.noise
+
+    def one(lam_i, nu_i, xi_i):
+        y_star = setup.teacher(nu_i)
+        y = y_star + sigma * xi_i
+
+        def loss(lam_, v_):
+            return setup.loss(setup.student(lam_, v_), y)
+
+        if v is None:
+            g_lam, g_v = jax.grad(loss)(lam_i, None), None
+        else:
+            g_lam, g_v = jax.grad(loss, argnums=(0, 1))(lam_i, v)
+        return -g_lam, g_v, setup.loss(setup.student(lam_i, v), y_star)
+
+    delta, g_v, clean = jax.vmap(one)(lam, nu, xi)
+    wd = weights[:, None] * delta
+    return {
+        "delta_nu": wd.T @ nu,
+        "delta_lam": wd.T @ lam,
+        "delta_delta": wd.T @ delta,
+        "grad_v": None if g_v is None else jnp.tensordot(weights, g_v, axes=1),
+        "error": weights @ clean,
+    }
+
+
+def _rates(setup: Setup, E: dict) -> dict[str, Any]:
+    eta = setup.eta
+    dQ = eta * (E["delta_lam"] + E["delta_lam"].T) + eta**2 * E["delta_delta"]
+    out = {"R": eta * E["delta_nu"], "Q": dQ}
+    if E["grad_v"] is not None:
+        out["v"] = -setup.eta_v * E["grad_v"]
+    return out
+
+
+def vector_field(setup: Setup, R: Any, Q: Any, v: Any = None, rule_: Rule | None = None) -> dict[str, jax.Array]:
+    """Eqs. (2)-(4): ``{"R": dR/dt, "Q": dQ/dt[, "v": dv/dt]}`` at ``(R, Q, v)`` (``v`` only when
+    the setup has a readout). ``rule_`` defaults to `rule` of the setup."""
+    return _rates(setup, expectations(setup, R, Q, v, rule(setup) if rule_ is None else rule_))
+
+
+def generalisation_error(setup: Setup, R: Any, Q: Any, v: Any = None, rule_: Rule | None = None) -> jax.Array:
+    """Eq. (5): the population loss ``E[loss(student(lambda, v), teacher(nu))]`` (noise-free label)."""
+    return expectations(setup, R, Q, v, rule(setup) if rule_ is None else rule_)["error"]
+
+
+def initial_state(setup: Setup) -> dict[str, Any]:
+    """The ODE state at ``t = 0``: ``{"R": R0, "Q": Q0[, "v": v0]}``."""
+    y = {"R": setup.R0, "Q": setup.Q0}
+    if setup.v0 is not None:
+        y["v"] = setup.v0
+    return y
+
+
+def field(t: Any, y: dict, args: tuple[Setup, Rule]) -> dict:
+    """Eqs. (2)-(4) as an `attnflow.integrate` field on ``y = {"R", "Q"[, "v"]}``,
+    ``args = (setup, rule)``."""
+    setup, rl = args
+    return _rates(setup, expectations(setup, y["R"], y["Q"], y.get("v"), rl))
+
+
+def _observe(t, y, args):
+    from .observe import state_observables
+
+    setup, rl = args
+    return state_observables(setup, y, rl)
+
+
+DEFAULT_SAVE = LogGrid(120, 0.1)
+"""`solve`'s save grid when none is given (log-spaced: plateaus last decades)."""
+
+DEFAULT_SOLVER = SolverOptions(rtol=1e-7, atol=1e-9, max_steps=100_000)
+"""`solve`'s solver options when none are given."""
+
+
+def solve(
+    setup: Setup,
+    t1: Any,
+    *,
+    save: SaveGrid | None = None,
+    solver: SolverOptions | None = None,
+    rule_: Rule | None = None,
+) -> Trajectory:
+    """The derived ODE (2)-(4) of ``setup`` from its initial overlaps, integrated to ``t1`` on the
+    clock ``t = steps / D`` of `attnflow.derive.train`.
+
+    Records `attnflow.derive.OBSERVABLES`. Default save grid `DEFAULT_SAVE`, solver
+    `DEFAULT_SOLVER`; ``rule_`` overrides the quadrature nodes and weights (default `rule`).
+    """
+    if not isinstance(setup, Setup):
+        raise ValueError(f"setup must be an attnflow.derive.Setup, got {setup!r:.80}")
+    rl = rule(setup) if rule_ is None else rule_
+    return integrate(
+        field,
+        initial_state(setup),
+        t1,
+        args=(setup, rl),
+        save=save or DEFAULT_SAVE,
+        solver=solver or DEFAULT_SOLVER,
+        observe=_observe,
+        meta={
+            "theory": "derive",
+            "equation": "derived order-parameter ODE (2)-(4)",
+            "clock": "t = steps / D",
+            "quadrature": repr(setup.quadrature),
+            "nodes": int(np.shape(rl[0])[0]),
+        },
+    )

@@ -1,0 +1,132 @@
+"""`train`: finite-``D`` online SGD of the very student and teacher of a `Setup`, started at its
+initial overlaps, on the clock ``t = steps / D``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .. import _validate as V
+from .._jit import filter_jit
+from ..expect import psd_sqrt
+from ..optim import per_circuit
+from ..options import LinearGrid, SaveGrid, TimeGrid
+from ..simulate import OnlineSGD, check_divergence, simulate
+from ..trajectory import Trajectory
+from .observe import weight_observables
+from .setup import Setup
+from .theory import rule
+
+__all__ = ["DEFAULT_TRAIN_SAVE", "REFERENCE_D", "weights_from_overlaps", "train"]
+
+DEFAULT_TRAIN_SAVE = LinearGrid(41)
+"""`train`'s save grid when none is given (in time units ``t = steps / D``)."""
+
+REFERENCE_D = 1000
+"""`train`'s default input dimension."""
+
+
+def weights_from_overlaps(R: Any, Q: Any, T: Any, D: int, key: Any = 0) -> tuple[jax.Array, jax.Array]:
+    """Teacher ``W* (M, D)`` and student ``W (K, D)`` with exactly ``W* W*^T / D = T``,
+    ``W W*^T / D = R`` and ``W W^T / D = Q``: ``W* = sqrt(D) T^{1/2} U^T`` and
+    ``W = sqrt(D) (R T^{-1/2} U^T + P^{1/2} Z^T)`` with ``P = Q - R T^{-1} R^T`` and ``[U, Z]`` a
+    random orthonormal ``(D, M + K)`` frame drawn from ``key``. Traceable."""
+    R, Q, T = (jnp.asarray(a, dtype=jnp.result_type(float)) for a in (R, Q, T))
+    K, M = R.shape
+    if D < K + M:
+        raise ValueError(f"D must be at least K + M = {K + M}, got {D}")
+    G = jax.random.normal(V.prng_key(key), (D, K + M), dtype=R.dtype)
+    # symmetric orthonormalisation G (G^T G)^{-1/2}: a Haar-random frame
+    w, E = jnp.linalg.eigh(G.T @ G)
+    F = G @ ((E / jnp.sqrt(w)) @ E.T)
+    U, Z = F[:, :M], F[:, M:]
+    T_half = psd_sqrt(T)
+    T_inv_half = jnp.linalg.inv(T_half)
+    P = Q - R @ jnp.linalg.solve(T, R.T)
+    W_star = jnp.sqrt(D) * T_half @ U.T
+    W = jnp.sqrt(D) * (R @ T_inv_half @ U.T + psd_sqrt(P) @ Z.T)
+    return W_star, W
+
+
+def train(
+    setup: Setup,
+    t1: float,
+    *,
+    key: Any = 0,
+    D: int = REFERENCE_D,
+    save: SaveGrid | None = None,
+    progress: bool = False,
+) -> Trajectory:
+    """Online SGD of ``setup``'s student on fresh Gaussian inputs ``x ~ N(0, I_D)``, one sample per
+    step, labels ``teacher(W* x / sqrt(D)) + sigma xi``, to ``t1 = steps / D``.
+
+    Steps: ``W <- W - eta grad_W l`` and ``v <- v - (eta_v / D) grad_v l`` (the convention of
+    eq. (4), Goldt et al. 2019). Teacher and student start at exactly the overlaps ``T``, ``R0``,
+    ``Q0`` of the setup (`weights_from_overlaps`, frame from ``key``; ``key`` also seeds the
+    samples). Records `attnflow.derive.OBSERVABLES` at the save grid (default
+    `DEFAULT_TRAIN_SAVE`, in time units); ``error`` is the population error of the current
+    weights by the setup's quadrature. A diverging run raises `attnflow.DivergenceError`.
+    Compiled once per (``t1``, ``D``, save grid, model functions): new rates, overlaps or keys
+    reuse it.
+    """
+    if not isinstance(setup, Setup):
+        raise ValueError(f"setup must be an attnflow.derive.Setup, got {setup!r:.80}")
+    D = V.positive_int("D", D, minimum=setup.K + setup.M)
+    t1 = V.finite_scalar("t1", t1)
+    if t1 <= 0:
+        raise ValueError(f"t1 must be positive, got {t1}")
+    total, steps = (save or DEFAULT_TRAIN_SAVE).steps_for(t1, 1.0 / D)
+    traj, bad = _train(setup, V.prng_key(key), rule(setup), total, tuple(int(s) for s in steps), D, progress)
+    return check_divergence(traj, bad, 1.0 / D)
+
+
+@filter_jit
+def _train(setup, key, rl, total, steps, D, progress):
+    k_frame, k_run = jax.random.split(key)
+    W_star, W0 = weights_from_overlaps(setup.R0, setup.Q0, setup.T, D, k_frame)
+    params = {"W": W0}
+    if setup.v0 is not None:
+        params["v"] = setup.v0
+        opt = per_circuit({"W": "W", "v": "v"}, {"W": setup.eta, "v": setup.eta_v / D})
+    else:
+        opt = optax.sgd(setup.eta)
+    noisy = setup.noise is not None
+
+    def sampler(k, n):
+        kx, kn = jax.random.split(k)
+        x = jax.random.normal(kx, (n, D), dtype=W0.dtype)
+        xi = jax.random.normal(kn, (n,), dtype=W0.dtype) if noisy else jnp.zeros((n,), W0.dtype)
+        return x, xi
+
+    sigma = setup.noise if noisy else 0.0
+    sq = jnp.sqrt(jnp.asarray(D, W0.dtype))
+
+    def loss(p, batch):
+        x, xi = batch
+        lam = x @ p["W"].T / sq
+        nu = x @ W_star.T / sq
+        v = p.get("v")
+
+        def one(lam_i, nu_i, xi_i):
+            return setup.loss(setup.student(lam_i, v), setup.teacher(nu_i) + sigma * xi_i)
+
+        return jnp.mean(jax.vmap(one)(lam, nu, xi))
+
+    return simulate(
+        loss,
+        params,
+        opt,
+        total,
+        mode=OnlineSGD(sampler, 1),
+        key=k_run,
+        observe=lambda p: weight_observables(setup, p, W_star, rl),
+        save=TimeGrid(np.asarray(steps)),
+        clock=1.0 / D,
+        progress=progress,
+        throw=False,
+        meta={"theory": "derive", "D": D, "clock": "t = steps / D", "batch": 1},
+    )
