@@ -59,6 +59,9 @@ from .saddle import fixed_point as fixed_point
 from .saddle import jacobian as jacobian
 from .saddle import spectrum as spectrum
 from .saddle import unstable_subspace as unstable_subspace
+from .sensitivity import Sensitivity as Sensitivity
+from .sensitivity import central_difference as central_difference
+from .sensitivity import sensitivity as sensitivity
 from .setup import AbstractSetup as AbstractSetup
 from .simulate import FullBatch as FullBatch
 from .simulate import Minibatch as Minibatch
@@ -94,6 +97,7 @@ __all__ = [
     "OnlineSGD",
     "Report",
     "SaveGrid",
+    "Sensitivity",
     "Shard",
     "ShardPending",
     "SolverOptions",
@@ -105,6 +109,7 @@ __all__ = [
     "UnrolledTsit5",
     "analysis",
     "as_data",
+    "central_difference",
     "check_divergence",
     "clear_compilation_cache",
     "compare",
@@ -135,6 +140,7 @@ __all__ = [
     "rng",
     "saddle",
     "save_figure",
+    "sensitivity",
     "simulate",
     "spectrum",
     "sweep",

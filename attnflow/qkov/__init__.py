@@ -55,6 +55,14 @@ from .observe import mu_qk_distinct as mu_qk_distinct
 from .observe import mu_qk_from_attention as mu_qk_from_attention
 from .observe import mu_qk_gap as mu_qk_gap
 from .observe import state_observables as state_observables
+from .optimal import OptimalRatio as OptimalRatio
+from .optimal import capped_rates as capped_rates
+from .optimal import default_horizon as default_horizon
+from .optimal import fixed_loss_slope as fixed_loss_slope
+from .optimal import optimal_ratio as optimal_ratio
+from .optimal import pareto_front as pareto_front
+from .optimal import ratio_sensitivity as ratio_sensitivity
+from .optimal import reach_loss as reach_loss
 from .setup import PAPER_HORIZON_TAU as PAPER_HORIZON_TAU
 from .setup import PAPER_LOSS_TARGET as PAPER_LOSS_TARGET
 from .setup import PAPER_RATIOS as PAPER_RATIOS
@@ -133,6 +141,7 @@ __all__ = [
     "CodeGenerator",
     "EpsIdentity",
     "Init",
+    "OptimalRatio",
     "QKOVModel",
     "Setup",
     "TheoryTask",
@@ -143,16 +152,19 @@ __all__ = [
     "authors_rk4",
     "balance_diagnostic",
     "balanced_factorise",
+    "capped_rates",
     "circuit_labels",
     "code_model",
     "comprehensiveness_sufficiency",
     "confident_concentration",
     "conserved_quantities",
     "cross_entropy",
+    "default_horizon",
     "dtap",
     "effective_rate",
     "factor_conserved",
     "first_integral",
+    "fixed_loss_slope",
     "fixed_attention_logits",
     "from_tau",
     "invariant",
@@ -168,7 +180,11 @@ __all__ = [
     "mu_qk_distinct",
     "mu_qk_from_attention",
     "mu_qk_gap",
+    "optimal_ratio",
+    "pareto_front",
     "paper_setup",
+    "ratio_sensitivity",
+    "reach_loss",
     "reduced_field",
     "relevant_mass",
     "rollout",
