@@ -57,6 +57,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ._errors import collecting, status_code
 from ._io import atomic_write
 from ._jit import cpu_compiler_options
+from ._lanes import check_lanes, vmap_lanes
 
 __all__ = [
     "sweep",
@@ -455,7 +456,12 @@ def _shardings(devices: tuple, dims: tuple, nested: bool) -> tuple[NamedSharding
 
 
 def _compiled(
-    fn: Callable[..., Any], devices: tuple, dims: tuple, nested_dims: tuple | None = None, local: bool = False
+    fn: Callable[..., Any],
+    devices: tuple,
+    dims: tuple,
+    nested_dims: tuple | None = None,
+    lanes: int | None = None,
+    local: bool = False,
 ) -> Any:
     """One jitted, sharded, vmapped ``fn`` per (fn, devices, layout), reused across calls.
 
@@ -472,6 +478,10 @@ def _compiled(
     ``fn`` on its block of points, with no communication. Under plain jit sharding the SPMD
     partitioner turns the stopping test of a vmapped adaptive solve (any lane not
     finished) into an all-reduce across devices at every step.
+
+    ``lanes``: each device runs its points as consecutive groups of ``lanes`` points
+    (nested: rows of the first axis, ``lanes // n_inner`` of them), one after another
+    inside the compiled call (`attnflow._lanes.vmap_lanes`).
     """
 
     def make():
@@ -488,7 +498,7 @@ def _compiled(
         if nested_dims is None:
 
             def batched(point):
-                return jax.vmap(lambda p: fn_status(**p))(point)
+                return vmap_lanes(lambda p: fn_status(**p), lanes)(point)
         else:
 
             def batched(point):
@@ -496,7 +506,8 @@ def _compiled(
                     if i == len(nested_dims):
                         return fn_status(**fixed)
                     d = nested_dims[i]
-                    return jax.vmap(lambda x: over(i + 1, {**fixed, d: x}))(point[d])
+                    rows = None if i or lanes is None else max(1, lanes // n_inner)
+                    return vmap_lanes(lambda x: over(i + 1, {**fixed, d: x}), rows)(point[d])
 
                 n_inner = math.prod(point[d].shape[0] for d in nested_dims[1:])
                 out = over(0, {})
@@ -524,7 +535,7 @@ def _compiled(
         )
         return jitted, messages
 
-    return _memo(_CACHE, (fn, devices, dims, nested_dims, local), make)
+    return _memo(_CACHE, (fn, devices, dims, nested_dims, lanes, local), make)
 
 
 def _out_struct(compiled: Any, example: dict) -> Any:
@@ -549,6 +560,7 @@ def sweep(
     nest: bool | None = None,
     on_error: str = "nan",
     shard: Shard | tuple[int, int] | str | None = None,
+    lanes: int | None = None,
 ) -> SweepResult:
     """Evaluate ``fn(**point)`` on the cartesian grid of ``axes``.
 
@@ -598,6 +610,14 @@ def sweep(
         without ``shard`` on the same ``out_dir`` merges: it loads every chunk and computes
         only the missing ones. Inside a `sweep_defaults` block, ``out_dir`` and ``shard``
         default to the block's.
+    lanes:
+        Run each device's points as consecutive groups of ``lanes`` points, one group after
+        another inside the same compiled call (nested: groups of ``lanes // n_inner`` rows
+        of the first axis). Under ``vmap`` an adaptive solve steps until its slowest lane is
+        done; in groups, each group stops with its own slowest lane, so points that finish
+        early stop costing work. Same values as without (``None``, the default: one
+        group); pays on a CPU for grids whose neighbouring points take similar step counts
+        (``benchmarks/sweep_vs_loop.py``); on a GPU keep one group.
     """
     if on_error not in ("nan", "raise"):
         raise ValueError(f"on_error must be 'nan' or 'raise', got {on_error!r}")
@@ -663,7 +683,7 @@ def sweep(
     # more than one device: shard_map (no cross-device step), unless fn does not trace under
     # it (equinox's closure conversion, used by Diffrax's event root find, compares
     # shardings that shard_map changes); one device needs no shard_map
-    layout = (fn, tuple(devices), dims, dims if nest else None)
+    layout = (fn, tuple(devices), dims, dims if nest else None, check_lanes(lanes))
     local = n_dev > 1 and layout not in _NO_SHARD_MAP
     compiled, messages = _compiled(*layout, local)
 
