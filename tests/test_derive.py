@@ -1,0 +1,277 @@
+"""attnflow.derive: the derived order-parameter ODE against the closed forms of Saad & Solla (1995)
+and Goldt et al. (2019), and against online SGD of the same model."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attnflow as af
+from attnflow import derive
+
+# ----------------------------------------------------------------------------- closed forms
+# Written here independently of attnflow.derive: Saad & Solla (1995) eqs. for g(x) = erf(x / sqrt 2),
+# the integrals I2, I3, I4 over the covariance C of all units (students first, then teachers);
+# readouts v (student) and v* (teacher) as in Goldt et al. (2019).
+
+
+def closed_form(R, Q, T, v, v_star, eta, eta_v, sigma=0.0):
+    """``(field, eg)`` of the soft committee ``sum_k v_k g(lambda_k)`` learning ``sum_m v*_m g(nu_m)``
+    with squared loss and label noise ``sigma``."""
+    K, M = R.shape
+    n = K + M
+    C = jnp.block([[Q, R], [R.T, T]])
+    d = jnp.diag(C)
+    I2 = 2 / jnp.pi * jnp.arcsin(C / jnp.sqrt(jnp.outer(1 + d, 1 + d)))
+    a, b, c = np.meshgrid(np.arange(n), np.arange(n), np.arange(n), indexing="ij")
+    L3 = (1 + d[a]) * (1 + d[c]) - C[a, c] ** 2
+    I3 = 2 / jnp.pi / jnp.sqrt(L3) * (C[b, c] * (1 + d[a]) - C[a, b] * C[a, c]) / (1 + d[a])
+    a, b, c, e = np.meshgrid(*[np.arange(n)] * 4, indexing="ij")
+    L4 = (1 + d[a]) * (1 + d[b]) - C[a, b] ** 2
+    L0 = (
+        L4 * C[c, e]
+        - C[b, c] * C[b, e] * (1 + d[a])
+        - C[a, c] * C[a, e] * (1 + d[b])
+        + C[a, b] * C[a, c] * C[b, e]
+        + C[a, b] * C[a, e] * C[b, c]
+    )
+    L1 = L4 * (1 + d[c]) - C[b, c] ** 2 * (1 + d[a]) - C[a, c] ** 2 * (1 + d[b]) + 2 * C[a, b] * C[a, c] * C[b, c]
+    L2 = L4 * (1 + d[e]) - C[b, e] ** 2 * (1 + d[a]) - C[a, e] ** 2 * (1 + d[b]) + 2 * C[a, b] * C[a, e] * C[b, e]
+    I4 = 4 / jnp.pi**2 / jnp.sqrt(L4) * jnp.arcsin(L0 / jnp.sqrt(L1 * L2))
+    v = jnp.asarray(v)
+    w = jnp.concatenate([-v, jnp.asarray(v_star)])  # teacher - student = sum_u w_u g(u)
+    dR = v[:, None] * jnp.einsum("kmu,u->km", I3[:K, K:], w)
+    dl = v[:, None] * jnp.einsum("klu,u->kl", I3[:K, :K], w)
+    dd = jnp.outer(v, v) * jnp.einsum("klus,u,s->kl", I4[:K, :K], w, w)
+    # noise: E[g'(l_k) g'(l_l)] sigma^2 = sigma^2 (2 / pi) / sqrt((1 + Q_kk)(1 + Q_ll) - Q_kl^2)
+    qd = jnp.diag(Q)
+    dd = dd + sigma**2 * jnp.outer(v, v) * 2 / jnp.pi / jnp.sqrt(jnp.outer(1 + qd, 1 + qd) - Q**2)
+    field = {"R": eta * dR, "Q": eta * (dl + dl.T) + eta**2 * dd, "v": eta_v * (I2[:K] @ w)}
+    return field, 0.5 * w @ I2 @ w
+
+
+def _committee_closed_ode(K, M):
+    def f(t, y, args):
+        out, _ = closed_form(y["R"], y["Q"], jnp.eye(M), jnp.ones(K), jnp.ones(M), args, 0.0)
+        return {"R": out["R"], "Q": out["Q"]}
+
+    def obs(t, y, args):
+        return {**y, "error": closed_form(y["R"], y["Q"], jnp.eye(M), jnp.ones(K), jnp.ones(M), args, 0.0)[1]}
+
+    return f, obs
+
+
+def _max_diff(a, b):
+    return max(float(jnp.max(jnp.abs(a[k] - b[k]))) for k in a)
+
+
+SS_R0 = jnp.array([[0.011, 0.01], [0.01, 0.01]])  # nearly symmetric: a long plateau, then the escape
+SS_Q0 = 0.2 * jnp.eye(2)
+
+
+# ----------------------------------------------------------------------------- Saad & Solla K = M = 2
+def test_field_matches_saad_solla_closed_form_along_plateau_and_escape():
+    f, obs = _committee_closed_ode(2, 2)
+    ref = af.integrate(
+        f,
+        {"R": SS_R0, "Q": SS_Q0},
+        300.0,
+        args=1.0,
+        save=af.LinearGrid(16),
+        solver=af.SolverOptions(rtol=1e-10, atol=1e-12),
+        observe=obs,
+    )
+    err = np.asarray(ref["error"])
+    # the trajectory goes through the symmetric plateau (eg ~ 0.02 for t in [20, 100]) and escapes
+    assert 0.015 < err[2] < 0.025 and 0.015 < err[5] < 0.025 and err[-1] < 1e-6
+    s = derive.Setup(derive.soft_committee, derive.soft_committee, SS_R0, SS_Q0, quadrature=derive.GaussHermite(24))
+    rl = derive.rule(s)
+    derived = jax.jit(jax.vmap(lambda R, Q: derive.vector_field(s, R, Q, None, rl)))(ref["R"], ref["Q"])
+    eg = jax.jit(jax.vmap(lambda R, Q: derive.generalisation_error(s, R, Q, None, rl)))(ref["R"], ref["Q"])
+    closed = jax.vmap(lambda R, Q: closed_form(R, Q, jnp.eye(2), jnp.ones(2), jnp.ones(2), 1.0, 0.0)[0])(
+        ref["R"], ref["Q"]
+    )
+    assert set(derived) == {"R", "Q"}
+    assert _max_diff(derived, {"R": closed["R"], "Q": closed["Q"]}) < 1e-8
+    assert float(jnp.max(jnp.abs(eg - ref["error"]))) < 1e-8
+
+
+def test_field_with_trained_readout_and_noise_matches_closed_form():
+    # Goldt et al. (2019): second layer trained, teacher readout v*, teacher overlaps T not the identity
+    R = jnp.array([[0.3, 0.1], [0.05, 0.2]])
+    Q = jnp.array([[0.5, 0.1], [0.1, 0.4]])
+    T = jnp.array([[1.0, 0.2], [0.2, 0.8]])
+    v, v_star = jnp.array([0.8, -0.4]), jnp.array([1.0, 0.6])
+
+    def teacher(nu):
+        return v_star @ derive.erf_activation(nu)
+
+    def student(lam, v):
+        return v @ derive.erf_activation(lam)
+
+    s = derive.Setup(student, teacher, R, Q, T=T, v0=v, eta=0.7, eta_v=0.3, quadrature=derive.GaussHermite(24))
+    out = derive.vector_field(s, R, Q, v)
+    ref, eg = closed_form(R, Q, T, v, v_star, 0.7, 0.3)
+    assert _max_diff(out, ref) < 1e-8
+    assert abs(float(derive.generalisation_error(s, R, Q, v)) - float(eg)) < 1e-8
+    # label noise adds a fifth Gaussian variable: Gauss-Hermite 12^5 nodes (4e-6; 14^5: 7e-7)
+    s = s.replace(noise=jnp.asarray(0.5), quadrature=derive.GaussHermite(12))
+    assert s.dim == 5
+    ref, _ = closed_form(R, Q, T, v, v_star, 0.7, 0.3, sigma=0.5)
+    assert _max_diff(derive.vector_field(s, R, Q, v), ref) < 1e-5
+
+
+def test_K3_M3_quadrature_cost_bound():
+    # K = M = 3: d = 6, so n Gauss-Hermite points per dimension cost n^6 nodes. Measured max errors
+    # of the field: n = 6: 6.5e-3, 7: 2.7e-3, 8: 1.4e-3, 10: 3.3e-4 (1e6 nodes); Monte Carlo 2^16:
+    # 1.4e-2, 2^18: 3.3e-3. The 1e-8 of K = M = 2 (n = 24) would take 24^6 = 1.9e8 nodes per
+    # evaluation: quadrature cost is what bounds K = M = 3.
+    R = 0.2 * jnp.eye(3) + 0.05
+    Q = 0.5 * jnp.eye(3) + 0.1
+    ref, _ = closed_form(R, Q, jnp.eye(3), jnp.ones(3), jnp.ones(3), 1.0, 0.0)
+    ref = {"R": ref["R"], "Q": ref["Q"]}
+    s = derive.Setup(derive.soft_committee, derive.soft_committee, R, Q)
+    assert isinstance(s.quadrature, derive.MonteCarlo)  # the default in d = 6
+    gh = derive.vector_field(s.replace(quadrature=derive.GaussHermite(7)), R, Q)
+    mc = derive.vector_field(s, R, Q)
+    assert _max_diff(gh, ref) < 4e-3
+    assert _max_diff(mc, ref) < 3e-2
+
+
+# ----------------------------------------------------------------------------- protocol, ODE vs SGD
+GOLDT = dict(
+    R0=jnp.array([[0.2, 0.0], [0.0, 0.1]]),
+    Q0=0.3 * jnp.eye(2),
+    v0=jnp.array([0.5, 0.3]),
+    eta=1.0,
+    eta_v=1.0,
+)
+
+
+def _goldt_setup(**kw):
+    def student(lam, v):
+        return v @ derive.erf_activation(lam)
+
+    return derive.Setup(student, derive.soft_committee, **{**GOLDT, "quadrature": derive.GaussHermite(12), **kw})
+
+
+def test_goldt_trained_readout_ode_vs_sgd():
+    s = _goldt_setup()
+    th = derive.solve(s, 10.0, save=af.LinearGrid(21))
+    sim = derive.train(s, 10.0, key=0, D=1000, save=af.LinearGrid(11))
+    assert set(th.ys) == set(sim.ys) == {"R", "Q", "v", "error"}
+    gap = af.compare(th, sim)
+    # finite-size error ~ D^{-1/2} = 0.03
+    assert gap["error"] < 0.02 and gap["R"] < 0.1 and gap["Q"] < 0.1 and gap["v"] < 0.1, gap
+    assert float(th["error"][-1]) < 0.5 * float(th["error"][0])
+    np.testing.assert_allclose(sim["R"][0], s.R0, atol=1e-10)  # the SGD starts at the overlaps exactly
+    np.testing.assert_allclose(sim["Q"][0], s.Q0, atol=1e-10)
+
+
+def test_weights_from_overlaps_exact():
+    R = jnp.array([[0.3, 0.1], [0.05, 0.2], [0.0, 0.1]])
+    Q = 0.5 * jnp.eye(3) + 0.05
+    T = jnp.array([[1.0, 0.3], [0.3, 2.0]])
+    Ws, W = derive.weights_from_overlaps(R, Q, T, 50, key=3)
+    np.testing.assert_allclose(Ws @ Ws.T / 50, T, atol=1e-12)
+    np.testing.assert_allclose(W @ Ws.T / 50, R, atol=1e-12)
+    np.testing.assert_allclose(W @ W.T / 50, Q, atol=1e-12)
+
+
+def _tiny_setup(**kw):
+    # one tanh neuron learning one tanh neuron: d = 2, 40^2 Gauss-Hermite nodes
+    def neuron(f, v=None):
+        return jnp.tanh(f[0])
+
+    return derive.Setup(neuron, neuron, jnp.array([[0.1]]), jnp.array([[0.5]]), **kw)
+
+
+def test_jit_vmap_sweep_and_one_compilation():
+    s = _tiny_setup()
+    assert s.quadrature == derive.GaussHermite(40)
+
+    def final_error(eta):
+        return derive.solve(s.replace(eta=eta), 5.0, save=af.LinearGrid(2)).final()["error"]
+
+    etas = np.array([0.25, 0.5, 1.0])
+    res = af.sweep(final_error, {"eta": etas}, progress=False)
+    one = [float(final_error(e)) for e in etas]
+    np.testing.assert_allclose(res.values, one, rtol=1e-6)
+    assert np.all(np.diff(res.values) < 0)  # faster learning at larger rates in this range
+    # the field under jit and vmap (rates and overlaps as batch axes)
+    f = jax.jit(jax.vmap(lambda eta, r: derive.vector_field(s.replace(eta=eta), r[None, None], s.Q0)["R"]))
+    assert f(jnp.array([0.5, 1.0]), jnp.array([0.1, 0.2])).shape == (2, 1, 1)
+    # SGD: a vmap over seeds and learning rates at one size D
+    sims = af.sweep(
+        lambda eta, key: derive.train(s.replace(eta=eta), 2.0, key=key, D=200, save=af.LinearGrid(2)).final()["error"],
+        {"eta": np.array([0.5, 1.0]), "key": np.arange(2)},
+        progress=False,
+    )
+    assert sims.values.shape == (2, 2) and np.all(np.isfinite(sims.values))
+    with af.count_compilations() as n:
+        derive.solve(s.replace(eta=0.3, R0=jnp.array([[0.2]])), 5.0, save=af.LinearGrid(2))
+        derive.solve(s.replace(eta=0.7, R0=jnp.array([[0.3]])), 5.0, save=af.LinearGrid(2))
+    assert n.n <= 1
+
+
+def test_bad_input_names_the_argument():
+    f = derive.soft_committee
+    R, Q = 0.1 * jnp.ones((2, 2)), 0.5 * jnp.eye(2)
+    cases = [
+        (dict(student=1.0, teacher=f, R0=R, Q0=Q), "student"),
+        (dict(student=f, teacher=f, R0=R, Q0=Q, eta=-1.0), "eta"),
+        (dict(student=f, teacher=f, R0=R, Q0=Q, eta_v=0.0), "eta_v"),
+        (dict(student=f, teacher=f, R0=jnp.ones(3), Q0=Q), "R0"),
+        (dict(student=f, teacher=f, R0=R, Q0=jnp.eye(3)), "Q0"),
+        (dict(student=f, teacher=f, R0=R, Q0=Q, T=jnp.eye(3)), "T"),
+        (dict(student=f, teacher=f, R0=R, Q0=0.01 * jnp.eye(2)), "Q0 - R0"),
+        (dict(student=f, teacher=f, R0=R, Q0=Q, noise=-0.1), "noise"),
+        (dict(student=f, teacher=f, R0=R, Q0=Q, quadrature="gh"), "quadrature"),
+        (dict(student=f, teacher=f, R0="x", Q0=Q), "R0"),
+    ]
+    for kw, name in cases:
+        with pytest.raises(ValueError, match=name):
+            derive.Setup(**kw)
+    with pytest.raises(ValueError, match="points"):
+        derive.GaussHermite(1)
+    with pytest.raises(ValueError, match="samples"):
+        derive.MonteCarlo(3)
+    s = derive.Setup(f, f, R, Q)
+    with pytest.raises(ValueError, match="D must"):
+        derive.train(s, 1.0, D=3)
+    with pytest.raises(ValueError, match="t1"):
+        derive.train(s, -1.0)
+    with pytest.raises(ValueError, match="setup"):
+        derive.solve("setup", 1.0)
+
+
+def test_public_names_have_docstrings():
+    for name in derive.__all__:
+        obj = getattr(derive, name)
+        if callable(obj) or isinstance(obj, type):
+            assert (obj.__doc__ or "").strip(), name
+
+
+# ----------------------------------------------------------------------------- finite-size scaling
+@pytest.mark.slow
+def test_sgd_gap_shrinks_like_inverse_sqrt_D():
+    s = derive.Setup(
+        derive.soft_committee,
+        derive.soft_committee,
+        jnp.array([[0.2, 0.0], [0.0, 0.05]]),
+        0.3 * jnp.eye(2),
+        quadrature=derive.GaussHermite(12),
+    )
+    t1 = 8.0
+    th = derive.solve(s, t1, save=af.LinearGrid(33))
+    Ds, gaps = (500, 2000, 8000), []
+    for D in Ds:
+        per_seed = []
+        for key in range(4):
+            sim = derive.train(s, t1, key=key, D=D, save=af.LinearGrid(17))
+            ref = np.interp(np.asarray(sim.ts), np.asarray(th.ts), np.asarray(th["error"]))
+            per_seed.append(np.sqrt(np.mean((np.asarray(sim["error"]) - ref) ** 2)))
+        gaps.append(float(np.mean(per_seed)))
+    fit = af.fit_power_law(Ds, gaps)
+    print("gaps", dict(zip(Ds, gaps)), "exponent", fit.slope)
+    assert -0.75 < fit.slope < -0.3, (gaps, fit.slope)
