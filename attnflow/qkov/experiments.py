@@ -733,3 +733,177 @@ def qkov_ratio_sweep(cfg: RatioSweepConfig, quiet: bool) -> Report:
         ax.grid(alpha=0.3, which="both")
     rep.figures["sharpness_vs_ratio"] = fig
     return rep
+
+
+# =============================================================================== qkov-optimal-ratio
+@dataclass(frozen=True)
+class OptimalRatioConfig:
+    """Options of ``qkov-optimal-ratio``: the sharpest attention at a fixed loss within a time budget."""
+
+    parametrisation: Parametrisation = "CACO"
+    m: int = 5
+    n: int = 50
+    b: int = 50
+    M: int = 20
+    loss_target: float = 1e-2  # L*
+    eta_max: float = 1.0  # cap on the larger learning rate (eq. (13))
+    time_budget: float = 2e6  # time t allowed to reach L*
+    n_ratios: int = 101  # brute-force sweep, log-spaced in [ratio_min, ratio_max]
+    ratio_min: float = 1e-2
+    ratio_max: float = 1e2
+    slope_ratios: tuple[float, ...] = (0.1, 1.0, 10.0)  # where d alpha / d log r is checked
+    outer: int = 12  # augmented-Lagrangian rounds
+    inner: int = 25  # Adam steps per round
+    learning_rate: float = 0.1
+
+
+@register(
+    "qkov-optimal-ratio",
+    config=OptimalRatioConfig,
+    description="ratio r maximising alpha at a fixed loss within a time budget: gradient through the "
+    "event-terminated ODE (Optax loop on log r) against a 101-ratio brute-force sweep; Pareto front",
+)
+def qkov_optimal_ratio(cfg: OptimalRatioConfig, quiet: bool) -> Report:
+    from ..sensitivity import central_difference
+    from .optimal import fixed_loss_slope, optimal_ratio, pareto_front, ratio_sensitivity, reach_loss
+
+    rep = Report("qkov-optimal-ratio", cfg)
+    base = Setup(
+        m=cfg.m,
+        n=cfg.n,
+        b=cfg.b,
+        M=cfg.M,
+        eta_ov=cfg.eta_max,
+        eta_qk=cfg.eta_max,
+        parametrisation=cfg.parametrisation,
+        mu0=1e-3,
+    )
+    L = cfg.loss_target
+    ratios = np.geomspace(cfg.ratio_min, cfg.ratio_max, cfg.n_ratios)
+    spacing = float(np.log(ratios[1] / ratios[0]))
+
+    # 1. d alpha / d log r through the event-terminated ODE, against finite differences and the
+    # implicit-function derivative of the first integral
+    slope_r = jnp.asarray(cfg.slope_ratios, dtype=float)
+
+    def setup_at(log_r):
+        return base.replace(eta_qk=jnp.exp(log_r) * cfg.eta_max)
+
+    with Timer() as tm:
+        grad = jax.vmap(lambda x: ratio_sensitivity(setup_at(x), L).grad["log_r"])(jnp.log(slope_r))
+        fd = jax.vmap(
+            lambda x: central_difference(lambda log_r: reach_loss(setup_at(log_r), L), relative=False, log_r=x)
+        )(jnp.log(slope_r))["log_r"]
+        ift = jax.vmap(lambda x: fixed_loss_slope(setup_at(x), L))(jnp.log(slope_r))
+    rep.timings[
+        f"d alpha / d log r at {len(cfg.slope_ratios)} ratios: gradient, finite differences, first integral"
+    ] = tm.seconds
+    g_a, fd_a, ift_a = (np.asarray(v["alpha"]) for v in (grad, fd, ift))
+    rep.summary[f"d alpha / d log r at L* = {L:g}, r = {list(cfg.slope_ratios)}: gradient"] = g_a.tolist()
+    rep.summary["d alpha / d log r: central differences (h = 1e-4)"] = fd_a.tolist()
+    rep.summary["d alpha / d log r: implicit function on the first integral"] = ift_a.tolist()
+    rep.check(
+        "d alpha / d log r: gradient through the event vs central differences (max rel.)",
+        float(np.max(np.abs(g_a - fd_a) / np.abs(g_a))),
+        1e-5,
+    )
+    rep.check(
+        "d alpha / d log r: gradient vs implicit-function derivative of the first integral (max rel.)",
+        float(np.max(np.abs(g_a - ift_a) / np.abs(g_a))),
+        1e-6,
+    )
+
+    # 2. brute force: one compiled sweep over the ratios, rates capped at eta_max
+    with Timer() as tm:
+        front = pareto_front(base, L, ratios, eta_max=cfg.eta_max, progress=not quiet)
+    rep.timings[f"brute force: {cfg.n_ratios} ratios to L* (one compiled sweep)"] = tm.seconds
+    t, a = front["t"], front["alpha"]
+    feasible = t <= cfg.time_budget
+    rep.check("brute force: ratios that never reach L* (fraction)", float(np.mean(~np.isfinite(t))), 0.0)
+    if not feasible.any():
+        rep.notes.append(f"no ratio reaches L* = {L:g} within the budget {cfg.time_budget:g}; fastest {np.nanmin(t):g}")
+        rep.check("some ratio reaches L* within the budget", 1.0, 0.0)
+        return rep
+    best = int(np.argmax(np.where(feasible, a, -np.inf)))
+    rep.summary["brute force: best ratio on the grid, its t and alpha"] = [
+        float(ratios[best]),
+        float(t[best]),
+        float(a[best]),
+    ]
+    rep.summary["brute force: fastest ratio and its t"] = [float(ratios[np.nanargmin(t)]), float(np.nanmin(t))]
+
+    # 3. gradient optimum: augmented-Lagrangian Optax loop on log r
+    with Timer() as tm:
+        opt = optimal_ratio(
+            base,
+            L,
+            cfg.time_budget,
+            eta_max=cfg.eta_max,
+            outer=cfg.outer,
+            inner=cfg.inner,
+            learning_rate=cfg.learning_rate,
+        )
+        opt = jax.tree_util.tree_map(np.asarray, opt)
+    rep.timings[f"gradient optimum: {cfg.outer} x {cfg.inner} Adam steps (one compiled scan)"] = tm.seconds
+    rep.summary["gradient optimum: r, t, alpha"] = [float(opt.ratio), float(opt.t), float(opt.alpha)]
+    rep.summary["gradient optimum: multiplier, log(t / budget), stationarity"] = [
+        float(opt.multiplier),
+        float(opt.violation),
+        float(opt.stationarity),
+    ]
+    rep.check(
+        "gradient optimum vs brute force: |log r* - log r_grid| in grid spacings",
+        abs(float(opt.log_ratio) - float(np.log(ratios[best]))) / spacing,
+        1.0,
+    )
+    rep.check("gradient optimum: |log(t / budget)| (the budget binds)", abs(float(opt.violation)), 1e-3)
+    rep.check(
+        "gradient optimum: alpha not below the best feasible grid point's (shortfall)",
+        max(0.0, float(a[best]) - float(opt.alpha)),
+        1e-3,
+    )
+
+    # figure: Pareto front | brute force over r | the optimiser's path
+    fig = Figure(figsize=(13.0, 3.9), layout="constrained")
+    ax1, ax2, ax3 = fig.subplots(1, 3)
+    p = front["pareto"]
+    ax1.semilogx(t[~p], a[~p], "o", ms=3, color="0.7", label="dominated ratios")
+    ax1.semilogx(t[p], a[p], "o-", ms=3, color="C0", label="Pareto front")
+    ax1.axvline(cfg.time_budget, color="C3", ls="--", lw=1, label=f"time budget {cfg.time_budget:g}")
+    ax1.plot([t[best]], [a[best]], "s", ms=9, mfc="none", mec="k", label=f"best grid ratio r = {ratios[best]:.3g}")
+    ax1.plot([opt.t], [opt.alpha], "*", ms=13, color="C1", label=f"gradient optimum r* = {float(opt.ratio):.3g}")
+    ax1.set_xlabel(f"time t to reach L* = {L:g}")
+    ax1.set_ylabel("alpha at L*")
+    ax1.set_title(f"Pareto front, rates capped at eta_max = {cfg.eta_max:g}")
+    ax1.legend(fontsize=7, loc="upper left")
+    ax2.semilogx(ratios[feasible], a[feasible], "o", ms=3, color="C0", label="within budget")
+    ax2.semilogx(ratios[~feasible], a[~feasible], "x", ms=3, color="0.6", label="over budget")
+    ax2.axvline(float(opt.ratio), color="C1", lw=1.5, label=f"gradient optimum r* = {float(opt.ratio):.3g}")
+    ax2.set_xlabel("r = eta_QK / eta_OV")
+    ax2.set_ylabel("alpha at L*")
+    ax2b = ax2.twinx()
+    ax2b.loglog(ratios, t, "-", color="C2", lw=1, label="time to L* (right axis)")
+    ax2b.axhline(cfg.time_budget, color="C3", ls="--", lw=1, label="time budget (right axis)")
+    ax2b.set_ylabel("time t to reach L*")
+    h1, l1 = ax2.get_legend_handles_labels()
+    h2, l2 = ax2b.get_legend_handles_labels()
+    ax2.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper left")
+    ax2.set_title(f"Brute force: {cfg.n_ratios} ratios (one sweep)")
+    steps = np.arange(1, opt.history.size + 1)
+    ax3.semilogy(steps, np.exp(opt.history), "-", color="C1", label="Optax (Adam) iterate r")
+    ax3.axhline(ratios[best], color="k", ls=":", lw=1, label=f"best grid ratio {ratios[best]:.3g}")
+    ax3.axhspan(
+        ratios[best] * np.exp(-spacing), ratios[best] * np.exp(spacing), color="0.85", label="+- one grid spacing"
+    )
+    ax3.set_xlabel("Adam step")
+    ax3.set_ylabel("r")
+    ax3.set_title("Augmented-Lagrangian loop on log r")
+    ax3.legend(fontsize=7, loc="lower right")
+    for ax in (ax1, ax2, ax3):
+        ax.grid(alpha=0.3, which="both")
+    rep.figures["optimal_ratio"] = fig
+    rep.notes.append(
+        "Rates capped: the faster circuit runs at eta_max (eta_QK = eta_max min(r, 1), eta_OV = eta_max min(1, 1/r)); "
+        "alpha at L* depends on r only, so the budget alone limits how sharp attention can get."
+    )
+    return rep
