@@ -45,7 +45,9 @@ def fail_if(tree: Any, pred: Any, message: str) -> Any:
     """
     sink = _SINK.get()
     if sink is None or get_opaque_trace_state() != sink.trace:
-        return eqx.error_if(tree, pred, message)
+        # raise whatever equinox's default mode (EQX_ON_ERROR) is: an attnflow failure is never
+        # silently turned into NaN
+        return eqx.error_if(tree, pred, message, on_error="raise")
     sink.append((pred, message))
 
     def blank(x):

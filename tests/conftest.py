@@ -10,6 +10,10 @@ does not).
 import os
 from pathlib import Path
 
+# as the attnflow command does (attnflow_command.py), before Equinox is imported: Diffrax's
+# compiled-in checks without host callbacks, so JAX's persistent cache can store the solves
+os.environ.setdefault("EQX_ON_ERROR", "nan")
+
 import jax
 import pytest
 from jaxtyping import install_import_hook

@@ -1,6 +1,7 @@
 """The core's shapes: option objects, numbers as data, events as arrays, analysis, interop, configs."""
 
 import dataclasses
+import os
 from typing import Literal
 
 import equinox as eqx
@@ -11,6 +12,7 @@ import optax
 import pytest
 
 import attnflow as af
+from attnflow import deeplinear as dl
 from attnflow.deeplinear import mode_field
 from attnflow.report import config_from
 
@@ -368,3 +370,39 @@ def test_compilation_cache_folder_and_switch(tmp_path, monkeypatch):
     monkeypatch.delenv("ATTNFLOW_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert cache.cache_dir() == tmp_path / "xdg" / "attnflow" / "jax"
+
+
+def test_solves_and_training_compile_without_host_callbacks():
+    """Under the command's and the tests' EQX_ON_ERROR=nan no solve or training program holds a
+    host callback, so JAX's persistent cache can store them (it refuses programs with one); an
+    attnflow failure inside a user's jit still raises."""
+    import logging
+
+    assert os.environ.get("EQX_ON_ERROR") == "nan"  # set by conftest, as by attnflow_command.py
+    refused: list[str] = []
+
+    class Refusals(logging.Handler):
+        def emit(self, record):
+            if "host callbacks" in record.getMessage():
+                refused.append(record.getMessage())
+
+    log = logging.getLogger("jax._src.compiler")
+    handler, level = Refusals(), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    try:
+        s = dl.Setup(s=(2.7, 1.3, 0.45))  # shapes of its own: compiled here, not found in a cache
+        dl.solve(s, 3.1, save=af.LinearGrid(17))
+        dl.train(s, 3.1, key=0, save=af.LinearGrid(17))
+        af.sweep(lambda eta: dl.solve(s.replace(eta=eta), 3.1, save=af.LinearGrid(17)).ys["loss"], {"eta": [0.5, 1.0]})
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    assert refused == []
+
+    @jax.jit
+    def diverging(y0):
+        return af.integrate(lambda t, y, a: y**2, y0, 10.0, save=af.LinearGrid(3)).ys["y"]
+
+    with pytest.raises((eqx.EquinoxRuntimeError, jax.errors.JaxRuntimeError), match="integrate: "):
+        diverging(jnp.ones(1))
