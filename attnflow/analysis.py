@@ -26,14 +26,15 @@ __all__ = ["first_crossing", "value_at", "growth_rate", "detect_plateaus", "fit_
 def first_crossing(
     ts: Real[ArrayLike, "*batch T"],
     y: Real[ArrayLike, "*batch T"],
-    threshold: Real[ArrayLike, ""],
+    threshold: Real[ArrayLike, "..."],
     *,
     above: bool = True,
     interpolate: bool = False,
 ) -> Float[Array, "*batch"]:
     """Time at which ``y`` first reaches ``threshold`` (``y >= threshold``; ``y <= threshold``
     with ``above=False``), along the last axis of ``ts`` (``y`` may carry the same batch axes);
-    NaN where it never does.
+    NaN where it never does. ``threshold`` is a number, or one per batch entry (an array that
+    broadcasts against the batch shape ``y.shape[:-1]``).
 
     ``interpolate=True`` places the crossing between the two save times around it, linearly
     in ``y``; otherwise it is the first save time at or past the threshold. Traceable.
@@ -51,7 +52,9 @@ def first_crossing(
                 f"threshold must be a number or broadcast against the batch shape {y.shape[:-1]}, "
                 f"got shape {threshold.shape}"
             ) from None
-    hit = y >= threshold if above else y <= threshold
+    threshold = jnp.asarray(threshold)
+    level = threshold[..., None]  # against the time axis: one threshold per batch entry
+    hit = y >= level if above else y <= level
     i = jnp.argmax(hit, axis=-1)
     found = jnp.any(hit, axis=-1)
     t_hit = jnp.take_along_axis(ts, i[..., None], axis=-1)[..., 0]

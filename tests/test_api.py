@@ -157,6 +157,12 @@ def test_crossings_and_values_are_traceable():
     assert np.isnan(float(af.first_crossing(ts, y, 1e9)))
     batch = jax.vmap(lambda r: af.first_crossing(ts, jnp.exp(r * ts), 5.0, interpolate=True))(jnp.array([0.3, 0.6]))
     np.testing.assert_allclose(batch, np.log(5.0) / np.array([0.3, 0.6]), atol=3e-3)
+    # one threshold per batch entry (here 101 save times, 2 runs: shapes that do not line up by accident)
+    ts2 = jnp.broadcast_to(ts, (2, 101))
+    per_run = af.first_crossing(ts2, jnp.exp(0.3 * ts2), jnp.array([5.0, 10.0]), interpolate=True)
+    np.testing.assert_allclose(per_run, np.log([5.0, 10.0]) / 0.3, atol=3e-3)
+    with pytest.raises(ValueError, match="threshold"):
+        af.first_crossing(ts2, ts2, jnp.ones(101))
     loss = jnp.exp(-ts)
     a = af.value_at(loss, ts**2, jnp.exp(-2.5), log=True)  # value of t^2 where the loss first reaches e^-2.5
     assert float(a) == pytest.approx(6.25, rel=1e-2)
