@@ -1,12 +1,15 @@
 """Plots as pure functions returning a matplotlib ``Figure`` (no pyplot state).
 
 `overlay` draws theory as lines and simulations as markers (one seed) or as the seed
-mean with a shaded min-max band (several seeds), observable by observable.
+mean with a shaded min-max band (several seeds), observable by observable; `mark_times`
+adds the times the theory predicts for events (escapes, stage transitions, thresholds) and
+the times measured on a simulation, as vertical lines.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,7 @@ from matplotlib.figure import Figure
 
 from .trajectory import Trajectory
 
-__all__ = ["overlay", "family", "heatmap", "save_figure"]
+__all__ = ["overlay", "family", "heatmap", "mark_times", "save_figure"]
 
 _COLORS = ["C0", "C1", "C2", "C3", "C4", "C5", "C6", "C7", "C8", "C9"]
 
@@ -223,6 +226,101 @@ def heatmap(
     if title:
         ax.set_title(title)
     return fig
+
+
+_EVENT_COLORS = ["k", "C3", "C4", "C5", "C6", "C8", "C9", "C7"]
+
+
+def _event_times(arg: str, name: Any, value: Any) -> np.ndarray:
+    """One event's time(s) as a 1-D float array; ``ValueError`` naming ``arg`` otherwise."""
+    if not isinstance(name, str):
+        raise ValueError(f"{arg}: event names must be strings, got {name!r}")
+    try:
+        v = np.asarray(value, dtype=float)
+    except (TypeError, ValueError):
+        raise ValueError(f"{arg}[{name!r}] must be a real number (or a 1-D sequence of them), got {value!r}") from None
+    if v.ndim > 1 or np.iscomplexobj(value):
+        raise ValueError(f"{arg}[{name!r}] must be a real number (or a 1-D sequence of them), got {value!r}")
+    return v.reshape(-1)
+
+
+def mark_times(
+    ax: Any,
+    times: Mapping[str, Any],
+    measured: Mapping[str, Any] | None = None,
+    *,
+    colors: Sequence[str] | None = None,
+    theory_label: str = "theory",
+    measured_label: str = "measured",
+    legend: bool = True,
+    legend_kw: Mapping[str, Any] | None = None,
+) -> dict[str, tuple[float, float, float]]:
+    """Mark event times on ``ax``: predicted ones as dashed vertical lines, measured ones as
+    dotted vertical lines with a triangle at the top, one colour per event.
+
+    ``times`` maps an event name to the time the theory predicts for it (e.g. an escape time
+    ``log(1/eps) / lambda`` from `attnflow.escape_time`, or `attnflow.first_crossing` on a
+    theory trajectory); ``measured`` maps (some of) the same names to the time measured on a
+    simulation, one number or a 1-D sequence (one per seed: each is drawn). Non-finite times
+    (an event that never happened: a NaN crossing) and, on a logarithmic time axis,
+    non-positive ones are not drawn. Each line gets a legend entry ``"EVENT: theory t=..."``
+    / ``"EVENT: measured t=..."``; with ``legend=True`` the legend of ``ax`` is redrawn
+    (``legend_kw`` passed to ``ax.legend``, ``fontsize=7`` by default).
+
+    Returns ``{event: (t_predicted, t_measured, t_predicted / t_measured)}`` for every event
+    in ``times``, the measured time being the mean of the finite measured values (NaN where
+    there is none): the rows of a report's predicted-against-measured table.
+
+    Raises ``ValueError`` naming the argument: ``times`` or ``measured`` not a mapping, a
+    name that is not a string, a time that is not a real number or 1-D sequence of them
+    (``times`` takes one number per event), a measured event missing from ``times``, or
+    ``colors`` empty.
+    """
+    if not isinstance(times, Mapping):
+        raise ValueError(f"times must be a mapping of event name -> predicted time, got {type(times).__name__}")
+    if measured is None:
+        measured = {}
+    if not isinstance(measured, Mapping):
+        raise ValueError(f"measured must be a mapping of event name -> measured time(s), got {type(measured).__name__}")
+    colors = list(_EVENT_COLORS if colors is None else colors)
+    if not colors:
+        raise ValueError("colors must name at least one colour")
+    pred = {}
+    for k, v in times.items():
+        t = _event_times("times", k, v)
+        if t.size != 1:
+            raise ValueError(f"times[{k!r}] must be one number (the predicted time), got {v!r}")
+        pred[k] = float(t[0])
+    meas = {k: _event_times("measured", k, v) for k, v in measured.items()}
+    extra = sorted(set(meas) - set(pred))
+    if extra:
+        raise ValueError(f"measured names events that times does not predict: {extra} (times has {sorted(pred)})")
+    log_x = ax.get_xscale() == "log"
+
+    def drawable(t: float) -> bool:
+        return math.isfinite(t) and (t > 0 or not log_x)
+
+    top = ax.get_xaxis_transform()  # x in data, y in axes fraction
+    rows = {}
+    for i, (name, tp) in enumerate(pred.items()):
+        c = colors[i % len(colors)]
+        if drawable(tp):
+            ax.axvline(tp, color=c, ls="--", lw=1.2, alpha=0.9, label=f"{name}: {theory_label} t={tp:.3g}")
+        tm = meas.get(name, np.zeros(0))
+        finite = tm[np.isfinite(tm)]
+        shown = [t for t in tm if drawable(float(t))]
+        for j, t in enumerate(shown):
+            lab = f"{name}: {measured_label} t={np.mean(finite):.3g}" if j == 0 else None
+            if lab is not None and len(finite) > 1:
+                lab += f" (mean of {len(finite)})"
+            ax.axvline(t, color=c, ls=":", lw=1.2, alpha=0.9, label=lab)
+            ax.plot([t], [1.0], "v", color=c, ms=5, transform=top, clip_on=False)
+        t_meas = float(np.mean(finite)) if finite.size else float("nan")
+        ratio = tp / t_meas if finite.size and t_meas != 0 else float("nan")
+        rows[name] = (tp, t_meas, ratio)
+    if legend:
+        ax.legend(**{"fontsize": 7, **(legend_kw or {})})
+    return rows
 
 
 def save_figure(fig: Figure, path: str | Path, dpi: int = 130) -> Path:
