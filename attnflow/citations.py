@@ -103,6 +103,31 @@ ENTRIES: dict[str, tuple[str, str]] = {
   year   = {2021}
 }""",
     ),
+    "saad1995online": (
+        "D. Saad, S. A. Solla. On-line learning in soft committee machines. Phys. Rev. E 52, 4225 (1995).",
+        """@article{saad1995online,
+  title   = {On-line learning in soft committee machines},
+  author  = {Saad, David and Solla, Sara A.},
+  journal = {Physical Review E},
+  volume  = {52},
+  number  = {4},
+  pages   = {4225--4243},
+  year    = {1995}
+}""",
+    ),
+    "goldt2019dynamics": (
+        "S. Goldt, M. S. Advani, A. M. Saxe, F. Krzakala, L. Zdeborová. Dynamics of stochastic gradient "
+        "descent for two-layer neural networks in the teacher-student setup. NeurIPS 2019.",
+        """@inproceedings{goldt2019dynamics,
+  title     = {Dynamics of stochastic gradient descent for two-layer neural networks in the
+               teacher-student setup},
+  author    = {Goldt, Sebastian and Advani, Madhu S. and Saxe, Andrew M. and Krzakala, Florent and
+               Zdeborov{\\'a}, Lenka},
+  booktitle = {Advances in Neural Information Processing Systems},
+  volume    = {32},
+  year      = {2019}
+}""",
+    ),
     "deepmind2020jax": (
         "DeepMind. The DeepMind JAX Ecosystem (2020), Optax. https://github.com/google-deepmind/optax",
         """@software{deepmind2020jax,
@@ -120,6 +145,7 @@ PACKAGE_KEYS: dict[str, tuple[str, ...]] = {
     "focus": ("chen2026focus",),
     "heads": ("sagitova2026specialization",),
     "deeplinear": ("saxe2014exact",),
+    "derive": ("saad1995online", "goldt2019dynamics"),
 }
 # what every package runs on: JAX, Equinox, Diffrax (solve), Optax (train)
 SOFTWARE_KEYS: tuple[str, ...] = ("jax2018github", "kidger2021equinox", "kidger2021on", "deepmind2020jax")

@@ -14,6 +14,7 @@ EXPERIMENT_MODULES = (
     "attnflow.qkov.experiments",
     "attnflow.focus.experiments",
     "attnflow.heads.experiments",
+    "attnflow.derive.experiments",
 )
 
 
