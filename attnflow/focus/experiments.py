@@ -13,7 +13,7 @@ import numpy as np
 
 from ..analysis import detect_plateaus, first_crossing, growth_rate
 from ..options import LinearGrid, LogGrid, TimeGrid
-from ..plot import overlay
+from ..plot import mark_times, overlay
 from ..report import Report, Timer, register
 from ..sweep import sweep
 from ..trajectory import Trajectory
@@ -44,6 +44,44 @@ HELD_OUT_SEED = 999
 
 def _floats(pred: dict) -> dict:
     return {k: float(v) for k, v in pred.items()}
+
+
+_STAGE_EVENTS = ("Stage I escape (loss leaves log d)", "Stage II escape (loss leaves H(pi))")
+"""The events whose predicted times (R8) the simulation figures of focus mark."""
+
+
+def _stage_times(pred: dict) -> dict[str, float]:
+    """Predicted ends of the first two plateaus from the saddle rates (R8): Stage I escapes the
+    small initialisation after ``T_I = log(1/eps) / sigma``, Stage II then escapes ``theta_c^1``
+    after ``T_II = log(1/eps) / c``."""
+    return dict(zip(_STAGE_EVENTS, (pred["T_I"], pred["T_I"] + pred["T_II"]), strict=True))
+
+
+def _stage_crossings(ts, loss, pred: dict) -> dict[str, np.ndarray]:
+    """Measured ends of the same plateaus: the loss first falls half-way from ``log d`` to
+    ``H(pi)`` and from ``H(pi)`` to ``L_*`` (interpolated; NaN if never; one per batch entry)."""
+    levels = (0.5 * (pred["log_d"] + pred["H_pi"]), 0.5 * (pred["H_pi"] + pred["L_star"]))
+    return {
+        k: np.asarray(first_crossing(ts, loss, lev, above=False, interpolate=True)).reshape(-1)
+        for k, lev in zip(_STAGE_EVENTS, levels, strict=True)
+    }
+
+
+def _mark_stages(rep: Report, fig, pred: dict, measured: dict, n_panels: int, label: str, prefix: str = "") -> None:
+    """Mark predicted and measured stage ends on the first ``n_panels`` panels of ``fig`` (legend on
+    the first) and list them in the summary."""
+    for i, ax in enumerate(fig.axes[:n_panels]):
+        rows = mark_times(
+            ax,
+            _stage_times(pred),
+            measured,
+            theory_label="theory (R8)",
+            measured_label=label,
+            legend=i == 0,
+            legend_kw={"fontsize": 7, "loc": "lower left"},
+        )
+    for k, row in rows.items():
+        rep.summary[f"{prefix}predicted vs measured time of {k} (t_pred, t_meas, ratio)"] = list(row)
 
 
 # =============================================================================== focus-cycle
@@ -253,6 +291,10 @@ def focus_finite(cfg: FiniteConfig, quiet: bool) -> Report:
         title=f"Population flow vs finite-context SGD (s = {cfg.context}, batch {cfg.batch}, dt = {cfg.dt})",
         ncols=3,
     )
+    pred = _floats(stage_predictions(setup))
+    _mark_stages(rep, rep.figures["flow_vs_sgd"], pred, _stage_crossings(sims.ts, sims["loss"], pred), 3, "SGD")
+    for k, t in _stage_crossings(flow.ts, flow["loss"], pred).items():
+        rep.summary[f"time of {k}: population flow"] = float(t[0])
     return rep
 
 
@@ -471,6 +513,9 @@ def focus_corpus(cfg: CorpusConfig, quiet: bool) -> Report:
             theory_label="population flow (estimated chain)",
             simulation_label="SGD on the real token stream",
             title=f"{name} ({tok} tokens, top {cfg.top_k} + other)",
+        )
+        _mark_stages(
+            rep, rep.figures[name], pred, _stage_crossings(sim.ts, sim["loss"], pred), 2, "SGD", prefix=f"{name}: "
         )
         rep.notes.append(
             f"{name}: the chain is a first-order approximation of the text; SGD sees real {cfg.context}-token "
