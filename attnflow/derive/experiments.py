@@ -4,7 +4,7 @@ plateau's linearisation."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import jax.numpy as jnp
 import numpy as np
@@ -83,7 +83,7 @@ def plateau(setup: Setup, r_sym: float, q0: float, rl) -> tuple[dict, float, flo
     "learning rate, ODE vs SGD, escape predicted by the plateau's linearisation",
 )
 def derive_committee(cfg: CommitteeConfig, quiet: bool) -> Report:
-    report = Report("derive-committee", cfg)
+    report = Report("derive-committee", asdict(cfg))
     base = cfg.setup(cfg.etas[0], cfg.r0s[0])
     rl = rule(base)
     etas, r0s = np.asarray(cfg.etas, float), np.asarray(cfg.r0s, float)
