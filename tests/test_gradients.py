@@ -172,3 +172,28 @@ def test_qkov_bad_input():
         qkov.pareto_front(s, 1e-2, [[1.0]])
     with pytest.raises(ValueError, match="outer"):
         qkov.optimal_ratio(s, 1e-2, 1e3, outer=0)
+
+
+# ----------------------------------------------------------------------------- heads
+@pytest.mark.slow
+def test_heads_specialisation_time_derivatives():
+    """d t_spec / d eta and d t_spec / d s (prior signal) through the escape event of the heads ODE,
+    against central differences on the same fixed Monte Carlo bank (the field is then a smooth,
+    deterministic function: the two agree to the solver tolerance, not to the bank's error)."""
+    from attnflow import heads
+
+    bank = heads.BankOptions(n=512)
+    tight = heads.DEFAULT_SOLVER.replace(rtol=1e-10, atol=1e-12)
+
+    def t_spec(eta, s):
+        st = heads.Setup(eta=eta, prior=heads.FlippedSpike(s, 0.5))
+        traj = heads.solve(st, 200.0, escape=heads.ESCAPE_THRESHOLD, save=af.LinearGrid(2), bank=bank, solver=tight)
+        return traj.t_event
+
+    res = jax.jit(lambda e, s: af.sensitivity(t_spec, eta=e, s=s))(1.0, 3.0)
+    fd = jax.jit(lambda e, s: af.central_difference(t_spec, eta=e, s=s))(1.0, 3.0)
+    assert np.isfinite(float(res.value))
+    for name in ("eta", "s"):
+        g = float(res.grad[name])
+        assert g < 0  # faster learning and a stronger signal both specialise sooner
+        assert abs(float(fd[name]) - g) < 1e-6 * abs(g), name
