@@ -31,9 +31,10 @@ CACHE_ENV = "ATTNFLOW_CACHE"
 
 _OFF = ("off", "0", "none", "false", "no")
 
-MIN_COMPILE_SECONDS = 0.2
-"""Programs that compile faster than this are not written to the cache (reading a file
-costs about as much)."""
+MIN_COMPILE_SECONDS = 0.0
+"""Programs that compile faster than this are not written to the cache. Zero: every program
+is stored, since even the small eager operations of an experiment (tens of milliseconds to
+compile each, a hundred of them in a run) load faster than they compile."""
 
 
 def cache_dir() -> Path | None:
