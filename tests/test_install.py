@@ -41,8 +41,8 @@ def test_wheel_install_runs_an_experiment_from_another_directory(tmp_path):
     run = subprocess.run(
         [
             sys.executable,
-            "-m",
-            "attnflow.cli",
+            "-c",  # what the installed `attnflow` script runs: the entry module shipped in the wheel
+            "import sys; from attnflow_command import main; sys.exit(main())",
             "run",
             "deep-linear",
             "--set",
