@@ -79,9 +79,10 @@ def sensitivity(fn: Callable[..., Any], /, **params: Any) -> Sensitivity:
     whose derivative is the implicit-function formula (S1) of this module's documentation
     (Diffrax provides it; tested against closed forms and finite differences).
 
-    Parameters are real numbers or arrays (floats become float arrays, so new values reuse the
-    compilation); they may be traced, so `sensitivity` works inside ``jax.jit``, ``jax.vmap``
-    and `attnflow.sweep`. Returns a `Sensitivity` (``.value``, ``.grad[name]``).
+    The outcome is a floating array or a pytree of them (no integer leaves: cast flags and
+    counts to float or leave them out). Parameters are real numbers or arrays (floats become
+    float arrays, so new values reuse the compilation); they may be traced, so `sensitivity`
+    works inside ``jax.jit``, ``jax.vmap`` and `attnflow.sweep`. Returns a `Sensitivity` (``.value``, ``.grad[name]``).
 
     A non-callable ``fn``, no parameters, or a parameter that is not a finite real number or
     array raises ``ValueError`` naming it.
