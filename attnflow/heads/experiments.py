@@ -14,6 +14,7 @@ from matplotlib.ticker import NullFormatter
 
 from ..analysis import first_crossing, fit_line, fit_power_law
 from ..options import LinearGrid, LogGrid
+from ..plot import mark_times
 from ..report import Report, Timer, register
 from ..sweep import sweep
 from .data import AnisotropicGaussian, Discrete, FlippedSpike
@@ -26,6 +27,7 @@ from .theory import (
     NoCopies,
     feature_escape_times,
     generalisation_error,
+    predicted_escape_time,
     solve,
     specialisation_spectrum,
     unspecialised_point,
@@ -276,8 +278,34 @@ def heads_specialisation_time(cfg: SpecialisationTimeConfig, quiet: bool) -> Rep
         "(b) SGD vs identically seeded ODE: max |t_SGD - t_ODE| (O(1) expected)", float(np.abs(offset).max()), 1.0
     )
 
-    fig = Figure(figsize=(14, 4), layout="constrained")
-    a1, a2, a3 = fig.subplots(1, 3)
+    # the linearisation at the fixed point alone: the seed kappa / sqrt(D) grows as e^{lambda t} to the threshold,
+    # t_spec = ln D / (2 lambda) + ln(threshold / kappa) / lambda (equation (15)), against each SGD run
+    t_lin = np.asarray(predicted_escape_time(lam, np.asarray(cfg.sgd_Ds, dtype=float), np.log(thr / cfg.kappa) / lam))
+    fig = Figure(figsize=(18, 4), layout="constrained")
+    a1, a2, a3, a4 = fig.subplots(1, 4)
+    for j, D in enumerate(cfg.sgd_Ds):
+        sims = sgd_runs[D]
+        a4.semilogy(np.asarray(sims.ts[0]), np.asarray(sims["specialisation"][0]), color=f"C{j}", lw=1, label=f"D={D}")
+    a4.axhline(thr, color="k", lw=0.8, ls=":")
+    rows = mark_times(
+        a4,
+        {f"D={D}": float(t) for D, t in zip(cfg.sgd_Ds, t_lin, strict=True)},
+        {f"D={D}": b_sgd[j] for j, D in enumerate(cfg.sgd_Ds)},
+        colors=[f"C{j}" for j in range(len(cfg.sgd_Ds))],
+        theory_label="linear",
+        measured_label="SGD",
+        legend_kw={"fontsize": 6, "ncol": 2},
+    )
+    for k, row in rows.items():
+        rep.summary[
+            f"(b) predicted (linearisation) vs measured (SGD, seed mean) time of specialisation, {k} "
+            "(t_pred, t_meas, ratio)"
+        ] = list(row)
+    a4.set(
+        xlabel="t = steps / D",
+        ylabel="|(I - 11^T/H) M|_F (SGD, first seed)",
+        title="(b) SGD: linear prediction vs measured",
+    )
     x = np.linspace(ln_a[ok].min() - 0.3, ln_a[ok].max() + 0.3, 50)
     a1.plot(ln_a[ok], t_a[ok], "s", mfc="none", color="C0", label=f"ODE, finite-D draws ({cfg.ode_seeds} per D)")
     a1.plot(
@@ -314,7 +342,7 @@ def heads_specialisation_time(cfg: SpecialisationTimeConfig, quiet: bool) -> Rep
     a3.axhline(thr, color="k", lw=0.8, ls=":")
     a3.set(xlabel="t = steps / D", ylabel="|(I - 11^T/H) M|_F", title="(a) growth e^{lambda t} from the seed")
     a3.legend(fontsize=7)
-    _grid((a1, a2, a3))
+    _grid((a1, a2, a3, a4))
     fig.suptitle(
         f"Specialisation at n = Theta(D ln D): softmax, H={H}, L={cfg.L}, flipped spike s={cfg.s}, eta={cfg.eta}"
     )
@@ -402,12 +430,22 @@ def heads_staged(cfg: StagedConfig, quiet: bool) -> Report:
         for h in range(H):
             axes[f].plot(np.asarray(ode.ts), np.asarray(ode["M"][:, h, f]), color=f"C{h}", label=f"head {h + 1}, ODE")
             axes[f].plot(np.asarray(sgd.ts), np.asarray(sgd["M"][:, h, f]), ".", ms=2.5, color=f"C{h}", alpha=0.6)
-        if np.isfinite(t_ode[f]):
-            axes[f].axvline(t_ode[f], color="k", lw=0.8, ls=":")
+        event = f"feature {f + 1} learned"
+        rows = mark_times(
+            axes[f],
+            {event: float(t_ode[f])},
+            {event: float(t_sgd[f])},
+            colors=["k"],
+            theory_label="ODE",
+            measured_label="SGD",
+            legend=False,
+        )
+        rep.summary[f"predicted (ODE) vs measured (SGD) time of {event} (t_pred, t_meas, ratio)"] = list(rows[event])
         axes[f].set(
             xlabel="t = steps / D", ylabel=f"m_h{f + 1}", title=f"feature {f + 1}, Var theta = {cfg.variances[f]}"
         )
-    axes[0].legend(fontsize=6)
+    for ax in axes[:F]:
+        ax.legend(fontsize=6)
     axes[F].plot(np.asarray(ode.ts), np.asarray(ode["error"]), "k-", label="ODE")
     axes[F].set(xlabel="t = steps / D", ylabel="generalisation error E", title="error")
     _grid(axes)
@@ -460,6 +498,7 @@ def heads_excursion(cfg: ExcursionConfig, quiet: bool) -> Report:
     rep.timings[f"SGD D={cfg.sgd_D} ({int(cfg.t_end * cfg.sgd_D)} steps)"] = tm.seconds
     rep.trajectories["ode"] = ode
     rep.trajectories["sgd"] = sgd
+    t_rebalance = {}
     for name, tr in (("ODE", ode), ("SGD", sgd)):
         m = np.asarray(tr["M"][:, :, 0])
         n_plus = np.sum(m > 0, axis=1)
@@ -467,6 +506,7 @@ def heads_excursion(cfg: ExcursionConfig, quiet: bool) -> Report:
         split0 = np.abs(np.mean(m[0]))
         peak = float(np.max(np.abs(np.mean(m, axis=1))))
         t_cross = float(first_crossing(tr.ts, jnp.asarray(n_plus == H // 2, dtype=float), 1.0))
+        t_rebalance[name] = t_cross
         rep.summary[f"{name}: heads with m > 0 at start / end"] = f"{int(n_plus[0])} / {int(n_plus[-1])}"
         rep.summary[f"{name}: majority head(s) that crossed; time of crossing"] = f"{crossed}; t = {t_cross:.1f}"
         rep.summary[f"{name}: imbalance |mean_h m_h|: start, peak, end"] = (
@@ -489,7 +529,6 @@ def heads_excursion(cfg: ExcursionConfig, quiet: bool) -> Report:
         a1.semilogx(np.asarray(sgd.ts), np.asarray(sgd["M"][:, h, 0]), ".", ms=2.5, color=f"C{h}", alpha=0.6)
     a1.axhline(0, color="k", lw=0.6)
     a1.set(xlabel="t = steps / D", ylabel="m_h (overlap with the spike)")
-    a1.legend(fontsize=7)
     a2.semilogx(
         np.asarray(ode.ts),
         np.abs(np.mean(np.asarray(ode["M"][:, :, 0]), axis=1)),
@@ -501,7 +540,22 @@ def heads_excursion(cfg: ExcursionConfig, quiet: bool) -> Report:
     a2b.semilogx(np.asarray(ode.ts), np.asarray(ode["error"]), "C3-", lw=1)
     a2b.set_ylabel("generalisation error E (ODE)", color="C3")
     a2.set(xlabel="t = steps / D", ylabel="|mean_h m_h|")
-    a2.legend(fontsize=7, loc="upper left")
+    event = "even split (a majority head crosses m = 0)"
+    for ax in (a1, a2):
+        rows = mark_times(
+            ax,
+            {event: t_rebalance["ODE"]},
+            {event: t_rebalance["SGD"]},
+            colors=["C4"],
+            theory_label="ODE",
+            measured_label="SGD",
+            legend=False,
+        )
+    rep.summary[f"predicted (ODE) vs measured (SGD) time of {event} (t_pred, t_meas, ratio)"] = list(rows[event])
+    a1.legend(fontsize=7)
+    a2.set_zorder(a2b.get_zorder() + 1)  # a2's curves, event lines and legend above the error curve of the twin
+    a2.patch.set_visible(False)
+    a2.legend(fontsize=7, loc="lower left")
     _grid((a1, a2))
     fig.suptitle(
         f"Excursion: 3:1 split rebalancing, softmax H={H}, flipped spike s={cfg.s}; lines ODE, dots SGD (D={cfg.sgd_D})"
