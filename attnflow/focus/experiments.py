@@ -75,6 +75,7 @@ def _mark_stages(rep: Report, fig, pred: dict, measured: dict, n_panels: int, la
             ax,
             _stage_times(pred),
             measured,
+            colors=["C4", "C1"],
             theory_label="theory (R8)",
             measured_label=label,
             legend=i == 0,
@@ -213,7 +214,15 @@ def focus_cycle(cfg: CycleConfig, quiet: bool) -> Report:
         "cos_Phi_pipi",
     )
     title = f"Focus and dilution cycle: pi = {tuple(cfg.pi)}, lambda = {cfg.lam}, tau = {cfg.tau}"
-    rep.figures["cycle"] = cycle_figure(tr, pred, rates, title)
+    measured = _stage_crossings(tr.ts, loss, pred)
+    rep.figures["cycle"] = cycle_figure(tr, pred, rates, title, _stage_times(pred), measured)
+    for k, t_pred in _stage_times(pred).items():
+        t_meas = float(measured[k][0])
+        rep.summary[f"predicted (R8) vs measured (flow) time of {k} (t_pred, t_meas, ratio)"] = [
+            t_pred,
+            t_meas,
+            t_pred / t_meas,
+        ]
     rep.figures["attention_snapshots"] = attention_snapshots(tr)
     rep.figures["embedding_pca"] = embedding_pca_figure(tr, np.asarray(setup.chain.pi))
     return rep

@@ -10,18 +10,27 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
+from ..plot import mark_times
 from ..trajectory import Trajectory
 from .metrics import embedding_pca
 
 __all__ = ["attention_snapshots", "cycle_figure", "embedding_pca_figure", "rates_figure", "symmetry_figure"]
 
 
-def cycle_figure(tr: Trajectory, pred: Mapping[str, float], rates: Mapping[str, Any], title: str) -> Figure:
+def cycle_figure(
+    tr: Trajectory,
+    pred: Mapping[str, float],
+    rates: Mapping[str, Any],
+    title: str,
+    stage_times: Mapping[str, float] | None = None,
+    measured_times: Mapping[str, Any] | None = None,
+) -> Figure:
     """Four panels of a population flow over a cycle: the stepwise loss against ``log d``,
     ``H(pi)`` and ``L_*``; the ``pi``-weighted attention entropy; the spectra of the four
     matrices (needs ``sv_W1``, ``sv_WQ``, ``sv_WK`` beside ``sv_W0``); ``|M|`` and ``q_plus``
     against the predicted slopes ``2 sigma`` and ``c`` (``rates``: ``two_sigma``, ``c`` and the
-    Stage II ``window``)."""
+    Stage II ``window``). ``stage_times`` (predicted) and ``measured_times`` (on the flow) of
+    stage transitions are marked on the loss and entropy panels (`attnflow.plot.mark_times`)."""
     ts = np.asarray(tr.ts)
     fig = Figure(figsize=(11, 7.2), layout="constrained")
     (a1, a2), (a3, a4) = fig.subplots(2, 2)
@@ -36,11 +45,23 @@ def cycle_figure(tr: Trajectory, pred: Mapping[str, float], rates: Mapping[str, 
     a1.set_ylabel("loss")
     a1.legend(fontsize=7)
     a1.set_title("Stepwise loss")
+    if stage_times:
+        for ax in (a1, a2):
+            mark_times(
+                ax,
+                stage_times,
+                measured_times,
+                colors=["C4", "C1"],
+                theory_label="theory (R8)",
+                measured_label="flow",
+                legend=ax is a1,
+                legend_kw={"fontsize": 7, "loc": "lower left"},
+            )
     a2.semilogx(ts, tr["entropy"], "C0-", label="pi-weighted token entropy")
     a2.set_xlabel("t")
     a2.set_ylabel("attention entropy")
     a2.set_title("Focus (down), dilution (up), re-focus (down)")
-    a2.legend(fontsize=7)
+    a2.legend(fontsize=7, loc="center left")
     for k, c in (("sv_W0", "C0"), ("sv_W1", "C1"), ("sv_WQ", "C2"), ("sv_WK", "C3")):
         sv = np.asarray(tr[k])
         for j in range(min(3, sv.shape[1])):
