@@ -197,3 +197,48 @@ def test_heads_specialisation_time_derivatives():
         g = float(res.grad[name])
         assert g < 0  # faster learning and a stronger signal both specialise sooner
         assert abs(float(fd[name]) - g) < 1e-6 * abs(g), name
+
+
+# ----------------------------------------------------------------------------- focus
+def _focus_field(t, theta, a):
+    from attnflow import focus
+
+    return focus.flow_field(t, theta, a[0])
+
+
+def _focus_escaped(t, theta, a):
+    from attnflow import focus
+
+    setup, threshold = a
+    return focus.population_loss(theta, setup.chain, setup.tau) - threshold
+
+
+@pytest.mark.slow
+def test_focus_escape_time_derivatives():
+    """d(escape time)/d lambda (laziness of the chain) and d/d tau (score scale) of the Stage II
+    escape (the loss falls 0.05 below the unigram plateau H(pi)), through an event of `integrate`
+    on `focus.flow_field`, against central differences."""
+    from attnflow import focus
+
+    def t_escape(lam, tau):
+        setup = focus.Setup(chain=focus.MarkovChain.lazy(lam=lam), tau=tau)
+        pi = setup.chain.pi
+        threshold = -jnp.sum(pi * jnp.log(pi)) - 0.05
+        traj = af.integrate(
+            _focus_field,
+            setup.theta0(),
+            5000.0,
+            args=(setup, threshold),
+            event=_focus_escaped,
+            save=af.LinearGrid(2),
+            solver=af.SolverOptions(rtol=1e-10, atol=1e-12),
+        )
+        return traj.t_event
+
+    res = jax.jit(lambda lam, tau: af.sensitivity(t_escape, lam=lam, tau=tau))(0.5, 1.0)
+    fd = jax.jit(lambda lam, tau: af.central_difference(t_escape, lam=lam, tau=tau))(0.5, 1.0)
+    assert np.isfinite(float(res.value))
+    for name in ("lam", "tau"):
+        g = float(res.grad[name])
+        assert g < 0  # a lazier chain and sharper scores both escape sooner
+        assert abs(float(fd[name]) - g) < 1e-6 * abs(g), name
