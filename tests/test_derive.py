@@ -243,6 +243,12 @@ def test_bad_input_names_the_argument():
         derive.train(s, -1.0)
     with pytest.raises(ValueError, match="setup"):
         derive.solve("setup", 1.0)
+    with pytest.raises(ValueError, match="R must"):
+        derive.vector_field(s, jnp.ones(2), Q)
+    with pytest.raises(ValueError, match="Q must"):
+        derive.vector_field(s, R, jnp.eye(3))
+    with pytest.raises(ValueError, match="v must"):
+        derive.generalisation_error(s, R, Q, v=jnp.ones(2))
 
 
 def test_public_names_have_docstrings():

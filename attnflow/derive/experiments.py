@@ -164,20 +164,15 @@ def _figure(cfg, etas, r0s, t_ode, plateaus, offsets, slopes, sgd_t, ths, sims) 
         ax.semilogx(r0s, t_ode[i], "o", color=colors[i], label=f"derived ODE, eta={eta:g}")
         ax.semilogx(grid, offsets[i] + np.log(1 / grid) / plateaus[eta][2], "--", color=colors[i], lw=1)
     ax.semilogx(cfg.sgd_r0s, sgd_t, "x", ms=9, mew=2, color="k", label=f"online SGD, D={cfg.D}, eta={cfg.sgd_eta:g}")
-    ax.plot([], [], "k--", lw=1, label="linearisation: c + log(1/r0) / lambda_max")
+    ax.plot([], [], "k--", lw=1, label="linearisation: c + log(1/r0) / lambda_max (c fitted)")
     ax.axvline(1 / np.sqrt(cfg.D), color="0.6", lw=0.8, ls=":")
     ax.annotate(
-        " r0 = 1/sqrt(D)",
-        (1 / np.sqrt(cfg.D), 0.97),
-        xycoords=("data", "axes fraction"),
-        color="0.4",
-        va="top",
-        fontsize=7,
+        " r0 = 1/sqrt(D)", (1 / np.sqrt(cfg.D), 0.03), xycoords=("data", "axes fraction"), color="0.4", fontsize=7
     )
     ax.set_xlabel("initial specialisation r0 (R0 = r_sym + r0 I)")
     ax.set_ylabel(f"escape time t = steps/D (error < {cfg.escape_fraction:g} x plateau)")
     ax.set_title("Plateau length vs initial overlap")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper right")
     ax.grid(alpha=0.3, which="both")
     lam = np.asarray([plateaus[e][2] for e in cfg.etas])
     bx.loglog(etas, slopes, "o", ms=8, label="fitted d t_esc / d log(1/r0) (ODE sweep)")
@@ -192,6 +187,8 @@ def _figure(cfg, etas, r0s, t_ode, plateaus, offsets, slopes, sgd_t, ths, sims) 
         cx.semilogy(th.ts, th["error"], "-", color=f"C{k}", label=f"derived ODE, r0={r0:g}")
         cx.semilogy(sim.ts, sim["error"], ".", ms=4, color=f"C{k}", label=f"SGD, D={cfg.D}, r0={r0:g}")
     cx.set_xlim(0, max(float(sim.ts[-1]) for sim in sims.values()))
+    low = min(float(np.min(sim["error"])) for sim in sims.values())
+    cx.set_ylim(max(low / 5, 1e-8), 1.0)
     cx.set_xlabel("t = steps / D")
     cx.set_ylabel("generalisation error")
     cx.set_title(f"Theory (lines) vs SGD (dots), eta={cfg.sgd_eta:g}")

@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _validate as V
+from .._jit import filter_jit
 from ..expect import psd_sqrt
 from ..ode import integrate
 from ..options import LogGrid, SaveGrid, SolverOptions
@@ -111,13 +113,41 @@ def _rates(setup: Setup, E: dict) -> dict[str, Any]:
 
 def vector_field(setup: Setup, R: Any, Q: Any, v: Any = None, rule_: Rule | None = None) -> dict[str, jax.Array]:
     """Eqs. (2)-(4): ``{"R": dR/dt, "Q": dQ/dt[, "v": dv/dt]}`` at ``(R, Q, v)`` (``v`` only when
-    the setup has a readout). ``rule_`` defaults to `rule` of the setup."""
-    return _rates(setup, expectations(setup, R, Q, v, rule(setup) if rule_ is None else rule_))
+    the setup has a readout). ``rule_`` defaults to `rule` of the setup. Compiled once per model
+    (functions, sizes, quadrature); new numbers reuse it."""
+    R, Q, v = _state(setup, R, Q, v)
+    return _vector_field(setup, R, Q, v, rule(setup) if rule_ is None else rule_)
 
 
 def generalisation_error(setup: Setup, R: Any, Q: Any, v: Any = None, rule_: Rule | None = None) -> jax.Array:
     """Eq. (5): the population loss ``E[loss(student(lambda, v), teacher(nu))]`` (noise-free label)."""
-    return expectations(setup, R, Q, v, rule(setup) if rule_ is None else rule_)["error"]
+    R, Q, v = _state(setup, R, Q, v)
+    return _error(setup, R, Q, v, rule(setup) if rule_ is None else rule_)
+
+
+def _state(setup: Setup, R: Any, Q: Any, v: Any) -> tuple[Any, Any, Any]:
+    """``(R, Q, v)`` as float arrays of the setup's shapes, or ``ValueError`` naming the argument."""
+    if not isinstance(setup, Setup):
+        raise ValueError(f"setup must be an attnflow.derive.Setup, got {setup!r:.80}")
+    R = V.floats("R", R)
+    Q = V.floats("Q", Q)
+    if R.shape != setup.R0.shape:
+        raise ValueError(f"R must have shape (K, M) = {setup.R0.shape}, got {R.shape}")
+    if Q.shape != setup.Q0.shape:
+        raise ValueError(f"Q must have shape (K, K) = {setup.Q0.shape}, got {Q.shape}")
+    if (v is None) != (setup.v0 is None):
+        raise ValueError(f"v must be given exactly when the setup has a readout v0; got v = {V.show(v)}")
+    return R, Q, (None if v is None else V.floats("v", v))
+
+
+@filter_jit
+def _vector_field(setup, R, Q, v, rl):
+    return _rates(setup, expectations(setup, R, Q, v, rl))
+
+
+@filter_jit
+def _error(setup, R, Q, v, rl):
+    return expectations(setup, R, Q, v, rl)["error"]
 
 
 def initial_state(setup: Setup) -> dict[str, Any]:
