@@ -46,7 +46,7 @@ def _floats(pred: dict) -> dict:
     return {k: float(v) for k, v in pred.items()}
 
 
-_STAGE_EVENTS = ("Stage I escape (loss leaves log d)", "Stage II escape (loss leaves H(pi))")
+_STAGE_EVENTS = ("Stage I escape (log d plateau)", "Stage II escape (H(pi) plateau)")
 """The events whose predicted times (R8) the simulation figures of focus mark."""
 
 
@@ -79,7 +79,7 @@ def _mark_stages(rep: Report, fig, pred: dict, measured: dict, n_panels: int, la
             theory_label="theory (R8)",
             measured_label=label,
             legend=i == 0,
-            legend_kw={"fontsize": 7, "loc": "lower left"},
+            legend_kw={"fontsize": 7, "loc": "center left"},
         )
     for k, row in rows.items():
         rep.summary[f"{prefix}predicted vs measured time of {k} (t_pred, t_meas, ratio)"] = list(row)
