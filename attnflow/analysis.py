@@ -26,7 +26,7 @@ __all__ = ["first_crossing", "value_at", "growth_rate", "detect_plateaus", "fit_
 def first_crossing(
     ts: Real[ArrayLike, "*batch T"],
     y: Real[ArrayLike, "*batch T"],
-    threshold: Real[ArrayLike, "..."],
+    threshold: Real[ArrayLike, "*threshold_shape"],
     *,
     above: bool = True,
     interpolate: bool = False,

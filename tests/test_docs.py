@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("attnflow", "attnflow.deeplinear", "attnflow.qkov", "attnflow.focus", "attnflow.heads")
+PACKAGES = ("attnflow", "attnflow.deeplinear", "attnflow.qkov", "attnflow.focus", "attnflow.heads", "attnflow.derive")
 BLOCK = re.compile(r"^```python[^\n]*\n(.*?)^```", re.S | re.M)
 
 
