@@ -141,6 +141,7 @@ def test_dalpha_dlogr_matches_finite_differences_and_first_integral():
     assert np.all(np.asarray(grad["alpha"]) > 0)  # same loss, sharper attention (eq. (5))
 
 
+@pytest.mark.slow  # the qkov-optimal-ratio experiment makes the same check
 def test_optimal_ratio_agrees_with_brute_force():
     s = qkov.Setup()  # reference configuration: small, fast
     L = 1e-2

@@ -218,6 +218,7 @@ def test_unspecialised_point_converges_from_sigma0_squared_identity():
         unspecialised_point(s, guess, bank=bank, solver=optx.Newton(rtol=1e-10, atol=1e-12))
 
 
+@pytest.mark.slow  # the heads-specialisation-time experiment makes the same check
 def test_escape_time_linear_in_log_D_with_jacobian_slope():
     """Seeds kappa / sqrt(D) at the unspecialised fixed point: t_spec = t0 + ln D / (2 lambda) (equation (12)),
     the escape times being the traceable event times of one sweep over D."""

@@ -15,6 +15,8 @@ ODE solves, 17-20 s each); that program is not kept in the persistent compilatio
 solves carry host callbacks.
 """
 
+import pytest
+
 import attnflow.heads.experiments  # noqa: F401  (registers the experiments)
 from attnflow.report import get_experiment
 
@@ -29,6 +31,7 @@ OWN_PROGRAMS = ("jit(batched)", "jit(minimise)", "jit(_draw_bank)", "jit(_solve)
 MAX_COMPILATIONS = 20  # 12 measured (jax 0.10.2), here and at the defaults; 177 before the experiment became one sweep
 
 
+@pytest.mark.slow  # one full experiment; tests/test_once_qkov.py keeps the guard in the default run
 def test_heads_activations_compiles_each_program_once():
     rep = get_experiment("heads-activations").run(SMALL, quiet=True)
     comp = rep.compilations

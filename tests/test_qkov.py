@@ -89,6 +89,7 @@ def test_new_learning_rate_compiles_nothing():
     assert float(sim["mu_ov"][-1]) > float(th["mu_ov"][-1])  # a faster OV circuit
 
 
+@pytest.mark.slow  # test_protocol_defaults_only compares solve and train in the default run
 def test_gradient_descent_and_sgd_follow_the_flow():
     s = Setup()
     exact = s.replace(common_correction=True)  # the exact reduction of the full matrices
