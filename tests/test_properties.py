@@ -160,22 +160,6 @@ VERBS |= {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CONSTRUCTORS))
-@SETTINGS
-@given(value=BAD)
-def test_constructors_name_invalid_input(case, value):
-    call, name = CONSTRUCTORS[case]
-    _check(call, name, value)
-
-
-@pytest.mark.parametrize("case", sorted(VERBS))
-@SETTINGS
-@given(value=INVALID)
-def test_verbs_name_invalid_input_before_computing(case, value):
-    call, name = VERBS[case]
-    _check(call, name, value)
-
-
 CONSTRUCTORS_THEORIES = {
     "qkov.Setup.eta_qk": (lambda v: qkov.Setup(eta_qk=v), "eta_qk"),
     "qkov.Setup.eta_ov": (lambda v: qkov.Setup(eta_ov=v), "eta_ov"),
@@ -246,18 +230,22 @@ VERBS_THEORIES = {
     "heads.bayes_risk.L": (lambda v: heads.bayes_risk(heads.FlippedSpike(2.0), v, n=100), "L"),
 }
 
+# the core's cases and the theory packages' in one parametrisation each
+CONSTRUCTORS.update(CONSTRUCTORS_THEORIES)
+VERBS.update(VERBS_THEORIES)
 
-@pytest.mark.parametrize("case", sorted(CONSTRUCTORS_THEORIES))
+
+@pytest.mark.parametrize("case", sorted(CONSTRUCTORS))
 @SETTINGS
 @given(value=BAD)
-def test_theory_constructors_name_invalid_input(case, value):
-    call, name = CONSTRUCTORS_THEORIES[case]
+def test_constructors_name_invalid_input(case, value):
+    call, name = CONSTRUCTORS[case]
     _check(call, name, value)
 
 
-@pytest.mark.parametrize("case", sorted(VERBS_THEORIES))
+@pytest.mark.parametrize("case", sorted(VERBS))
 @SETTINGS
 @given(value=INVALID)
-def test_theory_verbs_name_invalid_input_before_computing(case, value):
-    call, name = VERBS_THEORIES[case]
+def test_verbs_name_invalid_input_before_computing(case, value):
+    call, name = VERBS[case]
     _check(call, name, value)
