@@ -12,6 +12,7 @@ from .report import Experiment, experiments, get_experiment
 EXPERIMENT_MODULES = (
     "attnflow.deeplinear.experiments",
     "attnflow.qkov.experiments",
+    "attnflow.qkov.text_experiments",
     "attnflow.focus.experiments",
     "attnflow.heads.experiments",
     "attnflow.derive.experiments",

@@ -11,6 +11,11 @@ s = qkov.Setup()                    # CACO, m, n, b, M = 5, 50, 4, 4, |C| = 1000
 th = qkov.solve(s, 3000.0)          # the reduced ODE in time t
 sim = qkov.train(s, 3000.0)         # gradient flow of the full 1016-token matrices, same clock
 ```
+
+On real text (HateXplain, SQuAD, subject-verb agreement): loaders (`load_hatexplain`,
+`load_squad`, `load_sva`), one-layer attention models (`make_text_model`) and training over
+learning-rate ratios and seeds in one compiled call (`ratio_lanes`, `train_text`,
+`evaluate_text`).
 """
 
 from .data import QUERY_MODES as QUERY_MODES
@@ -63,6 +68,18 @@ from .optimal import optimal_ratio as optimal_ratio
 from .optimal import pareto_front as pareto_front
 from .optimal import ratio_sensitivity as ratio_sensitivity
 from .optimal import reach_loss as reach_loss
+from .realdata import DATA_FORMATS as DATA_FORMATS
+from .realdata import HATEXPLAIN_LABELS as HATEXPLAIN_LABELS
+from .realdata import TextRecord as TextRecord
+from .realdata import Vocabulary as Vocabulary
+from .realdata import describe as describe
+from .realdata import load_hatexplain as load_hatexplain
+from .realdata import load_squad as load_squad
+from .realdata import load_sva as load_sva
+from .realdata import official_split as official_split
+from .realdata import resolve_data as resolve_data
+from .realdata import split_records as split_records
+from .realdata import tokenize as tokenize
 from .setup import PAPER_HORIZON_TAU as PAPER_HORIZON_TAU
 from .setup import PAPER_LOSS_TARGET as PAPER_LOSS_TARGET
 from .setup import PAPER_RATIOS as PAPER_RATIOS
@@ -70,6 +87,23 @@ from .setup import PAPER_SIZES as PAPER_SIZES
 from .setup import REFERENCE_R001 as REFERENCE_R001
 from .setup import Setup as Setup
 from .setup import paper_setup as paper_setup
+from .textmodel import CIRCUIT_GROUPS as CIRCUIT_GROUPS
+from .textmodel import SPECIALS as SPECIALS
+from .textmodel import TASKS as TASKS
+from .textmodel import TextAttention as TextAttention
+from .textmodel import TextBatch as TextBatch
+from .textmodel import encode_text as encode_text
+from .textmodel import make_text_model as make_text_model
+from .textmodel import text_circuit_labels as text_circuit_labels
+from .textmodel import text_loss as text_loss
+from .texttrain import Lanes as Lanes
+from .texttrain import TextSchedule as TextSchedule
+from .texttrain import evaluate_text as evaluate_text
+from .texttrain import mean_ci as mean_ci
+from .texttrain import ratio_lanes as ratio_lanes
+from .texttrain import ratio_table as ratio_table
+from .texttrain import train_text as train_text
+from .texttrain import uniform_relevant_mass as uniform_relevant_mass
 from .theory import AUTHORS_SAVE as AUTHORS_SAVE
 from .theory import DEFAULT_SAVE as DEFAULT_SAVE
 from .theory import DEFAULT_SOLVER as DEFAULT_SOLVER
@@ -110,8 +144,10 @@ __all__ = [
     "BATCH_SEED_OFFSET",
     "CACO",
     "CAFO",
+    "CIRCUIT_GROUPS",
     "CODE_SCORE_SCALE",
     "CODE_VOCAB",
+    "DATA_FORMATS",
     "DEFAULT_SAVE",
     "DEFAULT_SOLVER",
     "DEFAULT_TRAIN_SAVE",
@@ -127,6 +163,7 @@ __all__ = [
     "GENERATOR_BATCH",
     "GENERATOR_OBSERVABLES",
     "GENERATOR_SAVE",
+    "HATEXPLAIN_LABELS",
     "MODEL_CLASSES",
     "OBSERVABLES",
     "PAPER_EPS",
@@ -137,15 +174,23 @@ __all__ = [
     "PARAMETRISATIONS",
     "QUERY_MODES",
     "REFERENCE_R001",
+    "SPECIALS",
+    "TASKS",
     "TRAIN_TOLERANCE",
     "CodeGenerator",
     "EpsIdentity",
     "Init",
+    "Lanes",
     "OptimalRatio",
     "QKOVModel",
     "Setup",
+    "TextAttention",
+    "TextBatch",
+    "TextRecord",
+    "TextSchedule",
     "TheoryTask",
     "TorchDefault",
+    "Vocabulary",
     "Zeros",
     "alpha",
     "attention_concentration",
@@ -160,41 +205,59 @@ __all__ = [
     "conserved_quantities",
     "cross_entropy",
     "default_horizon",
+    "describe",
     "dtap",
     "effective_rate",
+    "encode_text",
+    "evaluate_text",
     "factor_conserved",
     "first_integral",
-    "fixed_loss_slope",
     "fixed_attention_logits",
+    "fixed_loss_slope",
     "from_tau",
     "invariant",
     "large_t_asymptotics",
     "linear_ramp",
+    "load_hatexplain",
+    "load_squad",
+    "load_sva",
     "loss",
     "loss_to_margin",
     "make_aligned",
     "make_model",
+    "make_text_model",
+    "mean_ci",
     "model_observables",
     "mu_ov_difference",
     "mu_ov_projection",
     "mu_qk_distinct",
     "mu_qk_from_attention",
     "mu_qk_gap",
+    "official_split",
     "optimal_ratio",
-    "pareto_front",
     "paper_setup",
+    "pareto_front",
+    "ratio_lanes",
     "ratio_sensitivity",
+    "ratio_table",
     "reach_loss",
     "reduced_field",
     "relevant_mass",
+    "resolve_data",
     "rollout",
     "separability",
     "solve",
+    "split_records",
     "state_at_loss",
     "state_observables",
+    "text_circuit_labels",
+    "text_loss",
     "to_tau",
+    "tokenize",
     "train",
     "train_fixed_attention",
     "train_on_generator",
+    "train_text",
+    "uniform_relevant_mass",
     "upper_bounds",
 ]
