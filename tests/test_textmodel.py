@@ -352,3 +352,22 @@ def test_a_real_data_experiment_without_data_stops_naming_the_option_and_the_var
     monkeypatch.setenv("ATTNFLOW_DATA", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="(?s)--set data=PATH.*ATTNFLOW_DATA"):
         get_experiment("qkov-squad").run({}, quiet=True)
+
+
+def test_verdict_reads_the_interval_of_the_difference_and_the_cost():
+    from attnflow.qkov.text_experiments import verdict
+
+    table = {
+        "qk": {
+            "relevant_mass": [[1.0, 0.40, 0.15], [3.0, 0.65, 0.13], [10.0, 0.45, 0.15]],
+            "ac": [[1.0, 0.21, 0.46], [3.0, 0.95, 0.09], [10.0, 0.90, 0.10]],
+            "accuracy": [[1.0, 0.90, 0.06], [3.0, 0.87, 0.03], [10.0, 0.91, 0.01]],
+        },
+        "all": {"relevant_mass": [[3.0, 0.57, 0.01]], "ac": [[3.0, 0.83, 0.06]], "accuracy": [[3.0, 0.98, 0.01]]},
+    }
+    r3, r10 = verdict(table, "accuracy")
+    # r = 3: mass +0.25 > hypot(0.13, 0.15) = 0.198 and AC +0.74 > 0.469, but 3 points of accuracy lost
+    assert r3.startswith("r = 3:") and "(-3.0 points)" in r3 and "but cost more than 2 points" in r3
+    assert "control (every group x 3): relevant mass 0.570, AC 0.830, accuracy 98.0" in r3
+    # r = 10: mass +0.05 is inside the interval of the difference
+    assert "did not raise both" in r10 and "control" not in r10

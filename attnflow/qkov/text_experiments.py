@@ -199,37 +199,42 @@ def run_real(
 
 
 def verdict(table: dict[str, dict[str, list]], score: str) -> list[str]:
-    """One sentence per ratio r > 1: did the QK intervention raise relevant mass and AC
-    (confidence intervals of the two means apart), and what did it cost in ``score``?"""
+    """One sentence per ratio r > 1: did the QK intervention raise relevant mass and AC over
+    r = 1 (the 95% interval of the difference of the two means, half-width
+    ``sqrt(h_r^2 + h_1^2)``, above zero), what did it cost in ``score``, and what did the
+    every-group control reach at the same r?"""
     rows = table["qk"]
+    control = table.get("all", {})
     base = {m: rows[m][0] for m in ("relevant_mass", "ac", score)}
     lines = []
     for j in range(1, len(rows[score])):
         r = rows[score][j][0]
         d = {m: rows[m][j][1] - base[m][1] for m in base}
-        raised = {
-            m: rows[m][j][1] - rows[m][j][2] > base[m][1] + base[m][2]
-            if np.isfinite(rows[m][j][2])
-            else rows[m][j][1] > base[m][1]
-            for m in ("relevant_mass", "ac")
-        }
+        raised = {}
+        for m in ("relevant_mass", "ac"):
+            half = float(np.hypot(rows[m][j][2], base[m][2]))
+            raised[m] = d[m] - (half if np.isfinite(half) else 0.0) > 0
         cost = -100 * d[score]
         both = raised["relevant_mass"] and raised["ac"]
-        ok = both and cost <= 2.0
-        lines.append(
+        if both and cost <= 2.0:
+            answer = "faster QK raised relevant attention and AC without costing more than 2 points"
+        elif both:
+            answer = "faster QK raised relevant attention and AC but cost more than 2 points"
+        else:
+            answer = "faster QK did not raise both relevant attention and AC beyond the seed-to-seed spread"
+        line = (
             f"r = {r:g}: relevant mass {base['relevant_mass'][1]:.3f} -> {rows['relevant_mass'][j][1]:.3f}, "
             f"AC {base['ac'][1]:.3f} -> {rows['ac'][j][1]:.3f}, {score} {100 * base[score][1]:.1f} -> "
-            f"{100 * rows[score][j][1]:.1f} ({-cost:+.1f} points): "
-            + (
-                "faster QK raised relevant attention and AC without costing more than 2 points"
-                if ok
-                else (
-                    "faster QK raised relevant attention and AC but cost more than 2 points"
-                    if both
-                    else "faster QK did not raise both relevant attention and AC beyond the seed-to-seed spread"
-                )
-            )
+            f"{100 * rows[score][j][1]:.1f} ({-cost:+.1f} points): {answer}"
         )
+        ctl = [row for row in control.get("relevant_mass", []) if row[0] == r]
+        if ctl:
+            k = control["relevant_mass"].index(ctl[0])
+            line += (
+                f"; control (every group x {r:g}): relevant mass {ctl[0][1]:.3f}, AC {control['ac'][k][1]:.3f}, "
+                f"{score} {100 * control[score][k][1]:.1f}"
+            )
+        lines.append(line)
     return lines
 
 
@@ -278,7 +283,13 @@ def examples_figure(
         ax.bar(x + 0.2, out["attention"][i_hi, b, keys], 0.4, color="C1", label=f"attention, QK x {r_hi:g}")
         rel = np.asarray(ev.relevant[b])[keys]
         top = max(float(out["attention"][[i_lo, i_hi]][:, b, keys].max()), 1e-3)
-        ax.bar(x, -0.25 * top * rel, 0.9, color="0.5", label="relevant tokens (human rationale, answer span or subject; below the axis)")
+        ax.bar(
+            x,
+            -0.25 * top * rel,
+            0.9,
+            color="0.5",
+            label="relevant tokens (human rationale, answer span or subject; below the axis)",
+        )
         ax.axhline(0, color="k", lw=0.5)
         ax.set_xticks(x, words, rotation=70, fontsize=7)
         ax.set_ylabel("attention weight")
