@@ -202,7 +202,8 @@ def heatmap(
     v = np.asarray(values, dtype=float)
     if v.shape != (len(y), len(x)):
         raise ValueError(f"values must have shape (len(y), len(x)) = {(len(y), len(x))}, got {v.shape}")
-    fig = Figure(figsize=(1.0 + 0.8 * len(x), 0.8 + 0.6 * len(y)), layout="constrained")
+    # small grids still get room for the axis labels, the title and the colour bar
+    fig = Figure(figsize=(max(5.0, 1.0 + 0.8 * len(x)), max(3.6, 0.8 + 0.6 * len(y))), layout="constrained")
     ax = fig.subplots()
     im = ax.imshow(v, origin="lower", cmap=cmap, aspect="auto")
     ax.set_xticks(range(len(x)), [str(a) for a in x], rotation=45)

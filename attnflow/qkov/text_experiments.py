@@ -190,9 +190,9 @@ def run_real(
             bins,
             bins,
             xlabel="relevant attention mass A_rel",
-            ylabel="probability of the true answer",
-            colorbar_label="% of examples with relevant tokens",
-            title=f"DTAP, QK x {r:g} (mean of {cfg.seeds} seeds)",
+            ylabel="p(true answer)",
+            colorbar_label="% of examples (with relevant tokens)",
+            title=f"DTAP, QK x {r:g}, {cfg.seeds} seeds",
         )
     rep.figures["examples"] = examples_figure(ev, vocab, lanes, out, cfg, has_rel)
     return lanes, out, ev, vocab
