@@ -343,6 +343,15 @@ def test_each_real_data_experiment_runs_on_a_file_given_with_set_data(tmp_path, 
     assert {"metrics_vs_ratio", "dtap_r1", "dtap_r3", "examples"} <= set(rep.figures)
     if name == "qkov-sva":
         assert rep.summary["accuracy with 1 attractor(s) (40 items) [r, mean, CI]"][1][:2] == [3.0, 1.0]
+    if name == "qkov-hatexplain":
+        # with the official division file the experiment trains on "train" and evaluates on "test"
+        divisions = tmp_path / "post_id_divisions.json"
+        ids = [f"p{i}" for i in range(200)]
+        divisions.write_text(json.dumps({"train": ids[:150], "val": ids[150:170], "test": ids[170:]}))
+        settings = {"data": str(path), "divisions": str(divisions), "base_rate": TINY_RATE, **TINY, **extra}
+        rep = get_experiment(name).run(settings, quiet=True)
+        assert rep.summary["posts: train, evaluation (majority label; no-majority posts dropped)"] == [150, 30]
+        assert "official HateXplain train / test divisions" in " ".join(rep.notes)
 
 
 def test_a_real_data_experiment_without_data_stops_naming_the_option_and_the_variable(tmp_path, monkeypatch):
