@@ -1,6 +1,7 @@
 """attnflow.derive: the derived order-parameter ODE against the closed forms of Saad & Solla (1995)
 and Goldt et al. (2019), and against online SGD of the same model."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -295,3 +296,183 @@ def test_experiment_derive_committee_small(tmp_path):
     assert rep.passed, rep.checks
     assert "plateau" in rep.figures
     assert rep.references and "Saad" in rep.references[0]
+
+
+# ----------------------------------------------------------------------------- single-location data model
+# The heads model of attnflow.heads (FlippedSpike(3, 1/2), L = 4 tokens, H = 2 softmax heads,
+# eta = 1: heads.Setup()) written as a derive student: the attention of the K = 2 heads' scores.
+# Its derived field must be attnflow.heads' own order-parameter field (heads page, eq. (8)).
+
+
+def _heads_points(n, seed=0):
+    """``n`` random order parameters ``(M (2, 1), Q (2, 2))`` with ``Q - M M^T`` positive definite."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        M = 0.8 * rng.standard_normal((2, 1))
+        A = 0.5 * rng.standard_normal((2, 2))
+        out.append((M, M @ M.T + A @ A.T + 0.1 * np.eye(2)))
+    return out
+
+
+def _heads_setup(hs, student, M, Q, **kw):
+    """The derive setup of the heads model ``hs`` with this student: an `attnflow.heads`
+    activation (no learned parameters) or a function ``student(lam, v)``."""
+    if isinstance(student, eqx.Module):
+        activation = student
+
+        def student(lam, v):
+            return activation(lam)
+
+    return derive.Setup(
+        student,
+        derive.signal_token,
+        R0=M,
+        Q0=Q,
+        eta=hs.eta,
+        data=derive.SingleLocation(hs.prior, hs.L),
+        **kw,
+    )
+
+
+def _heads_banks(hs, n, B, seed=0):
+    """``B`` independent plain Monte Carlo banks of `attnflow.heads` (``n`` base draws each,
+    support enumerated, no antithetic or head copies): contiguous chunks of one bank of ``n B``
+    draws (one compilation of the bank's draw)."""
+    from attnflow.heads.theory import BankOptions, FieldBank, NoCopies
+
+    big = FieldBank(hs.prior, hs.L, hs.H, BankOptions(n=n * B, seed=seed, antithetic=False, copies=NoCopies()))
+    c = big.size // B
+    chunk = [slice(i * c, (i + 1) * c) for i in range(B)]
+    return [
+        eqx.tree_at(
+            lambda b: (b.theta, b.zeta, b.w, b.weights),
+            big,
+            (big.theta[sl], big.zeta[sl], big.w[sl], big.weights[sl] * B),
+        )
+        for sl in chunk
+    ]
+
+
+@eqx.filter_jit
+def _heads_field(hs, bank, M, Q, act):
+    from attnflow.heads.theory import Dynamics, ExpectationForm, order_parameter_field
+
+    return order_parameter_field(0.0, {"M": M, "Q": Q, "act": act}, Dynamics(hs, bank, ExpectationForm()))
+
+
+def _flat(R, Q, v=None):
+    """``R``, the upper triangle of ``Q`` (symmetric) and ``v`` as one vector."""
+    parts = [np.ravel(R), np.asarray(Q)[np.triu_indices(Q.shape[0])]]
+    parts += [np.ravel(x) for x in jax.tree_util.tree_leaves(v)]
+    return np.concatenate(parts)
+
+
+def test_single_location_same_draws_give_heads_field_exactly():
+    # The same Gaussian draws fed to both: derive's nodes are z = S^{-1} (fields - signal shift)
+    # of the heads bank's fields at (M, Q). Then both fields are the same sums, equal to rounding.
+    from attnflow import heads
+
+    hs = heads.Setup()
+    bank = _heads_banks(hs, 2048, 1)[0]
+    M, Q = _heads_points(1, seed=3)[0]
+    s = _heads_setup(hs, heads.Softmax(), M, Q)
+    chi, chi_star = bank.fields(jnp.asarray(M), jnp.asarray(Q))  # (n, H, L), (n, L, F)
+    n, theta = chi.shape[0], bank.theta
+    u = jnp.concatenate([jnp.swapaxes(chi, 1, 2), chi_star], axis=2)  # (n, L, H + F): (lambda_l, nu_l)
+    u = u.at[:, 0].add(-jnp.concatenate([theta @ M.T, theta], axis=1))  # minus the signal's mean
+    S = af.psd_sqrt(derive.covariance(jnp.asarray(M), jnp.asarray(Q), jnp.eye(1)))
+    z = jnp.linalg.solve(S, u[..., None])[..., 0]
+    rl = (jnp.concatenate([z.reshape(n, -1), theta, jnp.zeros((n, 1))], axis=1), bank.weights)
+    f = derive.vector_field(s, M, Q, rule_=rl)
+    g = _heads_field(hs, bank, jnp.asarray(M), jnp.asarray(Q), {})
+    np.testing.assert_allclose(f["R"], g["M"], rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(f["Q"], g["Q"], rtol=1e-10, atol=1e-14)
+    # derive's error is E[loss] = E|e - a|^2 / 2; the heads page reports E|e - a|^2
+    e_heads = heads.generalisation_error(jnp.asarray(M), jnp.asarray(Q), heads.Softmax(), bank)
+    np.testing.assert_allclose(2 * derive.generalisation_error(s, M, Q, rule_=rl), e_heads, rtol=1e-12)
+
+
+def _agreement(hs, activation, points, B, n, v=None, act=None, **kw):
+    """Max over ``points`` and components of ``|mean derive - mean heads| / SE`` with ``B``
+    independent banks of ``n`` base draws on each side; ``v``/``act``: the learned parameters
+    as derive readout and as heads ``act``."""
+    s = _heads_setup(hs, activation, *points[0], v0=v, quadrature=derive.MonteCarlo(n), **kw)
+    rules = [derive.rule(s.replace(quadrature=derive.MonteCarlo(n, seed))) for seed in range(B)]
+    banks = _heads_banks(hs, n, B)
+    worst, rows = 0.0, []
+    for M, Q in points:
+        d = np.array([_flat(**derive.vector_field(s, M, Q, v, rule_=rl)) for rl in rules])
+        h = [_heads_field(hs, b, jnp.asarray(M), jnp.asarray(Q), act or {}) for b in banks]
+        h = np.array([_flat(g["M"], g["Q"], g["act"]) for g in h])
+        se = np.sqrt(d.var(0, ddof=1) / B + h.var(0, ddof=1) / B)
+        z = np.abs(d.mean(0) - h.mean(0)) / se
+        worst = max(worst, float(z.max()))
+        rows.append((np.abs(d.mean(0) - h.mean(0)).max(), se.max(), np.abs(h.mean(0)).max()))
+    return worst, rows
+
+
+def test_single_location_field_matches_heads_to_monte_carlo_error():
+    # Independent banks, B = 6 on each side: derive MonteCarlo(2**14), seeds 0..5 (antithetic;
+    # the flipped spike's two amplitudes enumerated: 32768 nodes), heads 2**14 base draws
+    # (enumerated: 32768 nodes). The standard error (SE) of the difference of the two bank means
+    # is estimated per component from the spread over the banks (10 degrees of freedom).
+    # Measured (B = 8, 10 points): max |deviation| / SE = 2.4; SE 1e-4 to 3e-4; max |deviation|
+    # 4.7e-4, fields of size up to 0.2. Tolerance k = 5 SE (t_10: P(|t| > 5) = 5e-4 per component).
+    from attnflow import heads
+
+    worst, rows = _agreement(heads.Setup(), heads.Softmax(), _heads_points(4), B=6, n=2**14)
+    print("max |derive - heads| / SE:", worst, rows)
+    assert worst < 5.0, rows
+
+
+def test_single_location_solve_options_and_errors():
+    from attnflow import heads
+
+    hs = heads.Setup()
+    M0, Q0 = hs.initial_overlaps()
+    s = _heads_setup(hs, heads.Softmax(), M0, Q0, quadrature=derive.MonteCarlo(2**11))
+    assert s.dim == hs.L * 3 and s.data.F == 1
+    th = derive.solve(s, 1.0, save=af.LinearGrid(3))
+    assert set(derive.OBSERVABLES) - {"v"} <= set(th.ys) and th.meta["data"] == "SingleLocation"
+    assert np.all(np.isfinite(np.asarray(th["Q"]))) and 0.5 < float(th["error"][0]) * 2 < 1.0
+    # every location enumerated (for a positional student) gives the same field for an equivariant one
+    f0 = derive.vector_field(s, M0, Q0)
+    f1 = derive.vector_field(s.replace(data=derive.SingleLocation(hs.prior, hs.L, exchangeable=False)), M0, Q0)
+    assert _max_diff(f0, f1) < 3e-3  # Monte Carlo error of 2 x 2**11 draws (the fields are about 1e-2)
+    with pytest.raises(ValueError, match="train simulates Gaussian inputs only"):
+        derive.train(s, 1.0)
+    with pytest.raises(ValueError, match="noise"):
+        _heads_setup(hs, heads.Softmax(), M0, Q0, noise=0.1)
+    with pytest.raises(ValueError, match="prior.F"):
+        _heads_setup(hs, heads.Softmax(), jnp.zeros((2, 2)), Q0)
+    with pytest.raises(ValueError, match="prior must be"):
+        derive.SingleLocation("spike")
+    with pytest.raises(ValueError, match="data must be"):
+        derive.Setup(derive.soft_committee, derive.soft_committee, [[0.1]], [[0.5]], data="tokens")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["softmax1", "bayes"])
+def test_single_location_learned_activation_parameters_match_heads(which):
+    # The activation's learned parameters are derive's readout v: their step eta_v / D is the
+    # heads' eta_b / D, so dv/dt = -eta_v E[d l / d v] is the heads' db/dt (eta_b = eta_v = eta).
+    # Softmax1 with learned global (b, c), v = (b, c); Bayes-softmax with learned b_h, v = b.
+    # Same banks and tolerance as the softmax test (B = 8 here).
+    from attnflow import heads
+
+    if which == "softmax1":
+        act, v = heads.Softmax1(0.3, 1.2), jnp.array([0.3, 1.2])
+
+        def student(lam, v):
+            return act.with_params({"b": v[0], "c": v[1]})(lam)
+    else:
+        act, v = heads.BayesSoftmax(jnp.array([0.2, -0.1])), jnp.array([0.2, -0.1])
+
+        def student(lam, v):
+            return act.with_params({"b": v})(lam)
+
+    hs = heads.Setup(activation=act)
+    worst, rows = _agreement(hs, student, _heads_points(4, seed=1), B=8, n=2**14, v=v, act=act.params())
+    print(which, "max |derive - heads| / SE:", worst, rows)
+    assert worst < 5.0, rows

@@ -5,7 +5,8 @@ readout ``v``), a teacher as a function of its ``M`` fields ``nu = W* x / sqrt(D
 `solve` integrates the ``D -> infinity`` ODE of the overlaps ``R = W W*^T / D``,
 ``Q = W W^T / D`` and the readout (Saad & Solla 1995; Goldt et al. 2019), with
 ``delta = -d loss / d lambda`` by autodiff and the Gaussian expectations by quadrature; `train`
-runs online SGD of the same functions at finite ``D``.
+runs online SGD of the same functions at finite ``D``. ``data=SingleLocation(prior, L)`` derives
+the ODE for the single-location token model of `attnflow.heads` instead (`SingleLocation`).
 
 ```python
 import jax.numpy as jnp
@@ -17,6 +18,10 @@ sim = derive.train(s, 100.0, key=0)      # online SGD at D = 1000, t = steps / D
 ```
 """
 
+from .data import DataModel as DataModel
+from .data import GaussianInputs as GaussianInputs
+from .data import SingleLocation as SingleLocation
+from .data import signal_token as signal_token
 from .observe import OBSERVABLES as OBSERVABLES
 from .observe import state_observables as state_observables
 from .observe import weight_observables as weight_observables
@@ -51,10 +56,13 @@ __all__ = [
     "HERMITE_BUDGET",
     "OBSERVABLES",
     "REFERENCE_D",
+    "DataModel",
+    "GaussianInputs",
     "GaussHermite",
     "MonteCarlo",
     "Quadrature",
     "Setup",
+    "SingleLocation",
     "covariance",
     "default_quadrature",
     "erf_activation",
@@ -63,6 +71,7 @@ __all__ = [
     "generalisation_error",
     "initial_state",
     "rule",
+    "signal_token",
     "soft_committee",
     "solve",
     "squared_loss",

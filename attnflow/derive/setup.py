@@ -1,10 +1,14 @@
-"""`Setup` of a derived model: student, teacher, loss, initial overlaps, learning rates, quadrature.
+"""`Setup` of a derived model: student, teacher, loss, initial overlaps, learning rates, data
+model, quadrature.
 
 The model (committee-machine family, docs page "Your own model", eq. (1)): inputs
 ``x ~ N(0, I_D)``; the student sees its ``K`` local fields ``lambda = W x / sqrt(D)`` and owns
 readout parameters ``v`` (any array, or none); the fixed teacher sees ``M`` fields
 ``nu = W* x / sqrt(D)`` with ``W* W*^T / D = T``; the label is ``y = teacher(nu) + sigma xi``
-with ``xi ~ N(0, 1)`` (label noise optional); the per-sample loss is ``loss(student(lambda, v), y)``.
+with ``xi ~ N(0, 1)`` (label noise optional); the per-sample loss is ``loss(student(lambda, v), y)``
+(summed when it is an array). With ``data=SingleLocation(...)`` the inputs are the ``L`` tokens
+of the single-location model of `attnflow.heads` and the fields carry a location axis
+(`attnflow.derive.SingleLocation`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import numpy as np
 from .. import _validate as V
 from ..expect import hermite_rule
 from ..setup import AbstractSetup
+from .data import DataModel, GaussianInputs, SingleLocation
 
 __all__ = [
     "Setup",
@@ -132,7 +137,11 @@ class Setup(AbstractSetup):
       ``v <- v - (eta_v / D) grad_v loss``; default ``eta``);
     - ``noise``: label-noise standard deviation ``sigma``, or ``None`` for none (a number, even 0,
       adds the noise variable ``xi`` to the quadrature);
-    - ``quadrature`` (static): `GaussHermite` or `MonteCarlo` (default: `default_quadrature`).
+    - ``data``: the data model, `GaussianInputs` (default) or `SingleLocation` (the token model
+      of `attnflow.heads`: ``student(lam (K, L), v)``, ``teacher(nu (M, L), e (L,))``, ``M`` the
+      prior's ``F``; no label noise);
+    - ``quadrature`` (static): `GaussHermite` or `MonteCarlo` (default: `default_quadrature` of
+      the dimension `dim`).
     """
 
     student: Callable = eqx.field(static=True)
@@ -145,6 +154,7 @@ class Setup(AbstractSetup):
     eta_v: jax.Array
     noise: Any
     loss: Callable = eqx.field(static=True)
+    data: DataModel
     quadrature: Quadrature = eqx.field(static=True)
 
     def __init__(
@@ -160,6 +170,7 @@ class Setup(AbstractSetup):
         eta_v: Any = None,
         noise: Any = None,
         loss: Callable = squared_loss,
+        data: DataModel | None = None,
         quadrature: Quadrature | None = None,
     ):
         self.student = _callable("student", student)
@@ -173,8 +184,12 @@ class Setup(AbstractSetup):
         self.eta = V.floats("eta (learning rate of W)", eta)
         self.eta_v = self.eta if eta_v is None else V.floats("eta_v (learning rate of the readout)", eta_v)
         self.noise = None if noise is None else V.floats("noise (label-noise std)", noise)
+        data = GaussianInputs() if data is None else data
+        if not isinstance(data, DataModel):
+            raise ValueError(f"data must be GaussianInputs() or SingleLocation(...), got {data!r:.80}")
+        self.data = data
         if quadrature is None:
-            quadrature = default_quadrature(self.K + M + (noise is not None)) if self.R0.ndim == 2 else GaussHermite()
+            quadrature = default_quadrature(self.dim) if self.R0.ndim == 2 else GaussHermite()
         if not isinstance(quadrature, Quadrature):
             raise ValueError(f"quadrature must be GaussHermite(...) or MonteCarlo(...), got {quadrature!r:.80}")
         self.quadrature = quadrature
@@ -191,8 +206,9 @@ class Setup(AbstractSetup):
 
     @property
     def dim(self) -> int:
-        """Dimension of the Gaussian expectations: ``K + M`` (+1 with label noise)."""
-        return self.K + self.M + (self.noise is not None)
+        """Dimension of the Gaussian expectations: ``K + M`` (`GaussianInputs`) or ``L (K + M)``
+        (`SingleLocation`), +1 with label noise."""
+        return self.data.dim(self.K, self.M) + (self.noise is not None)
 
     def validate(self) -> None:
         if self.R0.ndim != 2 or 0 in self.R0.shape:
@@ -202,6 +218,9 @@ class Setup(AbstractSetup):
             raise ValueError(f"Q0 must have shape (K, K) = {(K, K)}, got {self.Q0.shape}")
         if self.T.shape != (M, M):
             raise ValueError(f"T must have shape (M, M) = {(M, M)}, got {self.T.shape}")
+        self.data.check(K, M)
+        if self.noise is not None and isinstance(self.data, SingleLocation):
+            raise ValueError("noise (label noise) is not available with data=SingleLocation(...); use noise=None")
         V.positive("eta (learning rate of W)", self.eta)
         V.positive("eta_v (learning rate of the readout)", self.eta_v)
         if self.noise is not None:

@@ -12,6 +12,14 @@ deterministic limit (Saad & Solla 1995; Goldt et al. 2019)
 with ``delta_k = -d l / d lambda_k`` (autodiff of the user's functions) and the expectations over
 ``(lambda, nu) ~ N(0, [[Q, R], [R^T, T]])`` and ``xi ~ N(0, 1)`` (quadrature of the `Setup`).
 The generalisation error is ``error = E[loss(student(lambda, v), teacher(nu))]`` (5), noise-free.
+
+With the single-location data model (`attnflow.derive.SingleLocation`) the fields carry a
+location axis, ``lambda_kl = w_k . x_l / sqrt(D)``, and a step moves ``w_k`` by
+``(eta / sqrt(D)) sum_l delta_kl x_l`` with ``x_l . x_l' / D -> delta_ll'``, so (2)-(3) hold
+with every product summed over locations (docs page, eq. (6)):
+``dR_km/dt = eta E[sum_l delta_kl nu_ml]``, ``dQ_kl/dt = eta E[sum_l' (delta_kl' lambda_ll' +
+delta_ll' lambda_kl')] + eta^2 E[sum_l' delta_kl' delta_ll']``, over independent locations
+``N(0, [[Q, R], [R^T, T]])`` shifted by ``(R theta, T theta)`` at the signal location.
 """
 
 from __future__ import annotations
@@ -24,7 +32,6 @@ import numpy as np
 
 from .. import _validate as V
 from .._jit import filter_jit
-from ..expect import psd_sqrt
 from ..ode import integrate
 from ..options import LogGrid, SaveGrid, SolverOptions
 from ..trajectory import Trajectory
@@ -50,53 +57,57 @@ Rule = tuple[jax.Array, jax.Array]
 
 def rule(setup: Setup) -> Rule:
     """The nodes and weights of ``setup.quadrature`` in ``setup.dim`` dimensions, as arrays (data,
-    so a jitted field does not bake them in)."""
+    so a jitted field does not bake them in); with `SingleLocation` data each node also carries
+    its amplitudes ``theta`` and signal location (`attnflow.derive.DataModel.nodes`)."""
     z, w = setup.quadrature.rule(setup.dim)
-    return jnp.asarray(z, dtype=jnp.result_type(float)), jnp.asarray(w, dtype=jnp.result_type(float))
+    return setup.data.nodes(z, w, setup.quadrature)
 
 
 def covariance(R: jax.Array, Q: jax.Array, T: jax.Array) -> jax.Array:
-    """The covariance ``[[Q, R], [R^T, T]]`` of ``(lambda, nu)``."""
+    """The covariance ``[[Q, R], [R^T, T]]`` of ``(lambda, nu)`` (at each location)."""
     return jnp.block([[Q, R], [R.T, T]])
 
 
 def _fields(setup: Setup, R, Q, nodes):
-    """``(lambda, nu, xi)`` at every node: ``(lambda, nu) = S z`` with ``S`` the symmetric root of
-    the covariance."""
-    K, M = setup.K, setup.M
-    S = psd_sqrt(covariance(R, Q, setup.T))
-    g = nodes[:, : K + M] @ S.T
-    xi = nodes[:, K + M] if setup.noise is not None else jnp.zeros(nodes.shape[0], g.dtype)
-    return g[:, :K], g[:, K:], xi
+    """``(lambda, nu, context, xi)`` at every node (`attnflow.derive.DataModel.fields`): with
+    `GaussianInputs`, ``(lambda, nu) = S z`` with ``S`` the symmetric root of the covariance."""
+    lam, nu, ctx = setup.data.fields(R, Q, setup.T, nodes)
+    if setup.noise is not None:
+        xi = nodes[:, setup.data.dim(setup.K, setup.M)]
+    else:
+        xi = jnp.zeros(nodes.shape[0], lam.dtype)
+    return lam, nu, ctx, xi
 
 
 def expectations(setup: Setup, R: Any, Q: Any, v: Any, rule: Rule) -> dict[str, Any]:
     """The Gaussian expectations of eqs. (2)-(5) at the overlaps ``(R, Q)`` and readout ``v``:
     ``{"delta_nu": E[delta nu^T] (K, M), "delta_lam": E[delta lambda^T] (K, K),
-    "delta_delta": E[delta delta^T] (K, K), "grad_v": E[d l / d v], "error": E[l_clean]}``."""
+    "delta_delta": E[delta delta^T] (K, K), "grad_v": E[d l / d v], "error": E[l_clean]}``.
+    With `SingleLocation` data ``delta``, ``lambda`` and ``nu`` carry a location axis, summed
+    over in the products (``E[sum_l delta_kl nu_ml]`` etc.)."""
     nodes, weights = rule
-    lam, nu, xi = _fields(setup, jnp.asarray(R), jnp.asarray(Q), nodes)
+    lam, nu, ctx, xi = _fields(setup, jnp.asarray(R), jnp.asarray(Q), nodes)
     sigma = 0.0 if setup.noise is None else setup.noise
 
-    def one(lam_i, nu_i, xi_i):
-        y_star = setup.teacher(nu_i)
+    def one(lam_i, nu_i, ctx_i, xi_i):
+        y_star = setup.data.label(setup.teacher, nu_i, ctx_i)
         y = y_star + sigma * xi_i
 
         def loss(lam_, v_):
-            return setup.loss(setup.student(lam_, v_), y)
+            return jnp.sum(setup.loss(setup.student(lam_, v_), y))
 
         if v is None:
             g_lam, g_v = jax.grad(loss)(lam_i, None), None
         else:
             g_lam, g_v = jax.grad(loss, argnums=(0, 1))(lam_i, v)
-        return -g_lam, g_v, setup.loss(setup.student(lam_i, v), y_star)
+        return -g_lam, g_v, jnp.sum(setup.loss(setup.student(lam_i, v), y_star))
 
-    delta, g_v, clean = jax.vmap(one)(lam, nu, xi)
-    wd = weights[:, None] * delta
+    delta, g_v, clean = jax.vmap(one)(lam, nu, ctx, xi)
+    wd = weights.reshape((-1,) + (1,) * (delta.ndim - 1)) * delta
     return {
-        "delta_nu": wd.T @ nu,
-        "delta_lam": wd.T @ lam,
-        "delta_delta": wd.T @ delta,
+        "delta_nu": jnp.einsum("nk...,nm...->km", wd, nu),
+        "delta_lam": jnp.einsum("nk...,nm...->km", wd, lam),
+        "delta_delta": jnp.einsum("nk...,nm...->km", wd, delta),
         "grad_v": None if g_v is None else jnp.tensordot(weights, g_v, axes=1),
         "error": weights @ clean,
     }
@@ -209,6 +220,7 @@ def solve(
             "equation": "derived order-parameter ODE (2)-(4)",
             "clock": "t = steps / D",
             "quadrature": repr(setup.quadrature),
+            "data": type(setup.data).__name__,
             "nodes": int(np.shape(rl[0])[0]),
         },
     )

@@ -17,6 +17,7 @@ from ..optim import per_circuit
 from ..options import LinearGrid, SaveGrid, TimeGrid
 from ..simulate import OnlineSGD, check_divergence, simulate
 from ..trajectory import Trajectory
+from .data import GaussianInputs
 from .observe import weight_observables
 from .setup import Setup
 from .theory import rule
@@ -62,7 +63,8 @@ def train(
     progress: bool = False,
 ) -> Trajectory:
     """Online SGD of ``setup``'s student on fresh Gaussian inputs ``x ~ N(0, I_D)``, one sample per
-    step, labels ``teacher(W* x / sqrt(D)) + sigma xi``, to ``t1 = steps / D``.
+    step (`GaussianInputs` data only: ``ValueError`` for `SingleLocation`), labels
+    ``teacher(W* x / sqrt(D)) + sigma xi``, to ``t1 = steps / D``.
 
     Steps: ``W <- W - eta grad_W l`` and ``v <- v - (eta_v / D) grad_v l`` (the convention of
     eq. (4), Goldt et al. 2019). Teacher and student start at exactly the overlaps ``T``, ``R0``,
@@ -75,6 +77,11 @@ def train(
     """
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.derive.Setup, got {setup!r:.80}")
+    if not isinstance(setup.data, GaussianInputs):
+        raise ValueError(
+            f"train simulates Gaussian inputs only; a setup with data={type(setup.data).__name__}(...) has no "
+            "finite-D simulator here (for the attention heads of the single-location model use attnflow.heads.train)"
+        )
     D = V.positive_int("D", D, minimum=setup.K + setup.M)
     t1 = V.finite_scalar("t1", t1)
     if t1 <= 0:
