@@ -2,6 +2,7 @@
 differences, adjoints under jit and vmap) and the qkov sensitivities, fixed-loss slope and optimal ratio."""
 
 import diffrax
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 from jax.test_util import check_grads
 
 import attnflow as af
-from attnflow import qkov
+from attnflow import focus, heads, qkov
 
 U0 = 1e-3
 
@@ -176,70 +177,230 @@ def test_qkov_bad_input():
 
 
 # ----------------------------------------------------------------------------- heads
+# The derivatives of the theory's outcomes are checked against central differences taken on the
+# same compiled program: one jit(vmap(...)) over the points and their +-h neighbours (h = 1e-4
+# relative), whose values give the differences and whose derivatives at the centres are checked.
+# One compilation per theory; the eager single calls of the jit/vmap test are the second.
+FD_STEP = 1e-4
+
+
+def _fd_lanes(centres: dict) -> dict:
+    """The centres, then for each centre and each parameter its +h and -h neighbours."""
+    names = list(centres)
+    c = {k: np.asarray(v, dtype=float) for k, v in centres.items()}
+    lanes = {k: [*c[k]] for k in names}
+    for i in range(len(c[names[0]])):
+        for name in names:
+            for sign in (1.0, -1.0):
+                for k in names:
+                    x = c[k][i]
+                    lanes[k].append(x * (1.0 + sign * FD_STEP) if k == name else x)
+    return {k: jnp.asarray(v) for k, v in lanes.items()}
+
+
+def _check_against_fd(sens, centres: dict, rtol: float) -> dict:
+    """Relative errors of each derivative at each centre against the central differences of the
+    values on the neighbour lanes; asserts they are below ``rtol``."""
+    names = list(centres)
+    n = len(centres[names[0]])
+    value = np.asarray(sens.value)
+    errors = {}
+    for i in range(n):
+        for j, name in enumerate(names):
+            base = n + 2 * len(names) * i + 2 * j
+            h = FD_STEP * float(centres[name][i])
+            fd = (value[base] - value[base + 1]) / (2 * h)
+            g = float(sens.grad[name][i])
+            errors[(name, i)] = abs(fd - g) / abs(g)
+    assert max(errors.values()) < rtol, errors
+    return errors
+
+
+HEADS_POINTS = {"eta": [1.0, 1.25], "s": [3.0, 3.0]}
+
+
+# Built outside any transformation: a FlippedSpike made inside jit or vmap has a traced p, so it is
+# not known to be sign-symmetric and the bank drops its antithetic copies (another bank). The
+# transformed setups replace eta and s in this one.
+HEADS_BASE = heads.Setup()
+HEADS_BANK = heads.BankOptions(n=16)
+HEADS_SOLVER = heads.DEFAULT_SOLVER.replace(rtol=1e-10, atol=1e-12)
+
+
+def _heads_setup(eta, s):
+    return HEADS_BASE.replace(eta=eta, prior=eqx.tree_at(lambda p: p.s, HEADS_BASE.prior, s))
+
+
+def _heads_sens(eta, s):
+    return heads.specialisation_time_sensitivity(_heads_setup(eta, s), bank=HEADS_BANK, solver=HEADS_SOLVER)
+
+
+_heads_batch = jax.jit(jax.vmap(_heads_sens))
+
+
+@pytest.fixture(scope="module")
+def heads_batch():
+    lanes = _fd_lanes(HEADS_POINTS)
+    return _heads_batch(lanes["eta"], lanes["s"])
+
+
+def test_heads_specialisation_time_sensitivity_matches_central_differences(heads_batch):
+    """d t_spec / d eta and d t_spec / d s through the escape event (15) of the ODE (8), under jit
+    and vmap, against central differences. The Monte Carlo bank is fixed (common random numbers:
+    the field is a smooth deterministic function of the state, eta and s), so the two agree to
+    the solver tolerance (about 1e-8 at rtol = 1e-10), not only within the bank's Monte Carlo error."""
+    errors = _check_against_fd(heads_batch, HEADS_POINTS, 1e-5)
+    assert max(errors.values()) < 1e-5
+    for name in ("eta", "s"):
+        assert np.all(np.asarray(heads_batch.grad[name][:2]) < 0)  # faster learning, stronger signal: sooner
+    t = np.asarray(heads_batch.value[:2])
+    assert np.all(np.isfinite(t)) and t[1] < t[0]
+
+
+@pytest.mark.slow  # a second compilation (the eager solve), about 20 s
+def test_heads_sensitivity_vmap_and_jit_match_eager_single_calls(heads_batch):
+    """jit(vmap) over two learning rates gives what two eager single calls give."""
+    for i in range(2):
+        one = _heads_sens(HEADS_POINTS["eta"][i], HEADS_POINTS["s"][i])
+        np.testing.assert_allclose(float(one.value), float(heads_batch.value[i]), rtol=1e-12)
+        for name in ("eta", "s"):
+            np.testing.assert_allclose(float(one.grad[name]), float(heads_batch.grad[name][i]), rtol=1e-10)
+
+
 @pytest.mark.slow
 def test_heads_specialisation_time_derivatives():
-    """d t_spec / d eta and d t_spec / d s (prior signal) through the escape event of the heads ODE,
-    against central differences on the same fixed Monte Carlo bank (the field is then a smooth,
-    deterministic function: the two agree to the solver tolerance, not to the bank's error)."""
-    from attnflow import heads
-
+    """At the reference of the docs (bank of 512 draws): forward and reverse mode agree, the primal
+    `specialisation_time` is the sensitivity's value, and central differences of it agree to 1e-6."""
     bank = heads.BankOptions(n=512)
-    tight = heads.DEFAULT_SOLVER.replace(rtol=1e-10, atol=1e-12)
+    tight = HEADS_SOLVER
+
+    def setup(eta, s):
+        return _heads_setup(eta, s)
 
     def t_spec(eta, s):
-        st = heads.Setup(eta=eta, prior=heads.FlippedSpike(s, 0.5))
-        traj = heads.solve(st, 200.0, escape=heads.ESCAPE_THRESHOLD, save=af.LinearGrid(2), bank=bank, solver=tight)
-        return traj.t_event
+        return heads.specialisation_time(setup(eta, s), bank=bank, solver=tight)
 
-    res = jax.jit(lambda e, s: af.sensitivity(t_spec, eta=e, s=s))(1.0, 3.0)
-    fd = jax.jit(lambda e, s: af.central_difference(t_spec, eta=e, s=s))(1.0, 3.0)
-    assert np.isfinite(float(res.value))
+    fwd = jax.jit(lambda e, s: heads.specialisation_time_sensitivity(setup(e, s), bank=bank, solver=tight))(1.0, 3.0)
+    rev = jax.jit(
+        lambda e, s: heads.specialisation_time_sensitivity(setup(e, s), bank=bank, solver=tight, mode="reverse")
+    )(1.0, 3.0)
+    fd = af.central_difference(jax.jit(t_spec), eta=1.0, s=3.0)
+    assert abs(float(fwd.value) - float(jax.jit(t_spec)(1.0, 3.0))) < 1e-12 * float(fwd.value)
     for name in ("eta", "s"):
-        g = float(res.grad[name])
-        assert g < 0  # faster learning and a stronger signal both specialise sooner
+        g = float(fwd.grad[name])
+        assert g < 0
+        assert abs(float(rev.grad[name]) - g) < 1e-9 * abs(g), name
         assert abs(float(fd[name]) - g) < 1e-6 * abs(g), name
 
 
+def test_heads_sensitivity_bad_input():
+    s = heads.Setup()
+    with pytest.raises(ValueError, match="setup must be"):
+        heads.specialisation_time("CACO")
+    with pytest.raises(ValueError, match="threshold"):
+        heads.specialisation_time(s, threshold=-0.5)
+    with pytest.raises(ValueError, match="threshold = 1e-06"):  # the heads start above it
+        heads.specialisation_time(s, threshold=1e-6)
+    with pytest.raises(ValueError, match="t1"):
+        heads.specialisation_time_sensitivity(s, t1=0.0)
+    with pytest.raises(ValueError, match="mode"):
+        heads.specialisation_time_sensitivity(s, mode="sideways")
+    with pytest.raises(ValueError, match="ForwardMode"):
+        heads.specialisation_time_sensitivity(s, solver=heads.DEFAULT_SOLVER.replace(adjoint=diffrax.DirectAdjoint()))
+    with pytest.raises(ValueError, match="BacksolveAdjoint"):
+        heads.specialisation_time_sensitivity(
+            s, mode="reverse", solver=heads.DEFAULT_SOLVER.replace(adjoint=diffrax.BacksolveAdjoint())
+        )
+    with pytest.raises(ValueError, match="FlippedSpike"):
+        heads.specialisation_time_sensitivity(s.replace(prior=heads.AnisotropicGaussian([0.0], [1.0])))
+
+
 # ----------------------------------------------------------------------------- focus
-def _focus_field(t, theta, a):
-    from attnflow import focus
-
-    return focus.flow_field(t, theta, a[0])
+FOCUS_POINTS = {"lam": [0.5, 0.6], "tau": [1.0, 1.0]}
 
 
-def _focus_escaped(t, theta, a):
-    from attnflow import focus
+def _focus_sens(lam, tau):
+    return focus.escape_time_sensitivity(focus.Setup(chain=focus.MarkovChain.lazy(lam=lam), tau=tau))
 
-    setup, threshold = a
-    return focus.population_loss(theta, setup.chain, setup.tau) - threshold
+
+_focus_batch = jax.jit(jax.vmap(_focus_sens))
+
+
+@pytest.fixture(scope="module")
+def focus_batch():
+    lanes = _fd_lanes(FOCUS_POINTS)
+    return _focus_batch(lanes["lam"], lanes["tau"])
+
+
+def test_focus_escape_time_sensitivity_matches_central_differences(focus_batch):
+    """d t_esc / d lam (laziness of the chain) and d t_esc / d tau (score scale) of the Stage II
+    escape (the loss falls 0.05 below the unigram plateau H(pi)), through the event of the flow
+    (P6), under jit and vmap, against central differences (deterministic: 1e-5 relative)."""
+    errors = _check_against_fd(focus_batch, FOCUS_POINTS, 1e-5)
+    assert max(errors.values()) < 1e-5
+    for name in ("lam", "tau"):
+        assert np.all(np.asarray(focus_batch.grad[name][:2]) < 0)  # lazier chain, sharper scores: sooner
+    # the reference of the docs
+    assert abs(float(focus_batch.value[0]) - 101.742) < 1e-3
+    assert abs(float(focus_batch.grad["lam"][0]) + 216.33) < 1e-2
+
+
+@pytest.mark.slow  # a second compilation (the eager solve), about 20 s
+def test_focus_sensitivity_vmap_and_jit_match_eager_single_calls(focus_batch):
+    """jit(vmap) over two values of lam gives what two eager single calls give."""
+    for i in range(2):
+        one = _focus_sens(FOCUS_POINTS["lam"][i], FOCUS_POINTS["tau"][i])
+        np.testing.assert_allclose(float(one.value), float(focus_batch.value[i]), rtol=1e-12)
+        for name in ("lam", "tau"):
+            np.testing.assert_allclose(float(one.grad[name]), float(focus_batch.grad[name][i]), rtol=1e-10)
 
 
 @pytest.mark.slow
 def test_focus_escape_time_derivatives():
-    """d(escape time)/d lambda (laziness of the chain) and d/d tau (score scale) of the Stage II
-    escape (the loss falls 0.05 below the unigram plateau H(pi)), through an event of `integrate`
-    on `focus.flow_field`, against central differences."""
-    from attnflow import focus
-
-    def t_escape(lam, tau):
-        setup = focus.Setup(chain=focus.MarkovChain.lazy(lam=lam), tau=tau)
-        pi = setup.chain.pi
-        threshold = -jnp.sum(pi * jnp.log(pi)) - 0.05
-        traj = af.integrate(
-            _focus_field,
-            setup.theta0(),
-            5000.0,
-            args=(setup, threshold),
-            event=_focus_escaped,
-            save=af.LinearGrid(2),
-            solver=af.SolverOptions(rtol=1e-10, atol=1e-12),
-        )
-        return traj.t_event
-
-    res = jax.jit(lambda lam, tau: af.sensitivity(t_escape, lam=lam, tau=tau))(0.5, 1.0)
-    fd = jax.jit(lambda lam, tau: af.central_difference(t_escape, lam=lam, tau=tau))(0.5, 1.0)
-    assert np.isfinite(float(res.value))
+    """Forward and reverse mode agree, the primal `escape_time` is the sensitivity's value, and it
+    agrees with the event of `integrate` on `focus.flow_field` written out by hand."""
+    setup = focus.Setup()
+    fwd = jax.jit(focus.escape_time_sensitivity)(setup)
+    rev = jax.jit(lambda s: focus.escape_time_sensitivity(s, mode="reverse"))(setup)
+    t = focus.escape_time(setup)
+    pi = setup.chain.pi
+    by_hand = af.integrate(
+        _focus_field,
+        setup.theta0(),
+        5000.0,
+        args=(setup, -jnp.sum(pi * jnp.log(pi)) - 0.05),
+        event=_focus_escaped,
+        save=af.LinearGrid(2),
+        solver=af.SolverOptions(rtol=1e-10, atol=1e-12),
+    ).t_event
+    assert abs(float(t) - float(by_hand)) < 1e-9 * float(t)
+    assert abs(float(fwd.value) - float(t)) < 1e-9 * float(t)
     for name in ("lam", "tau"):
-        g = float(res.grad[name])
-        assert g < 0  # a lazier chain and sharper scores both escape sooner
-        assert abs(float(fd[name]) - g) < 1e-6 * abs(g), name
+        g = float(fwd.grad[name])
+        assert abs(float(rev.grad[name]) - g) < 1e-9 * abs(g), name
+
+
+def _focus_field(t, theta, a):
+    return focus.flow_field(t, theta, a[0])
+
+
+def _focus_escaped(t, theta, a):
+    setup, threshold = a
+    return focus.population_loss(theta, setup.chain, setup.tau) - threshold
+
+
+def test_focus_sensitivity_bad_input():
+    s = focus.Setup()
+    with pytest.raises(ValueError, match="setup must be"):
+        focus.escape_time(None)
+    with pytest.raises(ValueError, match="threshold"):
+        focus.escape_time(s, np.nan)
+    with pytest.raises(ValueError, match="initial loss"):
+        focus.escape_time(s, 2.0)
+    with pytest.raises(ValueError, match="t1"):
+        focus.escape_time_sensitivity(s, t1=-1.0)
+    with pytest.raises(ValueError, match="mode"):
+        focus.escape_time_sensitivity(s, mode="both")
+    with pytest.raises(ValueError, match="lazy"):
+        cyclic = focus.MarkovChain(np.ones(3) / 3, np.roll(np.eye(3), 1, axis=1))  # stationary, not lazy
+        focus.escape_time_sensitivity(s.replace(chain=cyclic))

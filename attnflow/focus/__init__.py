@@ -51,6 +51,12 @@ from .observe import OBSERVABLES as OBSERVABLES
 from .observe import model_observables as model_observables
 from .observe import record as record
 from .observe import theta_observables as theta_observables
+from .sensitivity import ESCAPE_HORIZON as ESCAPE_HORIZON
+from .sensitivity import ESCAPE_MARGIN as ESCAPE_MARGIN
+from .sensitivity import ESCAPE_SOLVER as ESCAPE_SOLVER
+from .sensitivity import escape_threshold as escape_threshold
+from .sensitivity import escape_time as escape_time
+from .sensitivity import escape_time_sensitivity as escape_time_sensitivity
 from .setup import INIT_SEED as INIT_SEED
 from .setup import REFERENCE_LAM as REFERENCE_LAM
 from .setup import Setup as Setup
@@ -98,6 +104,9 @@ __all__ = [
     "DEFAULT_SOLVER",
     "DEFAULT_TRAIN_SAVE",
     "DEGENERATE_TOL",
+    "ESCAPE_HORIZON",
+    "ESCAPE_MARGIN",
+    "ESCAPE_SOLVER",
     "INIT_SEED",
     "OBSERVABLES",
     "PARAMETERS",
@@ -125,6 +134,9 @@ __all__ = [
     "effective_rank",
     "embedding_pca",
     "empirical_attention",
+    "escape_threshold",
+    "escape_time",
+    "escape_time_sensitivity",
     "flow_field",
     "gradient_blocks",
     "init_theta",

@@ -48,6 +48,9 @@ from .observe import model_observables as model_observables
 from .observe import order_parameter_observables as order_parameter_observables
 from .observe import overlaps as overlaps
 from .observe import specialisation as specialisation
+from .sensitivity import SPECIALISATION_HORIZON as SPECIALISATION_HORIZON
+from .sensitivity import specialisation_time as specialisation_time
+from .sensitivity import specialisation_time_sensitivity as specialisation_time_sensitivity
 from .setup import INIT_SEED as INIT_SEED
 from .setup import REFERENCE_D as REFERENCE_D
 from .setup import REFERENCE_ETA as REFERENCE_ETA
@@ -118,6 +121,7 @@ __all__ = [
     "REFERENCE_ETA",
     "REFERENCE_SIGMA0",
     "REFERENCE_SIGNAL",
+    "SPECIALISATION_HORIZON",
     "TASK_SEED",
     "TRAIN_TOLERANCE",
     "Activation",
@@ -181,6 +185,8 @@ __all__ = [
     "solve",
     "specialisation",
     "specialisation_spectrum",
+    "specialisation_time",
+    "specialisation_time_sensitivity",
     "symmetric_seed",
     "symmetrise",
     "train",
