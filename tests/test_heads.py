@@ -462,3 +462,13 @@ def test_sgd_specialisation_time_grows_with_log_D():
         assert np.max(np.abs(ts - t_ode)) < 1.0, (D, ts, t_ode)
         means.append(ts.mean())
     assert means[1] - means[0] == pytest.approx(np.log(8) / (2 * lam), rel=0.15), (means, lam)
+
+
+def test_flipped_spike_built_inside_jit_keeps_its_sign_symmetry():
+    # the antithetic bank depends on the flag: a prior built under jit must not lose it
+    @jax.jit
+    def flag(s):
+        return jnp.asarray(hd.FlippedSpike(s).sign_symmetric)
+
+    assert bool(flag(3.0)) and hd.FlippedSpike(3.0).sign_symmetric
+    assert not hd.FlippedSpike(3.0, 0.4).sign_symmetric

@@ -75,6 +75,9 @@ class FlippedSpike(Prior):
     symmetric: bool = eqx.field(static=True)
 
     def __init__(self, s: Any, p: Any = 0.5):
+        # read the symmetry from the value given: a Python 0.5 is concrete even when the prior
+        # is built inside jit or vmap, where the converted array would be a tracer
+        symmetric = not V.any_traced(p) and np.ndim(p) == 0 and float(np.asarray(p)) == 0.5
         s, p = V.floats("s (signal strength)", s), V.floats("p", p)
         if s.ndim or p.ndim:
             raise ValueError(f"s and p must be scalars, got shapes {s.shape} and {p.shape}")
@@ -82,7 +85,7 @@ class FlippedSpike(Prior):
         if not V.any_traced(p) and not 0.0 <= float(p) <= 1.0:
             raise ValueError(f"p must be a probability in [0, 1], got {V.show(p)}")
         self.s, self.p = s, p
-        self.symmetric = not V.any_traced(p) and float(p) == 0.5
+        self.symmetric = symmetric
 
     @property
     def F(self) -> int:
