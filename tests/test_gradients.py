@@ -95,6 +95,25 @@ def test_sensitivity_is_traceable_and_shapes():
     np.testing.assert_allclose(np.asarray(res.grad["w"]["a"]), np.diag([2.0, 4.0]))
 
 
+def test_forward_mode_sensitivity_agrees_with_reverse_through_the_event():
+    from attnflow.sensitivity import solver_for_mode
+
+    def t_half_forward(s, eta):
+        return _t_half(s, eta, solver_for_mode("forward", af.SolverOptions()).adjoint)
+
+    fwd = af.sensitivity(t_half_forward, mode="forward", s=2.0, eta=1.0)
+    rev = af.sensitivity(t_half, s=2.0, eta=1.0)
+    for name in ("s", "eta"):
+        np.testing.assert_allclose(float(fwd.grad[name]["t"]), float(rev.grad[name]["t"]), rtol=1e-8)
+    assert float(fwd.grad["s"]["t"]) == pytest.approx(closed_form(2.0, 1.0)[1], rel=1e-6)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        af.sensitivity(t_half, mode="sideways", s=2.0, eta=1.0)
+    with pytest.raises(ValueError, match="mode='forward' needs"):
+        solver_for_mode("forward", af.SolverOptions(adjoint=diffrax.DirectAdjoint()))
+    with pytest.raises(ValueError, match="BacksolveAdjoint"):
+        solver_for_mode("reverse", af.SolverOptions(adjoint=diffrax.ForwardMode()))
+
+
 def test_sensitivity_bad_input_names_the_argument():
     with pytest.raises(ValueError, match="fn must be callable"):
         af.sensitivity(3.0, s=1.0)

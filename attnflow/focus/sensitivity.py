@@ -17,14 +17,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import diffrax
 import jax
 import jax.numpy as jnp
 
 from .. import _validate as V
 from ..ode import integrate, require_x64
 from ..options import LinearGrid, SolverOptions
-from ..sensitivity import Sensitivity, sensitivity
+from ..sensitivity import Sensitivity, sensitivity, solver_for_mode
 from .data import MarkovChain
 from .setup import Setup
 from .theory import flow_field, population_loss
@@ -51,7 +50,6 @@ ESCAPE_SOLVER = SolverOptions(rtol=1e-10, atol=1e-12, max_steps=1_000_000)
 before the flow turns stiff, so `attnflow.focus.DEFAULT_SOLVER`'s stiff switch is not needed), tight
 enough that central differences of ``t_esc`` agree with its derivatives to about 1e-8."""
 
-_MODES = ("forward", "reverse")
 
 # how far P may be from a lazy chain for its lam to be read off (concrete chains)
 _LAZY_TOL = 1e-10
@@ -112,36 +110,6 @@ def _lazy_lam(chain: MarkovChain) -> jax.Array:
                 f"be MarkovChain.lazy(pi, lam); this P differs from every lazy chain on its pi by {dev:.3g}"
             )
     return lam
-
-
-def _adjoint_for(mode: Any, solver: SolverOptions) -> SolverOptions:
-    """The solver with the adjoint ``mode`` needs (Diffrax's ``ForwardMode`` for ``jax.jacfwd``; the
-    default checkpointed adjoint or ``DirectAdjoint`` for reverse mode)."""
-    if mode not in _MODES:
-        raise ValueError(f"mode must be 'forward' or 'reverse', got {mode!r}")
-    adj = solver.adjoint
-    if mode == "forward":
-        if adj is None:
-            return solver.replace(adjoint=diffrax.ForwardMode())
-        if not isinstance(adj, diffrax.ForwardMode):
-            raise ValueError(f"mode='forward' needs solver.adjoint None or diffrax.ForwardMode(), got {adj!r}")
-        return solver
-    if isinstance(adj, (diffrax.ForwardMode, diffrax.BacksolveAdjoint)):
-        raise ValueError(
-            f"mode='reverse' needs solver.adjoint None (RecursiveCheckpointAdjoint) or diffrax.DirectAdjoint(), "
-            f"got {adj!r} (ForwardMode is forward only; Diffrax refuses BacksolveAdjoint with events)"
-        )
-    return solver
-
-
-def _derivatives(outcome: Any, params: dict, mode: str) -> Sensitivity:
-    """`Sensitivity` of the scalar ``outcome(**params)``: ``jax.jacfwd`` (``mode='forward'``) or
-    `attnflow.sensitivity` (reverse mode)."""
-    if mode == "reverse":
-        return sensitivity(outcome, **params)
-    p = {k: jnp.asarray(v, dtype=jnp.result_type(v, float)) for k, v in params.items()}
-    jac, value = jax.jacfwd(lambda q: (outcome(**q),) * 2, has_aux=True)(p)
-    return Sensitivity(value, dict(jac))
 
 
 def _t_event(setup: Setup, threshold: jax.Array, t1: Any, solver: SolverOptions) -> jax.Array:
@@ -219,11 +187,11 @@ def escape_time_sensitivity(
         raise ValueError(f"focus.escape_time_sensitivity: setup must be an attnflow.focus.Setup, got {setup!r}")
     lam0 = _lazy_lam(setup.chain)
     threshold, solver = _check(setup, threshold, t1, solver, "focus.escape_time_sensitivity")
-    solver = _adjoint_for(mode, solver)
+    solver = solver_for_mode(mode, solver)
     pi = setup.chain.pi
 
     def outcome(lam, tau):
         chain = MarkovChain.lazy(pi, lam)
         return _t_event(setup.replace(chain=chain, tau=tau), threshold, t1, solver)
 
-    return _derivatives(outcome, {"lam": lam0, "tau": setup.tau}, mode)
+    return sensitivity(outcome, mode=mode, **{"lam": lam0, "tau": setup.tau})

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -26,7 +25,7 @@ import jax.numpy as jnp
 from .. import _validate as V
 from ..ode import require_x64
 from ..options import LinearGrid, SolverOptions
-from ..sensitivity import Sensitivity, sensitivity
+from ..sensitivity import Sensitivity, sensitivity, solver_for_mode
 from .data import FlippedSpike
 from .observe import specialisation
 from .setup import Setup
@@ -37,8 +36,6 @@ __all__ = ["SPECIALISATION_HORIZON", "specialisation_time", "specialisation_time
 SPECIALISATION_HORIZON = 200.0
 """`specialisation_time`'s default horizon ``t1``: the solve stops at the event, so this only bounds
 a solve that never specialises (the reference setup specialises at ``t ~ 9``; by (15) ``D = 10^7`` at ``t ~ 22``)."""
-
-_MODES = ("forward", "reverse")
 
 
 def _check(setup: Any, threshold: Any, t1: Any, solver: Any, where: str) -> SolverOptions:
@@ -65,36 +62,6 @@ def _check_start(setup: Setup, threshold: Any) -> None:
             f"threshold = {V.show(threshold)} must lie above the initial specialisation S(M0) = {s0:.4g}: "
             "the heads start specialised"
         )
-
-
-def _adjoint_for(mode: Any, solver: SolverOptions) -> SolverOptions:
-    """The solver with the adjoint ``mode`` needs (Diffrax's ``ForwardMode`` for ``jax.jacfwd``; the
-    default checkpointed adjoint or ``DirectAdjoint`` for reverse mode)."""
-    if mode not in _MODES:
-        raise ValueError(f"mode must be 'forward' or 'reverse', got {mode!r}")
-    adj = solver.adjoint
-    if mode == "forward":
-        if adj is None:
-            return solver.replace(adjoint=diffrax.ForwardMode())
-        if not isinstance(adj, diffrax.ForwardMode):
-            raise ValueError(f"mode='forward' needs solver.adjoint None or diffrax.ForwardMode(), got {adj!r}")
-        return solver
-    if isinstance(adj, (diffrax.ForwardMode, diffrax.BacksolveAdjoint)):
-        raise ValueError(
-            f"mode='reverse' needs solver.adjoint None (RecursiveCheckpointAdjoint) or diffrax.DirectAdjoint(), "
-            f"got {adj!r} (ForwardMode is forward only; Diffrax refuses BacksolveAdjoint with events)"
-        )
-    return solver
-
-
-def _derivatives(outcome: Any, params: dict, mode: str) -> Sensitivity:
-    """`Sensitivity` of the scalar ``outcome(**params)``: ``jax.jacfwd`` (``mode='forward'``) or
-    `attnflow.sensitivity` (reverse mode)."""
-    if mode == "reverse":
-        return sensitivity(outcome, **params)
-    p = {k: jnp.asarray(v, dtype=jnp.result_type(v, float)) for k, v in params.items()}
-    jac, value = jax.jacfwd(lambda q: (outcome(**q),) * 2, has_aux=True)(p)
-    return Sensitivity(value, dict(jac))
 
 
 def specialisation_time(
@@ -169,7 +136,7 @@ def specialisation_time_sensitivity(
             "specialisation_time_sensitivity differentiates the signal strength s of a FlippedSpike prior; "
             f"got prior {setup.prior!r}"
         )
-    solver = _adjoint_for(mode, solver)
+    solver = solver_for_mode(mode, solver)
     _check_start(setup, threshold)
 
     def outcome(eta, s):
@@ -177,4 +144,4 @@ def specialisation_time_sensitivity(
         traj = solve(st, t1, escape=threshold, save=LinearGrid(2), bank=bank, form=form, solver=solver)
         return traj.t_event
 
-    return _derivatives(outcome, {"eta": setup.eta, "s": setup.prior.s}, mode)
+    return sensitivity(outcome, mode=mode, **{"eta": setup.eta, "s": setup.prior.s})
