@@ -35,6 +35,9 @@ from .compilation import count_compilations as count_compilations
 from .expect import GaussianBank as GaussianBank
 from .expect import gauss_hermite as gauss_hermite
 from .expect import psd_sqrt as psd_sqrt
+from .finite_size import FiniteSizeFit as FiniteSizeFit
+from .finite_size import fit_finite_size as fit_finite_size
+from .finite_size import trajectory_gap as trajectory_gap
 from .ode import DivergenceError as DivergenceError
 from .ode import MaxStepsError as MaxStepsError
 from .ode import UnrolledTsit5 as UnrolledTsit5
@@ -88,6 +91,7 @@ __all__ = [
     "CompileCount",
     "KrylovW",
     "DivergenceError",
+    "FiniteSizeFit",
     "FullBatch",
     "GaussianBank",
     "LinearGrid",
@@ -121,6 +125,7 @@ __all__ = [
     "expect",
     "family",
     "first_crossing",
+    "fit_finite_size",
     "fit_line",
     "fit_power_law",
     "fixed_point",
@@ -145,6 +150,7 @@ __all__ = [
     "spectrum",
     "sweep",
     "sweep_defaults",
+    "trajectory_gap",
     "unstable_subspace",
     "use_compilation_cache",
     "use_cpu_cores",

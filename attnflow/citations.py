@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["ENTRIES", "PACKAGE_KEYS", "SOFTWARE_KEYS", "bibtex", "keys_for", "references"]
+__all__ = ["ENTRIES", "EXPERIMENT_KEYS", "PACKAGE_KEYS", "SOFTWARE_KEYS", "bibtex", "keys_for", "references"]
 
 # key -> (one-line reference for summaries, BibTeX entry)
 ENTRIES: dict[str, tuple[str, str]] = {
@@ -149,6 +149,10 @@ PACKAGE_KEYS: dict[str, tuple[str, ...]] = {
 }
 # what every package runs on: JAX, Equinox, Diffrax (solve), Optax (train)
 SOFTWARE_KEYS: tuple[str, ...] = ("jax2018github", "kidger2021equinox", "kidger2021on", "deepmind2020jax")
+# experiments that run several theory packages: the papers of all of them
+EXPERIMENT_KEYS: dict[str, tuple[str, ...]] = {
+    "finite-size": ("sagitova2026specialization", "vashisht2026faster", "chen2026focus"),
+}
 
 
 def keys_for(name: str | None = None) -> list[str]:
@@ -162,6 +166,8 @@ def keys_for(name: str | None = None) -> list[str]:
         raise TypeError(f"name must be a package or experiment name (a string), got {name!r}")
     if name in PACKAGE_KEYS:
         return [*PACKAGE_KEYS[name], *SOFTWARE_KEYS]
+    if name in EXPERIMENT_KEYS:
+        return [*EXPERIMENT_KEYS[name], *SOFTWARE_KEYS]
     from .registry import load_all
 
     experiments = load_all()

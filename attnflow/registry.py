@@ -16,6 +16,7 @@ EXPERIMENT_MODULES = (
     "attnflow.focus.experiments",
     "attnflow.heads.experiments",
     "attnflow.derive.experiments",
+    "attnflow.finite_size_experiment",
 )
 
 
