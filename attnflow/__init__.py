@@ -65,6 +65,7 @@ from .saddle import unstable_subspace as unstable_subspace
 from .sensitivity import Sensitivity as Sensitivity
 from .sensitivity import central_difference as central_difference
 from .sensitivity import sensitivity as sensitivity
+from .sensitivity import solver_for_mode as solver_for_mode
 from .setup import AbstractSetup as AbstractSetup
 from .simulate import FullBatch as FullBatch
 from .simulate import Minibatch as Minibatch
@@ -146,6 +147,7 @@ __all__ = [
     "saddle",
     "save_figure",
     "sensitivity",
+    "solver_for_mode",
     "simulate",
     "spectrum",
     "sweep",

@@ -18,7 +18,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["ENTRIES", "EXPERIMENT_KEYS", "PACKAGE_KEYS", "SOFTWARE_KEYS", "bibtex", "keys_for", "references"]
+__all__ = [
+    "ENTRIES",
+    "EXPERIMENT_KEYS",
+    "PACKAGE_KEYS",
+    "SOFTWARE_KEYS",
+    "bibtex",
+    "experiment_keys",
+    "keys_for",
+    "references",
+]
 
 # key -> (one-line reference for summaries, BibTeX entry)
 ENTRIES: dict[str, tuple[str, str]] = {
@@ -137,6 +146,68 @@ ENTRIES: dict[str, tuple[str, str]] = {
   year   = {2020}
 }""",
     ),
+    "mathew2021hatexplain": (
+        "B. Mathew, P. Saha, S. M. Yimam, C. Biemann, P. Goyal, A. Mukherjee. HateXplain: A Benchmark "
+        "Dataset for Explainable Hate Speech Detection. AAAI 2021.",
+        """@inproceedings{mathew2021hatexplain,
+  title     = {{HateXplain}: A Benchmark Dataset for Explainable Hate Speech Detection},
+  author    = {Mathew, Binny and Saha, Punyajoy and Yimam, Seid Muhie and Biemann, Chris and
+               Goyal, Pawan and Mukherjee, Animesh},
+  booktitle = {Proceedings of the AAAI Conference on Artificial Intelligence},
+  volume    = {35},
+  number    = {17},
+  pages     = {14867--14875},
+  year      = {2021}
+}""",
+    ),
+    "rajpurkar2016squad": (
+        "P. Rajpurkar, J. Zhang, K. Lopyrev, P. Liang. SQuAD: 100,000+ Questions for Machine "
+        "Comprehension of Text. EMNLP 2016.",
+        """@inproceedings{rajpurkar2016squad,
+  title     = {{SQuAD}: 100,000+ Questions for Machine Comprehension of Text},
+  author    = {Rajpurkar, Pranav and Zhang, Jian and Lopyrev, Konstantin and Liang, Percy},
+  booktitle = {Proceedings of the 2016 Conference on Empirical Methods in Natural Language Processing},
+  pages     = {2383--2392},
+  year      = {2016}
+}""",
+    ),
+    "warstadt2020blimp": (
+        "A. Warstadt, A. Parrish, H. Liu, A. Mohananey, W. Peng, S.-F. Wang, S. R. Bowman. BLiMP: The "
+        "Benchmark of Linguistic Minimal Pairs for English. TACL 8, 377-392 (2020).",
+        """@article{warstadt2020blimp,
+  title   = {{BLiMP}: The Benchmark of Linguistic Minimal Pairs for {English}},
+  author  = {Warstadt, Alex and Parrish, Alicia and Liu, Haokun and Mohananey, Anhad and Peng, Wei and
+             Wang, Sheng-Fu and Bowman, Samuel R.},
+  journal = {Transactions of the Association for Computational Linguistics},
+  volume  = {8},
+  pages   = {377--392},
+  year    = {2020}
+}""",
+    ),
+    "linzen2016assessing": (
+        "T. Linzen, E. Dupoux, Y. Goldberg. Assessing the Ability of LSTMs to Learn Syntax-Sensitive "
+        "Dependencies. TACL 4, 521-535 (2016).",
+        """@article{linzen2016assessing,
+  title   = {Assessing the Ability of {LSTMs} to Learn Syntax-Sensitive Dependencies},
+  author  = {Linzen, Tal and Dupoux, Emmanuel and Goldberg, Yoav},
+  journal = {Transactions of the Association for Computational Linguistics},
+  volume  = {4},
+  pages   = {521--535},
+  year    = {2016}
+}""",
+    ),
+    "deyoung2020eraser": (
+        "J. DeYoung, S. Jain, N. F. Rajani, E. Lehman, C. Xiong, R. Socher, B. C. Wallace. ERASER: A "
+        "Benchmark to Evaluate Rationalized NLP Models. ACL 2020.",
+        """@inproceedings{deyoung2020eraser,
+  title     = {{ERASER}: A Benchmark to Evaluate Rationalized {NLP} Models},
+  author    = {DeYoung, Jay and Jain, Sarthak and Rajani, Nazneen Fatema and Lehman, Eric and
+               Xiong, Caiming and Socher, Richard and Wallace, Byron C.},
+  booktitle = {Proceedings of the 58th Annual Meeting of the Association for Computational Linguistics},
+  pages     = {4443--4458},
+  year      = {2020}
+}""",
+    ),
 }
 
 # the paper each theory package implements
@@ -149,25 +220,32 @@ PACKAGE_KEYS: dict[str, tuple[str, ...]] = {
 }
 # what every package runs on: JAX, Equinox, Diffrax (solve), Optax (train)
 SOFTWARE_KEYS: tuple[str, ...] = ("jax2018github", "kidger2021equinox", "kidger2021on", "deepmind2020jax")
-# experiments that run several theory packages: the papers of all of them
+# what an experiment uses beyond its package's paper: the other theories' papers, data sets, metrics
 EXPERIMENT_KEYS: dict[str, tuple[str, ...]] = {
     "finite-size": ("sagitova2026specialization", "vashisht2026faster", "chen2026focus"),
+    "qkov-hatexplain": ("mathew2021hatexplain", "deyoung2020eraser"),
+    "qkov-squad": ("rajpurkar2016squad", "deyoung2020eraser"),
+    "qkov-sva": ("warstadt2020blimp", "linzen2016assessing", "deyoung2020eraser"),
 }
+
+
+def experiment_keys(name: str, package: str) -> list[str]:
+    """The keys of experiment ``name`` of ``package``: the package's paper, then `EXPERIMENT_KEYS`,
+    then the software, each once."""
+    return list(dict.fromkeys([*PACKAGE_KEYS.get(package, ()), *EXPERIMENT_KEYS.get(name, ()), *SOFTWARE_KEYS]))
 
 
 def keys_for(name: str | None = None) -> list[str]:
     """Citation keys for a theory package (``"qkov"``), a registered experiment
-    (``"qkov-reduced"``) or, with ``None``, everything: the package's paper first, then the
-    software. An unknown name raises ``ValueError`` listing the valid ones."""
+    (``"qkov-reduced"``; `experiment_keys`: its package's paper, the data sets and other papers
+    it uses) or, with ``None``, everything: the papers first, then the software. An unknown name raises ``ValueError`` listing the valid ones."""
     if name is None:
-        papers = [k for keys in PACKAGE_KEYS.values() for k in keys]
-        return papers + list(SOFTWARE_KEYS)
+        papers = [k for keys in (*PACKAGE_KEYS.values(), *EXPERIMENT_KEYS.values()) for k in keys]
+        return list(dict.fromkeys(papers)) + list(SOFTWARE_KEYS)
     if not isinstance(name, str):
         raise TypeError(f"name must be a package or experiment name (a string), got {name!r}")
     if name in PACKAGE_KEYS:
         return [*PACKAGE_KEYS[name], *SOFTWARE_KEYS]
-    if name in EXPERIMENT_KEYS:
-        return [*EXPERIMENT_KEYS[name], *SOFTWARE_KEYS]
     from .registry import load_all
 
     experiments = load_all()
@@ -176,7 +254,7 @@ def keys_for(name: str | None = None) -> list[str]:
             f"unknown package or experiment {name!r}; packages: {', '.join(PACKAGE_KEYS)}; "
             f"experiments: {', '.join(sorted(experiments))}"
         )
-    return [*PACKAGE_KEYS.get(experiments[name].package, ()), *SOFTWARE_KEYS]
+    return experiment_keys(name, experiments[name].package)
 
 
 def _known(keys: Iterable[str]) -> list[str]:

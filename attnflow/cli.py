@@ -388,12 +388,13 @@ def _write_index(folder: Path, results: list[dict], total: float) -> None:
             lines.append(f"- {k}: {v:.3e} (tolerance {tol:.1e})")
         lines.append(f"- details: [{r['name']}/summary.md]({r['name']}/summary.md)")
         lines.append("")
-    from .citations import PACKAGE_KEYS, SOFTWARE_KEYS, references
+    from .citations import SOFTWARE_KEYS, experiment_keys, references
     from .registry import load_all
 
     experiments = load_all()
-    used = [k for r in results for k in PACKAGE_KEYS.get(experiments[r["name"]].package, ())]
-    lines += ["## References", "", *[f"- {ref}" for ref in references([*used, *SOFTWARE_KEYS])], ""]
+    used = [k for r in results for k in experiment_keys(r["name"], experiments[r["name"]].package)]
+    papers = [k for k in used if k not in SOFTWARE_KEYS]  # the papers first, then the software
+    lines += ["## References", "", *[f"- {ref}" for ref in references([*papers, *SOFTWARE_KEYS])], ""]
     text = "\n".join(lines).encode()
     atomic_write(folder / "summary.md", lambda f: f.write(text))
 

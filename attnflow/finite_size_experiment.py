@@ -281,6 +281,7 @@ def finite_size_figure(kinds: list[_Kind], level: float) -> Figure:
 
 @register(
     "finite-size",
+    package="core",
     config=FiniteSizeConfig,
     description="finite-size law: solve-vs-train gap against size for heads (D), qkov (|C|, context length) and "
     "focus (context, batch), fitted exponents with confidence intervals",

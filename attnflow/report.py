@@ -184,9 +184,9 @@ class Experiment:
             report = self.fn(config, quiet)
         report.timings.setdefault("total", time.perf_counter() - t0)
         if not report.references:
-            from .citations import PACKAGE_KEYS, SOFTWARE_KEYS, references
+            from .citations import experiment_keys, references
 
-            report.references = references([*PACKAGE_KEYS.get(self.package, ()), *SOFTWARE_KEYS])
+            report.references = references(experiment_keys(self.name, self.package))
         report.compilations = {
             "count": compiled.n,
             "seconds": compiled.seconds,
@@ -199,9 +199,11 @@ class Experiment:
 _REGISTRY: dict[str, Experiment] = {}
 
 
-def register(name: str, *, config: type, description: str, headline: bool = False):
+def register(name: str, *, config: type, description: str, headline: bool = False, package: str | None = None):
     """Decorator registering ``fn(config, quiet) -> Report`` as experiment ``name``; ``config``
-    is a dataclass whose fields (with defaults and type annotations) are the options."""
+    is a dataclass whose fields (with defaults and type annotations) are the options.
+    ``package`` (default: the theory package of ``fn``'s module) labels it in ``attnflow list``
+    and picks the paper to cite."""
     if not (isinstance(config, type) and dataclasses.is_dataclass(config)):
         raise ValueError(f"config of experiment {name!r} must be a dataclass, got {config!r}")
 
@@ -209,8 +211,8 @@ def register(name: str, *, config: type, description: str, headline: bool = Fals
         if name in _REGISTRY and _REGISTRY[name].fn.__qualname__ != fn.__qualname__:
             raise ValueError(f"experiment {name!r} is registered twice")
         module = getattr(fn, "__module__", None) or "__main__"
-        package = module.split(".")[1] if module.startswith("attnflow.") else module
-        _REGISTRY[name] = Experiment(name, fn, config, description, package, headline)
+        pkg = package or (module.split(".")[1] if module.startswith("attnflow.") else module)
+        _REGISTRY[name] = Experiment(name, fn, config, description, pkg, headline)
         return fn
 
     return deco

@@ -74,6 +74,19 @@ def test_keys_for_packages_and_experiments(name, paper):
     assert keys[0] == paper and len(keys) == 5
 
 
+def test_real_data_experiments_cite_the_paper_the_data_and_the_metrics():
+    assert keys_for("qkov-sva")[:4] == [
+        "vashisht2026faster",
+        "warstadt2020blimp",
+        "linzen2016assessing",
+        "deyoung2020eraser",
+    ]
+    assert keys_for("qkov-hatexplain")[1] == "mathew2021hatexplain"
+    assert keys_for("qkov-squad")[1] == "rajpurkar2016squad"
+    # an experiment over all three theories cites the three papers, once each
+    assert keys_for("finite-size")[:3] == ["sagitova2026specialization", "vashisht2026faster", "chen2026focus"]
+
+
 def test_cite_without_name_lists_all_papers_and_bad_name_is_named():
     assert set(keys_for(None)) == set(ENTRIES)
     with pytest.raises(ValueError, match="'qkov-nope'"):
