@@ -238,7 +238,8 @@ def experiment_keys(name: str, package: str) -> list[str]:
 def keys_for(name: str | None = None) -> list[str]:
     """Citation keys for a theory package (``"qkov"``), a registered experiment
     (``"qkov-reduced"``; `experiment_keys`: its package's paper, the data sets and other papers
-    it uses) or, with ``None``, everything: the papers first, then the software. An unknown name raises ``ValueError`` listing the valid ones."""
+    it uses) or, with ``None``, everything: the papers first, then the software. An unknown
+    name raises ``ValueError`` listing the valid ones."""
     if name is None:
         papers = [k for keys in (*PACKAGE_KEYS.values(), *EXPERIMENT_KEYS.values()) for k in keys]
         return list(dict.fromkeys(papers)) + list(SOFTWARE_KEYS)
