@@ -75,10 +75,11 @@ class FlippedSpike(Prior):
     symmetric: bool = eqx.field(static=True)
 
     def __init__(self, s: Any, p: Any = 0.5):
+        given = p
+        s, p = V.floats("s (signal strength)", s), V.floats("p", p)
         # read the symmetry from the value given: a Python 0.5 is concrete even when the prior
         # is built inside jit or vmap, where the converted array would be a tracer
-        symmetric = not V.any_traced(p) and np.ndim(p) == 0 and float(np.asarray(p)) == 0.5
-        s, p = V.floats("s (signal strength)", s), V.floats("p", p)
+        symmetric = not V.any_traced(given) and np.ndim(given) == 0 and float(np.asarray(given)) == 0.5
         if s.ndim or p.ndim:
             raise ValueError(f"s and p must be scalars, got shapes {s.shape} and {p.shape}")
         V.positive("s (signal strength)", s)
