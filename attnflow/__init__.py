@@ -77,6 +77,7 @@ from .stiff import AutoStiff as AutoStiff
 from .stiff import KrylovW as KrylovW
 from .sweep import Shard as Shard
 from .sweep import ShardPending as ShardPending
+from .sweep import Static as Static
 from .sweep import SweepError as SweepError
 from .sweep import SweepResult as SweepResult
 from .sweep import process_shard as process_shard
@@ -104,6 +105,7 @@ __all__ = [
     "SaveGrid",
     "Sensitivity",
     "Shard",
+    "Static",
     "ShardPending",
     "SolverOptions",
     "SweepError",

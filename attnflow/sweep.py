@@ -37,6 +37,7 @@ import contextvars
 import dataclasses
 import functools
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -60,6 +61,7 @@ from ._jit import cpu_compiler_options
 from ._lanes import check_lanes, vmap_lanes
 
 __all__ = [
+    "Static",
     "sweep",
     "SweepResult",
     "SweepError",
@@ -76,6 +78,31 @@ PENDING = -1
 
 class SweepError(RuntimeError):
     """Grid points of a sweep failed (raised with ``on_error="raise"``); the message names them."""
+
+
+@dataclasses.dataclass(frozen=True, init=False)
+class Static:
+    """A `sweep` axis whose values change shapes or compiled constants: sizes (``D``, a context
+    length, a number of heads), counts, flags. ``sweep`` loops over them in Python, one compiled
+    program per value, and vectorises the other axes inside each; ``fn`` receives each value as
+    the Python scalar given (an ``int`` stays an ``int``, usable as a shape).
+
+    ``af.sweep(fn, {"D": af.Static([500, 2000, 8000]), "eta": etas})``: three compilations, each
+    over every ``eta``. The outputs must have the same shapes for every static value.
+    """
+
+    values: tuple
+
+    def __init__(self, values: Any):
+        vals = tuple(values.tolist() if isinstance(values, np.ndarray) else values)
+        if not vals:
+            raise ValueError("Static axis needs at least one value")
+        for v in vals:
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, str, np.integer, np.floating)):
+                raise ValueError(f"Static axis values must be numbers or strings, got {v!r}")
+        if len(set(vals)) != len(vals):
+            raise ValueError(f"Static axis values must be distinct, got {vals!r}")
+        object.__setattr__(self, "values", tuple(v.item() if isinstance(v, np.generic) else v for v in vals))
 
 
 class SweepResult:
@@ -571,7 +598,10 @@ def sweep(
         pytree of arrays. It is traced once per chunk shape: keep everything that varies
         an argument.
     axes:
-        ``{name: 1-D values}``; the grid is their cartesian product in this order.
+        ``{name: 1-D values}``; the grid is their cartesian product in this order. A value
+        wrapped in `Static` (sizes and other values that change shapes) is looped over in
+        Python, one compiled program per value, with ``out_dir`` split into one subfolder per
+        static point.
     chunk_size:
         Points per compiled call (default: all points up to 4096; sharded, about one chunk
         per shard; with an ``out_dir`` that holds this grid, the chunk size saved there),
@@ -623,6 +653,21 @@ def sweep(
         raise ValueError(f"on_error must be 'nan' or 'raise', got {on_error!r}")
     if not callable(fn):
         raise TypeError(f"fn must be callable (the function of the axis names), got {fn!r}")
+    if any(isinstance(v, Static) for v in axes.values()):
+        return _static_sweep(
+            fn,
+            axes,
+            chunk_size=chunk_size,
+            out_dir=out_dir,
+            devices=devices,
+            progress=progress,
+            on_chunk=on_chunk,
+            meta=meta,
+            nest=nest,
+            on_error=on_error,
+            shard=shard,
+            lanes=lanes,
+        )
     ctx = _DEFAULTS.get()
     number = None  # the sweep's number in its sweep_defaults block
     shard_from_block = False
@@ -822,6 +867,79 @@ def sweep(
             text + "; their values are NaN (SweepResult.status, SweepResult.failures())", RuntimeWarning, stacklevel=2
         )
     return result
+
+
+def _static_sweep(fn: Callable[..., Any], axes: Mapping[str, Any], *, out_dir: Any, **kwargs: Any) -> SweepResult:
+    """`sweep` with `Static` axes: one sweep of the array axes per point of the static axes,
+    stacked into one `SweepResult` with the axes in the order given."""
+    dims = tuple(axes)
+    static = [d for d in dims if isinstance(axes[d], Static)]
+    dynamic = {d: axes[d] for d in dims if d not in static}
+    placeholder = "_point" if not dynamic else None
+    if placeholder:  # only static axes: one point per program
+        dynamic = {placeholder: np.zeros(1)}
+    if kwargs.get("shard") is not None and out_dir is None:
+        raise ValueError("sweep: a sharded sweep needs an out_dir, the folder every shard saves its chunks in")
+    parts: list[tuple[SweepResult, np.ndarray]] = []
+    messages: list[str] = []
+    infos: list[dict] = []
+    for combo in itertools.product(*(axes[d].values for d in static)):
+        point = dict(zip(static, combo, strict=True))
+        sub_fn = functools.partial(_drop_placeholder, fn, point, placeholder)
+        where = None
+        if out_dir is not None:
+            where = Path(out_dir) / ",".join(f"{d}={v}" for d, v in point.items())
+            where.mkdir(parents=True, exist_ok=True)
+        res = sweep(sub_fn, dynamic, out_dir=where, **kwargs)
+        if parts and str(jax.tree_util.tree_structure(res.values)) != str(
+            jax.tree_util.tree_structure(parts[0][0].values)
+        ):
+            raise ValueError(f"sweep: fn returns a different structure at {point} than at the first static point")
+        if parts:
+            shapes = [np.shape(x) for x in jax.tree_util.tree_leaves(res.values)]
+            first = [np.shape(x) for x in jax.tree_util.tree_leaves(parts[0][0].values)]
+            if shapes != first:
+                raise ValueError(
+                    f"sweep: fn returns shapes {shapes} at {point} but {first} at the first static point; "
+                    "outputs must have the same shapes for every Static value"
+                )
+        status = np.asarray(res.status).copy()
+        status[status > 0] += len(messages)  # failure codes index the merged messages
+        messages.extend(res.messages)
+        parts.append((res, status))
+        infos.append(res.meta)
+    static_shape = tuple(len(axes[d].values) for d in static)
+    dyn_dims = tuple(dynamic) if not placeholder else ()
+
+    def assemble(leaves: list[np.ndarray]) -> np.ndarray:
+        arr = np.stack(leaves).reshape(static_shape + np.shape(leaves[0]))
+        if placeholder:
+            arr = arr.reshape(static_shape + np.shape(leaves[0])[1:])
+        grid = (*static, *dyn_dims)
+        order = [grid.index(d) for d in dims]
+        rest = list(range(len(grid), arr.ndim))
+        return np.transpose(arr, order + rest)
+
+    values = jax.tree_util.tree_map(
+        lambda *xs: jnp.asarray(assemble([np.asarray(x) for x in xs])), *[r.values for r, _ in parts]
+    )
+    status = assemble([st for _, st in parts])
+    coords = {d: (np.asarray(axes[d].values) if d in static else np.asarray(axes[d])) for d in dims}
+    coords = {d: (c[None] if c.ndim == 0 else c) for d, c in coords.items()}
+    info = {
+        **infos[0],
+        "static_axes": list(static),
+        "n_points": int(np.prod([len(c) for c in coords.values()])),
+        "computed_chunks": sum(i.get("computed_chunks", 0) for i in infos),
+        "n_programs": len(parts),
+    }
+    return SweepResult(dims, coords, values, info, status=status, messages=messages)
+
+
+def _drop_placeholder(fn: Callable[..., Any], point: dict, placeholder: str | None, **kw: Any) -> Any:
+    if placeholder is not None:
+        kw.pop(placeholder)
+    return fn(**point, **kw)
 
 
 def _save_leaves(f: Any, leaves: list[np.ndarray]) -> None:

@@ -209,6 +209,14 @@ def test_jit_vmap_sweep_and_one_compilation():
         progress=False,
     )
     assert sims.values.shape == (2, 2) and np.all(np.isfinite(sims.values))
+    # sizes as an axis too: D changes shapes, so af.Static compiles once per D, rates vmapped inside
+    by_size = af.sweep(
+        lambda D, eta: derive.train(s.replace(eta=eta), 2.0, key=0, D=D, save=af.LinearGrid(2)).final()["error"],
+        {"D": af.Static([200, 400]), "eta": np.array([0.5, 1.0])},
+        progress=False,
+    )
+    assert by_size.dims == ("D", "eta") and by_size.values.shape == (2, 2)
+    np.testing.assert_allclose(np.asarray(by_size.sel(D=200)), np.asarray(sims.values[:, 0]), rtol=1e-6)
     with af.count_compilations() as n:
         derive.solve(s.replace(eta=0.3, R0=jnp.array([[0.2]])), 5.0, save=af.LinearGrid(2))
         derive.solve(s.replace(eta=0.7, R0=jnp.array([[0.3]])), 5.0, save=af.LinearGrid(2))

@@ -290,3 +290,44 @@ def test_a_users_own_jit_inside_a_sweep_keeps_its_errors_inside():
 
     res = af.sweep(run, {"lr": np.array([0.1, 0.2])}, progress=False)
     np.testing.assert_allclose(res.values, 2.0 * (1 - 2 * np.array([0.1, 0.2])) ** 40, rtol=1e-10)
+
+
+# ----------------------------------------------------------------------------- Static axes
+def _sized(D, a, b=0.0):
+    # D sets a shape: only a Python int works here
+    x = jnp.arange(D, dtype=jnp.float32)
+    return {"s": a * jnp.sum(x) + b, "v": jnp.stack([a, b * D])}
+
+
+def test_static_axis_loops_over_shapes_and_keeps_the_axis_order(tmp_path):
+    a, b = np.array([1.0, 2.0, 3.0]), np.array([0.5, -1.0])
+    res = af.sweep(_sized, {"a": a, "D": af.Static([4, 10]), "b": b}, progress=False)
+    assert res.dims == ("a", "D", "b") and res.shape == (3, 2, 2)
+    assert res["s"].shape == (3, 2, 2) and res["v"].shape == (3, 2, 2, 2)
+    for i, x in enumerate(a):
+        for j, D in enumerate((4, 10)):
+            for k, y in enumerate(b):
+                assert float(res["s"][i, j, k]) == pytest.approx(x * D * (D - 1) / 2 + y)
+                np.testing.assert_allclose(np.asarray(res["v"][i, j, k]), [x, y * D])
+    assert float(res.sel(a=2.0, D=10, b=-1.0)["s"]) == pytest.approx(2.0 * 45 - 1.0)
+    assert res.meta["n_programs"] == 2 and res.meta["static_axes"] == ["D"]
+    # with an out_dir each static point is its own resumable sweep; a rerun loads every chunk
+    first = af.sweep(_sized, {"D": af.Static([4, 10]), "a": a}, out_dir=tmp_path, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["D=10", "D=4"]
+    again = af.sweep(_sized, {"D": af.Static([4, 10]), "a": a}, out_dir=tmp_path, progress=False)
+    assert again.meta["computed_chunks"] == 0
+    np.testing.assert_array_equal(np.asarray(first["s"]), np.asarray(again["s"]))
+    # only static axes: one program per point
+    only = af.sweep(lambda D: jnp.sum(jnp.ones(D)), {"D": af.Static([2, 3, 5])}, progress=False)
+    np.testing.assert_allclose(np.asarray(only.values), [2.0, 3.0, 5.0])
+
+
+def test_static_axis_rejects_bad_values_and_shape_changes():
+    with pytest.raises(ValueError, match="distinct"):
+        af.Static([3, 3])
+    with pytest.raises(ValueError, match="at least one value"):
+        af.Static([])
+    with pytest.raises(ValueError, match="numbers or strings"):
+        af.Static([[1, 2]])
+    with pytest.raises(ValueError, match="same shapes for every Static value"):
+        af.sweep(lambda D, a: a * jnp.ones(D), {"D": af.Static([2, 3]), "a": np.ones(2)}, progress=False)
