@@ -14,15 +14,16 @@ Like `attnflow.registry`, this module knows the theory packages (the core does n
   population (infinite-context) gradient flow; gap in the population loss and the attention
   entropy.
 
-Sizes change array shapes, so each size is one compiled call; the seeds of a size are one
-vmapped `attnflow.sweep` axis inside it.
+Each size kind is one `attnflow.sweep` over sizes x seeds: sizes change array shapes, so they
+are a `Static` axis (one compiled program per size), with the seeds vmapped inside.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +36,7 @@ from .citations import keys_for, references
 from .finite_size import FiniteSizeFit, fit_finite_size, trajectory_gap
 from .options import LinearGrid, TimeGrid
 from .report import Report, Timer, register
-from .sweep import sweep
+from .sweep import Static, sweep
 from .trajectory import Trajectory
 
 __all__ = ["FiniteSizeConfig", "finite_size"]
@@ -101,9 +102,20 @@ SEED_STRIDE = 1000
 random stream, so the (size, seed) points of a fit are independent."""
 
 
-def _seed_sweep(fn: Callable[[jax.Array], Trajectory], seeds: np.ndarray, i: int, quiet: bool) -> Trajectory:
-    """``fn(seed)`` for the seeds of the ``i``-th size in one compiled, vmapped call."""
-    return sweep(fn, {"seed": seeds + SEED_STRIDE * i}, progress=not quiet).values
+def _size_sweep(run: Callable[..., Trajectory], sizes: Sequence[Any], seeds: np.ndarray, quiet: bool) -> list:
+    """``run(size, seed)`` over sizes x seeds in one `attnflow.sweep`: the sizes a `Static` axis (one
+    compiled program each, they change shapes), the seeds vmapped inside. The ``i``-th size runs
+    seeds ``SEED_STRIDE i + seeds``. Returns one seed-batched trajectory per size."""
+    index = {size: i for i, size in enumerate(sizes)}
+
+    def point(size, seed):
+        traj = run(size, seed + SEED_STRIDE * index[size])
+        # the metadata names the size and is part of the pytree structure: drop it, so that every
+        # size returns the same structure
+        return Trajectory(traj.ts, traj.ys, t_event=traj.t_event)
+
+    res = sweep(point, {"size": Static(list(sizes)), "seed": seeds}, progress=not quiet)
+    return [jax.tree_util.tree_map(lambda x, i=i: x[i], res.values) for i in range(len(sizes))]
 
 
 def _heads(cfg: FiniteSizeConfig, seeds: np.ndarray, quiet: bool, rep: Report) -> list[_Kind]:
@@ -115,16 +127,15 @@ def _heads(cfg: FiniteSizeConfig, seeds: np.ndarray, quiet: bool, rep: Report) -
     with Timer() as tm:
         ode = heads.solve(setup, cfg.heads_t_end, save=grid, bank=heads.BankOptions(n=cfg.heads_bank))
     rep.timings["heads: order-parameter ODE"] = tm.seconds
-    gaps = []
-    for i, D in enumerate(cfg.heads_Ds):
 
-        def run(seed, D=D):
-            return heads.train(setup, cfg.heads_t_end, key=seed, D=D, save=grid, eval_samples=0, dtype=cfg.heads_dtype)
+    def run(D, seed):
+        return heads.train(setup, cfg.heads_t_end, key=seed, D=D, save=grid, eval_samples=0, dtype=cfg.heads_dtype)
 
-        with Timer() as tm:
-            sims = _seed_sweep(run, seeds, i, quiet)
-            gaps.append(trajectory_gap(ode, sims, ["M", "Q"]))
-        rep.timings[f"heads: SGD at D = {D} ({len(seeds)} seeds, {int(round(cfg.heads_t_end * D))} steps)"] = tm.seconds
+    with Timer() as tm:
+        gaps = [trajectory_gap(ode, sims, ["M", "Q"]) for sims in _size_sweep(run, cfg.heads_Ds, seeds, quiet)]
+    rep.timings[f"heads: SGD at D = {', '.join(map(str, cfg.heads_Ds))} ({len(seeds)} seeds each, one sweep)"] = (
+        tm.seconds
+    )
     fit = fit_finite_size(cfg.heads_Ds, gaps, cfg.level)
     what = f"online SGD in dimension D vs the order-parameter ODE, RMS over t <= {cfg.heads_t_end:g} of |(M, Q)|"
     return [_Kind("heads", "D", what, fit)]
@@ -143,21 +154,23 @@ def _qkov(cfg: FiniteSizeConfig, seeds: np.ndarray, quiet: bool, rep: Report) ->
             flow_gaps.append(trajectory_gap(ode, flow, names))
     rep.timings[f"qkov: reduced ODE and full-matrix flows at {len(cfg.qkov_n_commons)} |C|"] = tm.seconds
     flow_fit = fit_finite_size(cfg.qkov_n_commons, flow_gaps, cfg.level)
+
     # context length m + n at n = 10 m: online SGD on sampled sequences against the reduced ODE with the exact
     # full-matrix rate (common_correction), which does not depend on m and n at fixed m / n
-    gaps, lengths = [], []
-    for i, m in enumerate(cfg.qkov_ms):
+    def run(m, seed):
         s = qkov.Setup(m=m, n=10 * m, n_common=cfg.qkov_n_common, common_correction=True)
+        return qkov.train(s, cfg.qkov_t_end, key=seed, dt=cfg.qkov_dt, batch=cfg.qkov_batch, save=grid)
 
-        def run(seed, s=s):
-            return qkov.train(s, cfg.qkov_t_end, key=seed, dt=cfg.qkov_dt, batch=cfg.qkov_batch, save=grid)
-
-        with Timer() as tm:
-            sims = _seed_sweep(run, seeds, i, quiet)
+    gaps, lengths = [], []
+    with Timer() as tm:
+        for m, sims in zip(cfg.qkov_ms, _size_sweep(run, cfg.qkov_ms, seeds, quiet), strict=True):
+            s = qkov.Setup(m=m, n=10 * m, n_common=cfg.qkov_n_common, common_correction=True)
             ode = qkov.solve(s, cfg.qkov_t_end, save=TimeGrid(np.asarray(sims.ts[0])))
             gaps.append(trajectory_gap(ode, sims, names))
-        lengths.append(11 * m)
-        rep.timings[f"qkov: SGD at m + n = {11 * m} ({len(seeds)} seeds)"] = tm.seconds
+            lengths.append(11 * m)
+    rep.timings[f"qkov: SGD at m + n = {', '.join(map(str, lengths))} ({len(seeds)} seeds each, one sweep)"] = (
+        tm.seconds
+    )
     sgd_fit = fit_finite_size(lengths, gaps, cfg.level)
     return [
         _Kind(
@@ -187,16 +200,15 @@ def _focus(cfg: FiniteSizeConfig, seeds: np.ndarray, quiet: bool, rep: Report) -
         with Timer() as tm:  # the flow at exactly the SGD save times
             flow = focus.solve(setup, float(dt * steps[-1]), save=TimeGrid(dt * steps))
         rep.timings[f"focus: population flow to t = {t_end:g}"] = tm.seconds
-        gaps = []
-        for i, size in enumerate(sizes):
-            ctx, B = context_of(size), batch_of(size)
 
-            def run(seed, ctx=ctx, B=B):
-                return focus.train(setup, t_end, key=seed, dt=dt, context=ctx, batch=B, save=grid)
+        def run(size, seed):
+            return focus.train(setup, t_end, key=seed, dt=dt, context=context_of(size), batch=batch_of(size), save=grid)
 
-            with Timer() as tm:
-                gaps.append(trajectory_gap(flow, _seed_sweep(run, seeds, i, quiet), names))
-            rep.timings[f"focus: SGD, {label} = {size} ({len(seeds)} seeds, {steps[-1]} steps)"] = tm.seconds
+        with Timer() as tm:
+            gaps = [trajectory_gap(flow, sims, names) for sims in _size_sweep(run, sizes, seeds, quiet)]
+        rep.timings[
+            f"focus: SGD, {label} = {', '.join(map(str, sizes))} ({len(seeds)} seeds each, {steps[-1]} steps)"
+        ] = tm.seconds
         return fit_finite_size(sizes, gaps, cfg.level)
 
     ctx_fit = kind(

@@ -894,7 +894,11 @@ def _static_sweep(fn: Callable[..., Any], axes: Mapping[str, Any], *, out_dir: A
         if parts and str(jax.tree_util.tree_structure(res.values)) != str(
             jax.tree_util.tree_structure(parts[0][0].values)
         ):
-            raise ValueError(f"sweep: fn returns a different structure at {point} than at the first static point")
+            raise ValueError(
+                f"sweep: fn returns a different structure at {point} than at the first static point (static "
+                "metadata is part of a pytree's structure, e.g. a Trajectory's meta: leave size-dependent "
+                "metadata out of what fn returns)"
+            )
         if parts:
             shapes = [np.shape(x) for x in jax.tree_util.tree_leaves(res.values)]
             first = [np.shape(x) for x in jax.tree_util.tree_leaves(parts[0][0].values)]
