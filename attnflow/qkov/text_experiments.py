@@ -116,6 +116,8 @@ def run_real(
 ) -> tuple[Lanes, dict[str, np.ndarray], TextBatch, RD.Vocabulary]:
     """Train the ratio x seed grid on ``train`` and evaluate on ``evaluation``; fills ``rep``
     with the per-ratio table, the floor, the checks, the verdict and the figures."""
+    rep.summary["training data: counts, labels, relevant-token coverage (describe)"] = RD.describe(train)
+    rep.summary["evaluation data (describe)"] = RD.describe(evaluation)
     vocab = _vocabulary(train, cfg)
     kw = encode_kw or {}
     tr = encode_text(train, vocab, task, cfg.length, **kw)
