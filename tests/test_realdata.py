@@ -313,8 +313,26 @@ def test_squad_bad_json_and_folder(tmp_path):
     path = write(tmp_path / "bad.json.gz", '{"data": [\n  {"paragraphs": oops}\n]}')
     with raises_at(path, "line 2", "not valid JSON"):
         load_squad(path)
-    with raises_at(tmp_path, "", "one JSON file, not a folder"):
-        load_squad(tmp_path)
+    # a folder with one SQuAD file reads it; with two it names them
+    folder = tmp_path / "squad"
+    folder.mkdir()
+    good = {
+        "data": [
+            {
+                "paragraphs": [
+                    {
+                        "context": "a b c",
+                        "qas": [{"id": "q", "question": "b?", "answers": [{"text": "b", "answer_start": 2}]}],
+                    }
+                ]
+            }
+        ]
+    }
+    write(folder / "dev.json", json.dumps(good))
+    assert [r.id for r in load_squad(folder)] == ["q"]
+    write(folder / "other.json.gz", json.dumps(good))
+    with raises_at(folder, "", "exactly one .*found: dev.json, other.json.gz"):
+        load_squad(folder)
     with pytest.raises(FileNotFoundError, match="nope.json"):
         load_squad(tmp_path / "nope.json")
     with pytest.raises(ValueError, match="window must be an integer >= 1, got 0"):

@@ -78,7 +78,7 @@ DATA_FORMATS: Mapping[str, str] = MappingProxyType(
             "SQuAD v1.1 or v2.0 JSON (plain or .gz): {'data': [{'paragraphs': [{'context': str, 'qas': "
             "[{'id': str, 'question': str, 'answers': [{'text': str, 'answer_start': int}, ...]}]}]}]}, "
             "answer_start a character offset into the context; v2.0 questions with 'is_impossible': true "
-            "are skipped."
+            "are skipped. A folder holding exactly one such file works too."
         ),
         "sva": (
             "subject-verb agreement items: BLiMP JSONL (one minimal pair a line with 'one_prefix_method': "
@@ -595,8 +595,15 @@ def load_squad(
     if max_questions is not None:
         max_questions = _int("max_questions", max_questions, minimum=1)
     p = _existing(path, "load_squad")
-    if p.is_dir():
-        raise ValueError(f"{p}: load_squad reads one JSON file, not a folder. {DATA_FORMATS['squad']}")
+    if p.is_dir():  # a folder holding exactly one SQuAD file
+        found = sorted([*p.glob("*.json"), *p.glob("*.json.gz")])
+        if len(found) != 1:
+            listed = ", ".join(f.name for f in found) or "none"
+            raise ValueError(
+                f"{p}: load_squad reads one JSON file; a folder must hold exactly one *.json or *.json.gz "
+                f"(found: {listed}). {DATA_FORMATS['squad']}"
+            )
+        p = found[0]
     doc = _load_json(p, _read_text(p))
     if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
         raise ValueError(f"{p}: expected a JSON object with a 'data' list. {DATA_FORMATS['squad']}")
