@@ -139,6 +139,23 @@ def test_K3_M3_quadrature_cost_bound():
     assert _max_diff(mc, ref) < 3e-2
 
 
+def test_K3_M3_sparse_grid_beats_the_tensor_grid():
+    # Smolyak Gauss-Hermite: measured max field errors level 12: 3.8e-5 (30,869 nodes), 14: 2.0e-6
+    # (266,489), 16: 1.4e-7 (1.7e6) -- against 3.3e-4 for the 1e6-node tensor grid
+    R = 0.2 * jnp.eye(3) + 0.05
+    Q = 0.5 * jnp.eye(3) + 0.1
+    ref, _ = closed_form(R, Q, jnp.eye(3), jnp.ones(3), jnp.ones(3), 1.0, 0.0)
+    s = derive.Setup(derive.soft_committee, derive.soft_committee, R, Q, quadrature=derive.SparseGaussHermite(12))
+    nodes, weights = s.quadrature.rule(6)
+    assert nodes.shape == (30869, 6) and float(np.sum(weights)) == pytest.approx(1.0, abs=1e-12)
+    # exact for low-degree moments: E z_1^2 z_2^2 = 1, E z_1^4 = 3
+    assert float(weights @ (nodes[:, 0] ** 2 * nodes[:, 1] ** 2)) == pytest.approx(1.0, abs=1e-10)
+    assert float(weights @ nodes[:, 0] ** 4) == pytest.approx(3.0, abs=1e-10)
+    assert _max_diff(derive.vector_field(s, R, Q), {"R": ref["R"], "Q": ref["Q"]}) < 5e-5
+    with pytest.raises(ValueError, match="level >= d = 6"):
+        derive.SparseGaussHermite(4).rule(6)
+
+
 # ----------------------------------------------------------------------------- protocol, ODE vs SGD
 GOLDT = dict(
     R0=jnp.array([[0.2, 0.0], [0.0, 0.1]]),

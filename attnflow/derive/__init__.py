@@ -30,6 +30,7 @@ from .setup import GaussHermite as GaussHermite
 from .setup import MonteCarlo as MonteCarlo
 from .setup import Quadrature as Quadrature
 from .setup import Setup as Setup
+from .setup import SparseGaussHermite as SparseGaussHermite
 from .setup import default_quadrature as default_quadrature
 from .setup import erf_activation as erf_activation
 from .setup import soft_committee as soft_committee
@@ -60,6 +61,7 @@ __all__ = [
     "GaussianInputs",
     "GaussHermite",
     "MonteCarlo",
+    "SparseGaussHermite",
     "Quadrature",
     "Setup",
     "SingleLocation",

