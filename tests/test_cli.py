@@ -140,7 +140,7 @@ def test_ctrl_c_exits_130_and_leaves_out_intact(tmp_path):
         "--set",
         "dts=[0.001, 0.0005, 0.00025]",
         "--set",
-        "t_end=200",
+        "t_end=5000",  # far longer than the test waits: the run is interrupted, never finishes
         "--out",
         str(out),
         "--quiet",
@@ -152,7 +152,11 @@ def test_ctrl_c_exits_130_and_leaves_out_intact(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(12)
+    # interrupt once the run has started (its staging folder exists), however loaded the machine
+    deadline = time.monotonic() + 120
+    while not list(out.glob(".attnflow-tmp-*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)
     assert proc.poll() is None, proc.communicate()
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
