@@ -317,6 +317,19 @@ def _existing(path: str | os.PathLike, what: str) -> Path:
     return p
 
 
+def _glob(folder: Path, patterns: Sequence[str]) -> list[Path]:
+    """The files of ``folder`` matching any of ``patterns``, sorted, each once."""
+    return sorted({f for pattern in patterns for f in folder.glob(pattern)})
+
+
+def _folder_files(folder: Path, patterns: Sequence[str], dataset: str, what: str) -> list[Path]:
+    """`_glob`, or a ``ValueError`` naming the folder, ``what`` it lacks and the accepted format."""
+    files = _glob(folder, patterns)
+    if not files:
+        raise ValueError(f"{folder}: folder holds no {what} file. {DATA_FORMATS[dataset]}")
+    return files
+
+
 def _read_text(path: Path) -> str:
     try:
         if path.name.endswith(".gz"):
@@ -423,13 +436,10 @@ def load_hatexplain(path: str | os.PathLike, *, drop_no_majority: bool = True) -
     if not isinstance(drop_no_majority, bool):
         raise ValueError(f"drop_no_majority must be True or False, got {drop_no_majority!r}")
     root = _existing(path, "load_hatexplain")
-    if root.is_dir():
-        files = sorted(root.glob("dataset.json")) + sorted(root.glob("dataset.json.gz"))
-        files = files[:1] or sorted([*root.glob("*.jsonl"), *root.glob("*.jsonl.gz")])
-        if not files:
-            raise ValueError(
-                f"{root}: folder holds no dataset.json(.gz) or *.jsonl(.gz) file. {DATA_FORMATS['hatexplain']}"
-            )
+    if root.is_dir():  # the official dataset.json when there is one, else the JSONL files
+        files = _glob(root, ("dataset.json", "dataset.json.gz"))[:1] or _folder_files(
+            root, ("*.jsonl", "*.jsonl.gz"), "hatexplain", "dataset.json(.gz) or *.jsonl(.gz)"
+        )
     else:
         files = [root]
     records: list[TextRecord] = []
@@ -596,7 +606,7 @@ def load_squad(
         max_questions = _int("max_questions", max_questions, minimum=1)
     p = _existing(path, "load_squad")
     if p.is_dir():  # a folder holding exactly one SQuAD file
-        found = sorted([*p.glob("*.json"), *p.glob("*.json.gz")])
+        found = _glob(p, ("*.json", "*.json.gz"))
         if len(found) != 1:
             listed = ", ".join(f.name for f in found) or "none"
             raise ValueError(
@@ -761,11 +771,9 @@ def load_sva(path: str | os.PathLike) -> list[TextRecord]:
     """
     root = _existing(path, "load_sva")
     if root.is_dir():
-        files = sorted({*root.glob("*.jsonl"), *root.glob("*.jsonl.gz"), *root.glob("*.tsv"), *root.glob("*.tsv.gz")})
-        if not files:
-            raise ValueError(
-                f"{root}: folder holds no *.jsonl, *.jsonl.gz, *.tsv or *.tsv.gz file. {DATA_FORMATS['sva']}"
-            )
+        files = _folder_files(
+            root, ("*.jsonl", "*.jsonl.gz", "*.tsv", "*.tsv.gz"), "sva", "*.jsonl, *.jsonl.gz, *.tsv or *.tsv.gz"
+        )
     else:
         files = [root]
     records: list[TextRecord] = []
