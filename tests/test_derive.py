@@ -156,6 +156,95 @@ def test_K3_M3_sparse_grid_beats_the_tensor_grid():
         derive.SparseGaussHermite(4).rule(6)
 
 
+# K = M = 3 through the symmetric plateau (eg ~ 0.066 for t in [40, 160]) and its escape
+K3_R0 = 0.01 * jnp.ones((3, 3)) + 0.001 * jnp.eye(3) + jnp.zeros((3, 3)).at[0, 1].set(0.0005)
+K3_Q0 = 0.2 * jnp.eye(3)
+
+
+def _k3_closed_trajectory():
+    f, obs = _committee_closed_ode(3, 3)
+    ref = af.integrate(
+        f,
+        {"R": K3_R0, "Q": K3_Q0},
+        600.0,
+        args=1.0,
+        save=af.LinearGrid(16),
+        solver=af.SolverOptions(rtol=1e-10, atol=1e-12),
+        observe=obs,
+    )
+    err = np.asarray(ref["error"])
+    assert 0.06 < err[2] < 0.07 and 0.06 < err[4] < 0.07 and err[-1] < 1e-9  # plateau, then escape
+    closed = jax.vmap(lambda R, Q: closed_form(R, Q, jnp.eye(3), jnp.ones(3), jnp.ones(3), 1.0, 0.0)[0])(
+        ref["R"], ref["Q"]
+    )
+    return ref, {"R": closed["R"], "Q": closed["Q"]}
+
+
+def _derived_along(ref, quadrature):
+    s = derive.Setup(derive.soft_committee, derive.soft_committee, K3_R0, K3_Q0, quadrature=quadrature)
+    rl = derive.rule(s)  # an argument, not a constant baked into the program
+    field = jax.jit(jax.vmap(lambda R, Q, r: derive.vector_field(s, R, Q, None, r), (0, 0, None)))
+    eg = jax.jit(jax.vmap(lambda R, Q, r: derive.generalisation_error(s, R, Q, None, r), (0, 0, None)))
+    return field(ref["R"], ref["Q"], rl), float(jnp.max(jnp.abs(eg(ref["R"], ref["Q"], rl) - ref["error"])))
+
+
+def test_K3_M3_compressed_nodes_along_plateau_and_escape():
+    # measured max field errors along this trajectory, level 14: 1.4e-5 plain, 1.0e-6 with scale 0.8
+    # (level 16: 1.5e-6 / 3.1e-8; level 17 with scale 0.8: 8.2e-9; level 18: 1.9e-7 / 2.3e-9, the slow test)
+    ref, closed = _k3_closed_trajectory()
+    plain, _ = _derived_along(ref, derive.SparseGaussHermite(14))
+    compressed, eg_err = _derived_along(ref, derive.SparseGaussHermite(14, scale=0.8))
+    assert _max_diff(compressed, closed) < 2e-6
+    assert _max_diff(plain, closed) > 5 * _max_diff(compressed, closed)
+    assert eg_err < 5e-6
+
+
+@pytest.mark.slow
+def test_K3_M3_field_to_1e_8_along_plateau_and_escape():
+    # level 18 (8.9e6 nodes, summed in chunks of NODE_CHUNK), nodes compressed by 0.8: measured
+    # 2.3e-9 for the field and 1.4e-10 for eg at the 16 points (plain nodes: 1.9e-7); about 35 s on 2 cores
+    ref, closed = _k3_closed_trajectory()
+    field, eg_err = _derived_along(ref, derive.SparseGaussHermite(18, scale=0.8))
+    assert _max_diff(field, closed) < 1e-8
+    assert eg_err < 1e-8
+
+
+def test_scaled_rule_integrates_the_standard_normal():
+    z, w = derive.GaussHermite(24, scale=0.8).rule(2)
+    assert float(np.sum(w)) == pytest.approx(1.0, abs=1e-10)
+    assert float(w @ (z[:, 0] ** 2 * z[:, 1] ** 2)) == pytest.approx(1.0, abs=1e-9)
+    assert float(w @ z[:, 0] ** 4) == pytest.approx(3.0, abs=1e-8)
+    z1, w1 = derive.GaussHermite(24).rule(2)
+    assert np.array_equal(z1, derive.scaled_rule(z1, w1, 1.0)[0])
+    np.testing.assert_allclose(z, 0.8 * z1)
+    for bad in (0.0, 1.5, -0.3, True, "0.8"):
+        with pytest.raises(ValueError, match="scale must be a number in"):
+            derive.SparseGaussHermite(12, scale=bad)
+        with pytest.raises(ValueError, match="scale must be a number in"):
+            derive.GaussHermite(12, scale=bad)
+
+
+def test_rules_above_node_chunk_are_summed_in_chunks(monkeypatch):
+    from attnflow.derive import theory
+
+    R, Q = 0.2 * jnp.eye(3) + 0.05, 0.5 * jnp.eye(3) + 0.1
+    s = derive.Setup(derive.soft_committee, derive.soft_committee, R, Q, quadrature=derive.SparseGaussHermite(12))
+    rl = derive.rule(s)  # 30,869 nodes: one chunk at the default NODE_CHUNK
+    whole = jax.jit(lambda R, Q: derive.expectations(s, R, Q, None, rl))(R, Q)
+    monkeypatch.setattr(theory, "NODE_CHUNK", 1000)  # 31 chunks, the last padded
+    chunked = jax.jit(lambda R, Q: derive.expectations(s, R, Q, None, rl))(R, Q)
+    for k in ("delta_nu", "delta_lam", "delta_delta", "error"):
+        np.testing.assert_allclose(chunked[k], whole[k], rtol=1e-12, atol=1e-15)
+    # the Goldt readout case has grad_v too
+    v = jnp.array([0.5, 0.3, 0.2])
+    sv = s.replace(student=lambda lam, v: v @ derive.erf_activation(lam), v0=v)
+    monkeypatch.setattr(theory, "NODE_CHUNK", 2**16)
+    whole = jax.jit(lambda R, Q: derive.expectations(sv, R, Q, v, rl))(R, Q)
+    monkeypatch.setattr(theory, "NODE_CHUNK", 4096)
+    chunked = jax.jit(lambda R, Q: derive.expectations(sv, R, Q, v, rl))(R, Q)
+    np.testing.assert_allclose(chunked["grad_v"], whole["grad_v"], rtol=1e-12, atol=1e-15)
+
+
 # ----------------------------------------------------------------------------- protocol, ODE vs SGD
 GOLDT = dict(
     R0=jnp.array([[0.2, 0.0], [0.0, 0.1]]),

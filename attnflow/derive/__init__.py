@@ -33,10 +33,12 @@ from .setup import Setup as Setup
 from .setup import SparseGaussHermite as SparseGaussHermite
 from .setup import default_quadrature as default_quadrature
 from .setup import erf_activation as erf_activation
+from .setup import scaled_rule as scaled_rule
 from .setup import soft_committee as soft_committee
 from .setup import squared_loss as squared_loss
 from .theory import DEFAULT_SAVE as DEFAULT_SAVE
 from .theory import DEFAULT_SOLVER as DEFAULT_SOLVER
+from .theory import NODE_CHUNK as NODE_CHUNK
 from .theory import covariance as covariance
 from .theory import expectations as expectations
 from .theory import field as field
@@ -55,6 +57,7 @@ __all__ = [
     "DEFAULT_SOLVER",
     "DEFAULT_TRAIN_SAVE",
     "HERMITE_BUDGET",
+    "NODE_CHUNK",
     "OBSERVABLES",
     "REFERENCE_D",
     "DataModel",
@@ -73,6 +76,7 @@ __all__ = [
     "generalisation_error",
     "initial_state",
     "rule",
+    "scaled_rule",
     "signal_token",
     "soft_committee",
     "solve",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,7 @@ from .data import DataModel, GaussianInputs, SingleLocation
 __all__ = [
     "Setup",
     "Quadrature",
+    "scaled_rule",
     "GaussHermite",
     "MonteCarlo",
     "squared_loss",
@@ -70,15 +72,39 @@ class Quadrature(eqx.Module):
         raise NotImplementedError
 
 
+def scaled_rule(z: np.ndarray, w: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """A rule for ``N(0, I_d)`` with its nodes compressed by ``scale = s``: nodes ``s z``, weights
+    ``w s^d exp(-(s^2 - 1) |z|^2 / 2)``, so that ``E f = E_z[f(s z) s^d phi(s z) / phi(z)]``
+    (``phi`` the standard normal density).
+
+    For an integrand that grows like ``exp(c y^2)`` off the real axis, as ``erf(a x / sqrt 2)``
+    does with ``c = a^2 / 2``, Gauss-Hermite converges at a rate set by ``c`` against the weight's
+    ``1/2``; compressing the nodes trades some of that growth for growth along the real axis,
+    and the two balance at ``s^2 = 2 / (a^2 + 2)`` (``s = 0.8`` for fields of variance near 1).
+    ``scale = 1`` is the plain rule."""
+    if scale == 1.0:
+        return z, w
+    d = z.shape[1]
+    return scale * z, w * scale**d * np.exp(-(scale**2 - 1.0) * np.sum(z * z, axis=1) / 2)
+
+
+def _scale(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 < float(value) <= 1.0:
+        raise ValueError(f"scale must be a number in (0, 1] (nodes compressed towards 0), got {value!r}")
+
+
 class GaussHermite(Quadrature):
     """Tensor-product Gauss-Hermite quadrature with ``points`` nodes per dimension
     (`attnflow.expect.hermite_rule`): ``points**d`` nodes, exact for polynomials of degree
-    ``< 2 points`` in each coordinate. For small ``d = K + M`` (+1 with label noise)."""
+    ``< 2 points`` in each coordinate. For small ``d = K + M`` (+1 with label noise).
+    ``scale < 1`` compresses the nodes (`scaled_rule`): faster convergence for ``erf``-like units."""
 
     points: int = eqx.field(static=True, default=20)
+    scale: float = eqx.field(static=True, default=1.0)
 
     def __check_init__(self):
         V.positive_int("points", self.points, minimum=2)
+        _scale(self.scale)
 
     def rule(self, dim):
         if self.points**dim > 10_000_000:
@@ -86,7 +112,7 @@ class GaussHermite(Quadrature):
                 f"GaussHermite(points={self.points}) in d = {dim} dimensions makes {self.points}**{dim} nodes; "
                 "use fewer points or MonteCarlo"
             )
-        return hermite_rule(self.points, dim)
+        return scaled_rule(*hermite_rule(self.points, dim), self.scale)
 
 
 class SparseGaussHermite(Quadrature):
@@ -96,47 +122,67 @@ class SparseGaussHermite(Quadrature):
     may be negative). For smooth integrands in ``d = 5-7`` it reaches accuracies a tensor grid
     cannot afford: the Saad & Solla field at ``K = M = 3`` to 1.4e-7 with 1.7e6 nodes
     (``level = 16``) and 1.0e-8 with 8.9e6 (``level = 18``), where the tensor grid's 1e6 nodes
-    give 3e-4."""
+    give 3e-4. With the nodes compressed, ``scale = 0.8`` (`scaled_rule`), the same field is
+    within 4e-8 along a whole trajectory at ``level = 16`` and 2.3e-9 at ``level = 18``.
+    Large rules are evaluated in chunks of `attnflow.derive.NODE_CHUNK` nodes."""
 
     level: int = eqx.field(static=True, default=14)
+    scale: float = eqx.field(static=True, default=1.0)
 
     def __check_init__(self):
         V.positive_int("level", self.level, minimum=1)
+        _scale(self.scale)
 
     def rule(self, dim):
         if self.level < dim:
             raise ValueError(f"SparseGaussHermite(level={self.level}) needs level >= d = {dim}")
-        return smolyak_hermite_rule(self.level, dim)
+        return scaled_rule(*smolyak_hermite_rule(self.level, dim), self.scale)
 
 
 @functools.cache
 def smolyak_hermite_rule(level: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
     """Nodes ``(n, dim)`` and weights of `SparseGaussHermite` for ``N(0, I_dim)`` (built once per
-    ``(level, dim)``: the large rules take a minute)."""
+    ``(level, dim)``)."""
     L, d = V.positive_int("level", level), V.positive_int("dim", dim)
-    rules = {}
+    # Each 1-D node gets an integer code, 0 for x = 0 (the one node the odd Gauss-Hermite rules
+    # share) and a fresh code for every other (level, index): a grid node is then one integer in
+    # base `base`, and merging coincident nodes is a 1-D unique over integers, exact (no rounding).
+    rules, base = {}, 1
     for lv in range(1, L - d + 2):
         x, w = np.polynomial.hermite_e.hermegauss(2 * lv - 1)
-        rules[lv] = (x, w / np.sqrt(2 * np.pi))
-    nodes, weights = [], []
+        code = np.insert(np.arange(base, base + x.size - 1, dtype=np.int64), lv - 1, 0)  # x[lv - 1] = 0
+        rules[lv] = (x, w / np.sqrt(2 * np.pi), code)
+        base += x.size - 1
+    if base**d >= 2**62:
+        raise ValueError(f"SparseGaussHermite(level={L}) in d = {d} is too large to index; lower the level")
+    keys, weights = [], []
+    n_total = 0
     for idx in itertools.product(range(1, L - d + 2), repeat=d):
         total = sum(idx)
         if not L - d + 1 <= total <= L:
             continue
-        c = (-1) ** (L - total) * math.comb(d - 1, L - total)
-        xs = np.meshgrid(*(rules[i][0] for i in idx), indexing="ij")
-        ws = np.meshgrid(*(rules[i][1] for i in idx), indexing="ij")
-        nodes.append(np.stack([g.reshape(-1) for g in xs], axis=1))
-        weights.append(c * np.prod(np.stack([g.reshape(-1) for g in ws], axis=1), axis=1))
-    X, W = np.concatenate(nodes), np.concatenate(weights)
-    if X.shape[0] > 40_000_000:
-        raise ValueError(f"SparseGaussHermite(level={L}) in d = {d} makes {X.shape[0]} nodes; lower the level")
-    # the odd rules share their nodes (0 at least): merge them, summing the weights
-    unique, inverse = np.unique(np.round(X, 12), axis=0, return_inverse=True)
-    merged = np.zeros(unique.shape[0])
-    np.add.at(merged, inverse.ravel(), W)
+        key = np.zeros(1, dtype=np.int64)
+        wt = np.full(1, float((-1) ** (L - total) * math.comb(d - 1, L - total)))
+        for i in idx:
+            key = (key[:, None] * base + rules[i][2][None, :]).reshape(-1)
+            wt = (wt[:, None] * rules[i][1][None, :]).reshape(-1)
+        n_total += key.size
+        if n_total > 40_000_000:
+            raise ValueError(f"SparseGaussHermite(level={L}) in d = {d} makes over 4e7 nodes; lower the level")
+        keys.append(key)
+        weights.append(wt)
+    unique, inverse = np.unique(np.concatenate(keys), return_inverse=True)
+    merged = np.bincount(inverse, weights=np.concatenate(weights), minlength=unique.size)
     keep = merged != 0.0
-    return unique[keep], merged[keep]
+    unique, merged = unique[keep], merged[keep]
+    value = np.zeros(base)
+    for x, _, code in rules.values():
+        value[code] = x
+    nodes = np.empty((unique.size, d))
+    for j in range(d - 1, -1, -1):  # decode the base-`base` digits, last coordinate first
+        nodes[:, j] = value[unique % base]
+        unique = unique // base
+    return nodes, merged
 
 
 class MonteCarlo(Quadrature):

@@ -38,6 +38,7 @@ from ..trajectory import Trajectory
 from .setup import Setup
 
 __all__ = [
+    "NODE_CHUNK",
     "DEFAULT_SAVE",
     "DEFAULT_SOLVER",
     "Rule",
@@ -79,14 +80,43 @@ def _fields(setup: Setup, R, Q, nodes):
     return lam, nu, ctx, xi
 
 
+NODE_CHUNK = 2**16
+"""Rules with more nodes are evaluated in chunks of this many (a `lax.scan` summing each chunk's
+weighted products), so memory stays bounded for sparse grids of millions of nodes."""
+
+
 def expectations(setup: Setup, R: Any, Q: Any, v: Any, rule: Rule) -> dict[str, Any]:
     """The Gaussian expectations of eqs. (2)-(5) at the overlaps ``(R, Q)`` and readout ``v``:
     ``{"delta_nu": E[delta nu^T] (K, M), "delta_lam": E[delta lambda^T] (K, K),
     "delta_delta": E[delta delta^T] (K, K), "grad_v": E[d l / d v], "error": E[l_clean]}``.
     With `SingleLocation` data ``delta``, ``lambda`` and ``nu`` carry a location axis, summed
-    over in the products (``E[sum_l delta_kl nu_ml]`` etc.)."""
+    over in the products (``E[sum_l delta_kl nu_ml]`` etc.). Rules of more than `NODE_CHUNK`
+    nodes are summed chunk by chunk."""
     nodes, weights = rule
-    lam, nu, ctx, xi = _fields(setup, jnp.asarray(R), jnp.asarray(Q), nodes)
+    R, Q = jnp.asarray(R), jnp.asarray(Q)
+    n = nodes.shape[0]
+    if n <= NODE_CHUNK:
+        return _weighted_sums(setup, R, Q, v, nodes, weights)
+    chunks = -(-n // NODE_CHUNK)
+    pad = chunks * NODE_CHUNK - n
+    # padding repeats the first node with weight 0, so every padded term is finite
+    nodes = jnp.concatenate([nodes, jnp.broadcast_to(nodes[:1], (pad,) + nodes.shape[1:])])
+    weights = jnp.concatenate([weights, jnp.zeros(pad, weights.dtype)])
+    nodes = nodes.reshape((chunks, NODE_CHUNK) + nodes.shape[1:])
+    weights = weights.reshape(chunks, NODE_CHUNK)
+
+    def add(total, chunk):
+        part = _weighted_sums(setup, R, Q, v, *chunk)
+        return jax.tree.map(jnp.add, total, part), None
+
+    first = _weighted_sums(setup, R, Q, v, nodes[0], weights[0])
+    total, _ = jax.lax.scan(add, first, (nodes[1:], weights[1:]))
+    return total
+
+
+def _weighted_sums(setup: Setup, R: jax.Array, Q: jax.Array, v: Any, nodes: jax.Array, weights: jax.Array):
+    """`expectations` over one set of nodes (all of a rule, or one chunk of it)."""
+    lam, nu, ctx, xi = _fields(setup, R, Q, nodes)
     sigma = 0.0 if setup.noise is None else setup.noise
 
     def one(lam_i, nu_i, ctx_i, xi_i):
