@@ -13,10 +13,12 @@
   ``(R theta, T theta)`` at ``l = eps`` (with the orthonormal spikes of `attnflow.heads`,
   ``T = I`` and ``R`` is its ``M``: the heads page's eq. (6)).
 
-A data model turns the quadrature's standard normal nodes into fields (`DataModel.fields`) and
-decides what the teacher is given (`DataModel.label`). Quadrature nodes are the rows of one
-array: the Gaussian coordinates (the label noise last), then (single-location model) ``F``
-columns of amplitudes ``theta`` and one column with the signal location.
+A data model turns the quadrature's standard normal nodes into fields (`DataModel.fields`),
+decides what the teacher is given (`DataModel.label`) and, for `attnflow.derive.train`, draws
+finite-``D`` inputs (`DataModel.sample`) and projects them on weights (`DataModel.project`).
+Quadrature nodes are the rows of one array: the Gaussian coordinates (the label noise last),
+then (single-location model) ``F`` columns of amplitudes ``theta`` and one column with the
+signal location.
 """
 
 from __future__ import annotations
@@ -74,6 +76,17 @@ class DataModel(eqx.Module):
     def check(self, K: int, M: int) -> None:
         """Raise ``ValueError`` if this data model does not fit ``K`` student and ``M`` teacher vectors."""
 
+    @abc.abstractmethod
+    def sample(self, key: jax.Array, n: int, W_star: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``n`` finite-``D`` inputs for `attnflow.derive.train` with teacher weights ``W* (M, D)``:
+        ``(x, context)``, ``x`` of shape ``(n, D)`` or ``(n, L, D)`` and ``context (n, c)`` as in
+        `fields`."""
+
+    @abc.abstractmethod
+    def project(self, x: jax.Array, W: jax.Array) -> jax.Array:
+        """The fields ``W x / sqrt(D)`` of the inputs ``x`` from `sample` for weights ``W (k, D)``:
+        ``(n, k)``, or ``(n, k, L)`` with a location axis."""
+
 
 class GaussianInputs(DataModel):
     """I.i.d. standard Gaussian inputs ``x ~ N(0, I_D)`` (the default): ``lambda (K,)`` and
@@ -93,6 +106,13 @@ class GaussianInputs(DataModel):
 
     def label(self, teacher, nu, context):
         return teacher(nu)
+
+    def sample(self, key, n, W_star):
+        x = jax.random.normal(key, (n, W_star.shape[1]), dtype=W_star.dtype)
+        return x, jnp.zeros((n, 0), W_star.dtype)
+
+    def project(self, x, W):
+        return x @ W.T / jnp.sqrt(jnp.asarray(W.shape[1], W.dtype))
 
 
 class SingleLocation(DataModel):
@@ -186,3 +206,16 @@ class SingleLocation(DataModel):
 
     def label(self, teacher, nu, context):
         return teacher(nu, context)
+
+    def sample(self, key, n, W_star):
+        # the model itself, whatever `exchangeable`: the signal location is drawn uniformly
+        D = W_star.shape[1]
+        k_xi, k_theta, k_eps = jax.random.split(key, 3)
+        xi = jax.random.normal(k_xi, (n, self.L, D), dtype=W_star.dtype)
+        theta = jnp.asarray(self.prior.sample(k_theta, n), W_star.dtype)  # (n, F)
+        e = jax.nn.one_hot(jax.random.randint(k_eps, (n,), 0, self.L), self.L, dtype=W_star.dtype)
+        signal = theta @ W_star / jnp.sqrt(jnp.asarray(D, W_star.dtype))  # sum_f theta_f w*_f / sqrt(D)
+        return xi + e[:, :, None] * signal[:, None, :], e
+
+    def project(self, x, W):
+        return jnp.swapaxes(x @ W.T, 1, 2) / jnp.sqrt(jnp.asarray(W.shape[1], W.dtype))  # (n, k, L)

@@ -17,7 +17,6 @@ from ..optim import per_circuit
 from ..options import LinearGrid, SaveGrid, TimeGrid
 from ..simulate import OnlineSGD, check_divergence, simulate
 from ..trajectory import Trajectory
-from .data import GaussianInputs
 from .observe import weight_observables
 from .setup import Setup
 from .theory import rule
@@ -62,12 +61,15 @@ def train(
     save: SaveGrid | None = None,
     progress: bool = False,
 ) -> Trajectory:
-    """Online SGD of ``setup``'s student on fresh Gaussian inputs ``x ~ N(0, I_D)``, one sample per
-    step (`GaussianInputs` data only: ``ValueError`` for `SingleLocation`), labels
-    ``teacher(W* x / sqrt(D)) + sigma xi``, to ``t1 = steps / D``.
+    """Online SGD of ``setup``'s student on fresh inputs of its data model, one sample per step,
+    labels ``teacher(W* x / sqrt(D)) + sigma xi``, to ``t1 = steps / D``: Gaussian inputs
+    ``x ~ N(0, I_D)``, or (`SingleLocation`) ``L`` tokens with the signal ``theta . W* / sqrt(D)``
+    added at a uniformly drawn location, the teacher given its fields ``(M, L)`` and the
+    location's one-hot (`DataModel.sample`).
 
     Steps: ``W <- W - eta grad_W l`` and ``v <- v - (eta_v / D) grad_v l`` (the convention of
-    eq. (4), Goldt et al. 2019). Teacher and student start at exactly the overlaps ``T``, ``R0``,
+    eq. (4), Goldt et al. 2019); with tokens, ``grad_W l = sum_l (d l / d lambda_kl) x_l / sqrt(D)``
+    (the docs page's eq. (6)). Teacher and student start at exactly the overlaps ``T``, ``R0``,
     ``Q0`` of the setup (`weights_from_overlaps`, frame from ``key``; ``key`` also seeds the
     samples). Records `attnflow.derive.OBSERVABLES` at the save grid (default
     `DEFAULT_TRAIN_SAVE`, in time units); ``error`` is the population error of the current
@@ -77,11 +79,6 @@ def train(
     """
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.derive.Setup, got {setup!r:.80}")
-    if not isinstance(setup.data, GaussianInputs):
-        raise ValueError(
-            f"train simulates Gaussian inputs only; a setup with data={type(setup.data).__name__}(...) has no "
-            "finite-D simulator here (for the attention heads of the single-location model use attnflow.heads.train)"
-        )
     D = V.positive_int("D", D, minimum=setup.K + setup.M)
     t1 = V.finite_scalar("t1", t1)
     if t1 <= 0:
@@ -105,23 +102,23 @@ def _train(setup, key, rl, total, steps, D, progress):
 
     def sampler(k, n):
         kx, kn = jax.random.split(k)
-        x = jax.random.normal(kx, (n, D), dtype=W0.dtype)
+        x, ctx = setup.data.sample(kx, n, W_star)
         xi = jax.random.normal(kn, (n,), dtype=W0.dtype) if noisy else jnp.zeros((n,), W0.dtype)
-        return x, xi
+        return x, ctx, xi
 
     sigma = setup.noise if noisy else 0.0
-    sq = jnp.sqrt(jnp.asarray(D, W0.dtype))
 
     def loss(p, batch):
-        x, xi = batch
-        lam = x @ p["W"].T / sq
-        nu = x @ W_star.T / sq
+        x, ctx, xi = batch
+        lam = setup.data.project(x, p["W"])
+        nu = setup.data.project(x, W_star)
         v = p.get("v")
 
-        def one(lam_i, nu_i, xi_i):
-            return setup.loss(setup.student(lam_i, v), setup.teacher(nu_i) + sigma * xi_i)
+        def one(lam_i, nu_i, ctx_i, xi_i):
+            y = setup.data.label(setup.teacher, nu_i, ctx_i) + sigma * xi_i
+            return jnp.sum(setup.loss(setup.student(lam_i, v), y))
 
-        return jnp.mean(jax.vmap(one)(lam, nu, xi))
+        return jnp.mean(jax.vmap(one)(lam, nu, ctx, xi))
 
     return simulate(
         loss,
