@@ -1,0 +1,111 @@
+"""The derived order-parameter field of `attnflow.derive` against the hand-written closed form.
+
+Saad & Solla (1995) soft committee machine, g = erf(x / sqrt 2), K = M = 2, squared loss: the
+closed form is the I3/I4 arcsine integrals, written here vectorised over all unit pairs and
+quadruples, once for JAX (jitted) and once for NumPy (the form research code takes). The derived
+field (autodiff of the loss, Gaussian expectations by quadrature) is evaluated with tensor
+Gauss-Hermite rules, plain and with compressed nodes (``scale = 0.8``), at one point (one call)
+and at a batch of 256 points (one vmapped call). Printed per rule: nodes, max error against the
+closed form, median time and its ratio to each closed form.
+Usage: python benchmarks/derive_field.py [--reps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+jax.config.update("jax_enable_x64", True)
+
+from attnflow import derive  # noqa: E402
+
+K = M = 2
+BATCH = 256
+
+
+def closed_form(R, Q, xp):
+    """``{"R": dR/dt, "Q": dQ/dt}`` at eta = 1, unit readouts, T = I (Saad & Solla 1995, eqs. with
+    I3 and I4), in the array library ``xp`` (``numpy`` or ``jax.numpy``)."""
+    n = K + M
+    C = xp.concatenate([xp.concatenate([Q, R], axis=1), xp.concatenate([R.T, xp.eye(M)], axis=1)], axis=0)
+    d = xp.diagonal(C)
+    a, b, c = np.meshgrid(np.arange(n), np.arange(n), np.arange(n), indexing="ij")
+    L3 = (1 + d[a]) * (1 + d[c]) - C[a, c] ** 2
+    I3 = 2 / np.pi / xp.sqrt(L3) * (C[b, c] * (1 + d[a]) - C[a, b] * C[a, c]) / (1 + d[a])
+    a, b, c, e = np.meshgrid(*[np.arange(n)] * 4, indexing="ij")
+    L4 = (1 + d[a]) * (1 + d[b]) - C[a, b] ** 2
+    L0 = (
+        L4 * C[c, e]
+        - C[b, c] * C[b, e] * (1 + d[a])
+        - C[a, c] * C[a, e] * (1 + d[b])
+        + C[a, b] * C[a, c] * C[b, e]
+        + C[a, b] * C[a, e] * C[b, c]
+    )
+    L1 = L4 * (1 + d[c]) - C[b, c] ** 2 * (1 + d[a]) - C[a, c] ** 2 * (1 + d[b]) + 2 * C[a, b] * C[a, c] * C[b, c]
+    L2 = L4 * (1 + d[e]) - C[b, e] ** 2 * (1 + d[a]) - C[a, e] ** 2 * (1 + d[b]) + 2 * C[a, b] * C[a, e] * C[b, e]
+    I4 = 4 / np.pi**2 / xp.sqrt(L4) * xp.arcsin(L0 / xp.sqrt(L1 * L2))
+    w = xp.concatenate([-xp.ones(K), xp.ones(M)])  # teacher - student = sum_u w_u g(u)
+    dR = xp.einsum("kmu,u->km", I3[:K, K:], w)
+    dl = xp.einsum("klu,u->kl", I3[:K, :K], w)
+    dd = xp.einsum("klus,u,s->kl", I4[:K, :K], w, w)
+    return {"R": dR, "Q": dl + dl.T + dd}
+
+
+def median_time(fn, *args, reps):
+    jax.block_until_ready(fn(*args))  # compile
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=31, help="timed repetitions per measurement (median)")
+    reps = parser.parse_args().reps
+    R = jnp.array([[0.3, 0.1], [0.05, 0.2]])
+    Q = jnp.array([[0.5, 0.1], [0.1, 0.4]])
+    Rb = R + 0.01 * jax.random.normal(jax.random.PRNGKey(0), (BATCH, K, M))
+    Qb = jnp.broadcast_to(Q, (BATCH, K, K))
+
+    cf = jax.jit(lambda R, Q: closed_form(R, Q, jnp))
+    cf_batch = jax.jit(jax.vmap(lambda R, Q: closed_form(R, Q, jnp)))
+    ref = cf(R, Q)
+    Rn, Qn = np.asarray(R), np.asarray(Q)
+    t_jax = median_time(cf, R, Q, reps=reps)
+    t_jax_b = median_time(cf_batch, Rb, Qb, reps=reps)
+    t_np = median_time(lambda: closed_form(Rn, Qn, np), reps=reps)
+    t_np_b = median_time(lambda: [closed_form(Rn + 0.0 * i, Qn, np) for i in range(BATCH)], reps=max(3, reps // 10))
+    print(f"devices: {jax.devices()}")
+    print(f"closed form, JAX jit : {t_jax * 1e6:9.1f} us at one point, {t_jax_b * 1e3:8.3f} ms for {BATCH} (vmap)")
+    print(f"closed form, NumPy   : {t_np * 1e6:9.1f} us at one point, {t_np_b * 1e3:8.3f} ms for {BATCH} (loop)")
+    print()
+    print(
+        f"{'rule':>28} {'nodes':>7} {'max error':>10} | {'one point':>10} {'/JAX':>7} {'/NumPy':>7} |"
+        f" {'batch':>10} {'/JAX':>7} {'/NumPy':>7}"
+    )
+    for points, scale in [(6, 1.0), (7, 0.8), (8, 0.8), (10, 0.8), (12, 0.8), (16, 1.0), (16, 0.8), (24, 1.0)]:
+        quad = derive.GaussHermite(points, scale=scale)
+        s = derive.Setup(derive.soft_committee, derive.soft_committee, R, Q, quadrature=quad)
+        rl = derive.rule(s)  # passed as an argument: a constant would be folded into the program
+        one = jax.jit(lambda R, Q, r, s=s: derive.vector_field(s, R, Q, None, r))
+        batch = jax.jit(jax.vmap(lambda R, Q, r, s=s: derive.vector_field(s, R, Q, None, r), (0, 0, None)))
+        out = one(R, Q, rl)
+        err = max(float(jnp.max(jnp.abs(out[k] - ref[k]))) for k in ("R", "Q"))
+        t1 = median_time(one, R, Q, rl, reps=reps)
+        tb = median_time(batch, Rb, Qb, rl, reps=max(3, reps // 5))
+        name = f"GaussHermite({points}{'' if scale == 1.0 else f', scale={scale}'})"
+        print(
+            f"{name:>28} {rl[0].shape[0]:>7} {err:>10.1e} | {t1 * 1e6:8.1f}us {t1 / t_jax:6.1f}x {t1 / t_np:6.1f}x |"
+            f" {tb * 1e3:8.2f}ms {tb / t_jax_b:6.0f}x {tb / t_np_b:6.1f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()
