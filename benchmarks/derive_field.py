@@ -1,8 +1,8 @@
 """The derived order-parameter field of `attnflow.derive` against the hand-written closed form.
 
 Saad & Solla (1995) soft committee machine, g = erf(x / sqrt 2), K = M = 2, squared loss: the
-closed form is the I3/I4 arcsine integrals, written here vectorised over all unit pairs and
-quadruples, once for JAX (jitted) and once for NumPy (the form research code takes). The derived
+closed form is the I3/I4 arcsine integrals of the tests (tests/test_derive.py, vectorised over
+all unit pairs and quadruples), run in JAX (jitted) and in NumPy (the form research code takes). The derived
 field (autodiff of the loss, Gaussian expectations by quadrature) is evaluated with tensor
 Gauss-Hermite rules, plain and with compressed nodes (``scale = 0.8``), at one point (one call)
 and at a batch of 256 points (one vmapped call). Printed per rule: nodes, max error against the
@@ -13,7 +13,9 @@ Usage: python benchmarks/derive_field.py [--reps N]
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -23,36 +25,19 @@ jax.config.update("jax_enable_x64", True)
 
 from attnflow import derive  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from test_derive import closed_form as saad_solla  # noqa: E402
+
 K = M = 2
 BATCH = 256
 
 
 def closed_form(R, Q, xp):
-    """``{"R": dR/dt, "Q": dQ/dt}`` at eta = 1, unit readouts, T = I (Saad & Solla 1995, eqs. with
-    I3 and I4), in the array library ``xp`` (``numpy`` or ``jax.numpy``)."""
-    n = K + M
-    C = xp.concatenate([xp.concatenate([Q, R], axis=1), xp.concatenate([R.T, xp.eye(M)], axis=1)], axis=0)
-    d = xp.diagonal(C)
-    a, b, c = np.meshgrid(np.arange(n), np.arange(n), np.arange(n), indexing="ij")
-    L3 = (1 + d[a]) * (1 + d[c]) - C[a, c] ** 2
-    I3 = 2 / np.pi / xp.sqrt(L3) * (C[b, c] * (1 + d[a]) - C[a, b] * C[a, c]) / (1 + d[a])
-    a, b, c, e = np.meshgrid(*[np.arange(n)] * 4, indexing="ij")
-    L4 = (1 + d[a]) * (1 + d[b]) - C[a, b] ** 2
-    L0 = (
-        L4 * C[c, e]
-        - C[b, c] * C[b, e] * (1 + d[a])
-        - C[a, c] * C[a, e] * (1 + d[b])
-        + C[a, b] * C[a, c] * C[b, e]
-        + C[a, b] * C[a, e] * C[b, c]
-    )
-    L1 = L4 * (1 + d[c]) - C[b, c] ** 2 * (1 + d[a]) - C[a, c] ** 2 * (1 + d[b]) + 2 * C[a, b] * C[a, c] * C[b, c]
-    L2 = L4 * (1 + d[e]) - C[b, e] ** 2 * (1 + d[a]) - C[a, e] ** 2 * (1 + d[b]) + 2 * C[a, b] * C[a, e] * C[b, e]
-    I4 = 4 / np.pi**2 / xp.sqrt(L4) * xp.arcsin(L0 / xp.sqrt(L1 * L2))
-    w = xp.concatenate([-xp.ones(K), xp.ones(M)])  # teacher - student = sum_u w_u g(u)
-    dR = xp.einsum("kmu,u->km", I3[:K, K:], w)
-    dl = xp.einsum("klu,u->kl", I3[:K, :K], w)
-    dd = xp.einsum("klus,u,s->kl", I4[:K, :K], w, w)
-    return {"R": dR, "Q": dl + dl.T + dd}
+    """``{"R": dR/dt, "Q": dQ/dt}`` at eta = 1, unit readouts, T = I: the closed form written out in
+    ``tests/test_derive.py`` (Saad & Solla 1995, the I3 and I4 integrals), in the array library
+    ``xp`` (``numpy`` or ``jax.numpy``)."""
+    field, _ = saad_solla(R, Q, xp.eye(M), xp.ones(K), xp.ones(M), 1.0, 0.0, xp=xp)
+    return {"R": field["R"], "Q": field["Q"]}
 
 
 def hand_integrand(R, Q, rule):

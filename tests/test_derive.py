@@ -16,17 +16,18 @@ from attnflow import derive
 # readouts v (student) and v* (teacher) as in Goldt et al. (2019).
 
 
-def closed_form(R, Q, T, v, v_star, eta, eta_v, sigma=0.0):
+def closed_form(R, Q, T, v, v_star, eta, eta_v, sigma=0.0, xp=jnp):
     """``(field, eg)`` of the soft committee ``sum_k v_k g(lambda_k)`` learning ``sum_m v*_m g(nu_m)``
-    with squared loss and label noise ``sigma``."""
+    with squared loss and label noise ``sigma``, in the array library ``xp`` (``jax.numpy`` or
+    ``numpy``; `benchmarks/derive_field.py` times both)."""
     K, M = R.shape
     n = K + M
-    C = jnp.block([[Q, R], [R.T, T]])
-    d = jnp.diag(C)
-    I2 = 2 / jnp.pi * jnp.arcsin(C / jnp.sqrt(jnp.outer(1 + d, 1 + d)))
+    C = xp.block([[Q, R], [R.T, T]])
+    d = xp.diag(C)
+    I2 = 2 / xp.pi * xp.arcsin(C / xp.sqrt(xp.outer(1 + d, 1 + d)))
     a, b, c = np.meshgrid(np.arange(n), np.arange(n), np.arange(n), indexing="ij")
     L3 = (1 + d[a]) * (1 + d[c]) - C[a, c] ** 2
-    I3 = 2 / jnp.pi / jnp.sqrt(L3) * (C[b, c] * (1 + d[a]) - C[a, b] * C[a, c]) / (1 + d[a])
+    I3 = 2 / xp.pi / xp.sqrt(L3) * (C[b, c] * (1 + d[a]) - C[a, b] * C[a, c]) / (1 + d[a])
     a, b, c, e = np.meshgrid(*[np.arange(n)] * 4, indexing="ij")
     L4 = (1 + d[a]) * (1 + d[b]) - C[a, b] ** 2
     L0 = (
@@ -38,15 +39,15 @@ def closed_form(R, Q, T, v, v_star, eta, eta_v, sigma=0.0):
     )
     L1 = L4 * (1 + d[c]) - C[b, c] ** 2 * (1 + d[a]) - C[a, c] ** 2 * (1 + d[b]) + 2 * C[a, b] * C[a, c] * C[b, c]
     L2 = L4 * (1 + d[e]) - C[b, e] ** 2 * (1 + d[a]) - C[a, e] ** 2 * (1 + d[b]) + 2 * C[a, b] * C[a, e] * C[b, e]
-    I4 = 4 / jnp.pi**2 / jnp.sqrt(L4) * jnp.arcsin(L0 / jnp.sqrt(L1 * L2))
-    v = jnp.asarray(v)
-    w = jnp.concatenate([-v, jnp.asarray(v_star)])  # teacher - student = sum_u w_u g(u)
-    dR = v[:, None] * jnp.einsum("kmu,u->km", I3[:K, K:], w)
-    dl = v[:, None] * jnp.einsum("klu,u->kl", I3[:K, :K], w)
-    dd = jnp.outer(v, v) * jnp.einsum("klus,u,s->kl", I4[:K, :K], w, w)
+    I4 = 4 / xp.pi**2 / xp.sqrt(L4) * xp.arcsin(L0 / xp.sqrt(L1 * L2))
+    v = xp.asarray(v)
+    w = xp.concatenate([-v, xp.asarray(v_star)])  # teacher - student = sum_u w_u g(u)
+    dR = v[:, None] * xp.einsum("kmu,u->km", I3[:K, K:], w)
+    dl = v[:, None] * xp.einsum("klu,u->kl", I3[:K, :K], w)
+    dd = xp.outer(v, v) * xp.einsum("klus,u,s->kl", I4[:K, :K], w, w)
     # noise: E[g'(l_k) g'(l_l)] sigma^2 = sigma^2 (2 / pi) / sqrt((1 + Q_kk)(1 + Q_ll) - Q_kl^2)
-    qd = jnp.diag(Q)
-    dd = dd + sigma**2 * jnp.outer(v, v) * 2 / jnp.pi / jnp.sqrt(jnp.outer(1 + qd, 1 + qd) - Q**2)
+    qd = xp.diag(Q)
+    dd = dd + sigma**2 * xp.outer(v, v) * 2 / xp.pi / xp.sqrt(xp.outer(1 + qd, 1 + qd) - Q**2)
     field = {"R": eta * dR, "Q": eta * (dl + dl.T) + eta**2 * dd, "v": eta_v * (I2[:K] @ w)}
     return field, 0.5 * w @ I2 @ w
 
@@ -71,30 +72,45 @@ SS_Q0 = 0.2 * jnp.eye(2)
 
 
 # ----------------------------------------------------------------------------- Saad & Solla K = M = 2
-def test_field_matches_saad_solla_closed_form_along_plateau_and_escape():
-    f, obs = _committee_closed_ode(2, 2)
+def _closed_trajectory(R0, Q0, t1):
+    """The closed-form Saad & Solla ODE from ``(R0, Q0)`` to ``t1`` (16 points, rtol 1e-10) and the
+    closed-form field along it."""
+    K = R0.shape[0]
+    f, obs = _committee_closed_ode(K, K)
     ref = af.integrate(
         f,
-        {"R": SS_R0, "Q": SS_Q0},
-        300.0,
+        {"R": R0, "Q": Q0},
+        t1,
         args=1.0,
         save=af.LinearGrid(16),
         solver=af.SolverOptions(rtol=1e-10, atol=1e-12),
         observe=obs,
     )
+    closed = jax.vmap(lambda R, Q: closed_form(R, Q, jnp.eye(K), jnp.ones(K), jnp.ones(K), 1.0, 0.0)[0])(
+        ref["R"], ref["Q"]
+    )
+    return ref, {"R": closed["R"], "Q": closed["Q"]}
+
+
+def _derived_along(ref, quadrature):
+    """The derived field along ``ref`` and the max error of its ``eg`` against ``ref["error"]``."""
+    R0, Q0 = ref["R"][0], ref["Q"][0]
+    s = derive.Setup(derive.soft_committee, derive.soft_committee, R0, Q0, quadrature=quadrature)
+    rl = derive.rule(s)  # an argument, not a constant baked into the program
+    field = jax.jit(jax.vmap(lambda R, Q, r: derive.vector_field(s, R, Q, None, r), (0, 0, None)))
+    eg = jax.jit(jax.vmap(lambda R, Q, r: derive.generalisation_error(s, R, Q, None, r), (0, 0, None)))
+    return field(ref["R"], ref["Q"], rl), float(jnp.max(jnp.abs(eg(ref["R"], ref["Q"], rl) - ref["error"])))
+
+
+def test_field_matches_saad_solla_closed_form_along_plateau_and_escape():
+    ref, closed = _closed_trajectory(SS_R0, SS_Q0, 300.0)
     err = np.asarray(ref["error"])
     # the trajectory goes through the symmetric plateau (eg ~ 0.02 for t in [20, 100]) and escapes
     assert 0.015 < err[2] < 0.025 and 0.015 < err[5] < 0.025 and err[-1] < 1e-6
-    s = derive.Setup(derive.soft_committee, derive.soft_committee, SS_R0, SS_Q0, quadrature=derive.GaussHermite(24))
-    rl = derive.rule(s)
-    derived = jax.jit(jax.vmap(lambda R, Q: derive.vector_field(s, R, Q, None, rl)))(ref["R"], ref["Q"])
-    eg = jax.jit(jax.vmap(lambda R, Q: derive.generalisation_error(s, R, Q, None, rl)))(ref["R"], ref["Q"])
-    closed = jax.vmap(lambda R, Q: closed_form(R, Q, jnp.eye(2), jnp.ones(2), jnp.ones(2), 1.0, 0.0)[0])(
-        ref["R"], ref["Q"]
-    )
+    derived, eg_err = _derived_along(ref, derive.GaussHermite(24))
     assert set(derived) == {"R", "Q"}
-    assert _max_diff(derived, {"R": closed["R"], "Q": closed["Q"]}) < 1e-8
-    assert float(jnp.max(jnp.abs(eg - ref["error"]))) < 1e-8
+    assert _max_diff(derived, closed) < 1e-8
+    assert eg_err < 1e-8
 
 
 def test_field_with_trained_readout_and_noise_matches_closed_form():
@@ -162,30 +178,10 @@ K3_Q0 = 0.2 * jnp.eye(3)
 
 
 def _k3_closed_trajectory():
-    f, obs = _committee_closed_ode(3, 3)
-    ref = af.integrate(
-        f,
-        {"R": K3_R0, "Q": K3_Q0},
-        600.0,
-        args=1.0,
-        save=af.LinearGrid(16),
-        solver=af.SolverOptions(rtol=1e-10, atol=1e-12),
-        observe=obs,
-    )
+    ref, closed = _closed_trajectory(K3_R0, K3_Q0, 600.0)
     err = np.asarray(ref["error"])
     assert 0.06 < err[2] < 0.07 and 0.06 < err[4] < 0.07 and err[-1] < 1e-9  # plateau, then escape
-    closed = jax.vmap(lambda R, Q: closed_form(R, Q, jnp.eye(3), jnp.ones(3), jnp.ones(3), 1.0, 0.0)[0])(
-        ref["R"], ref["Q"]
-    )
-    return ref, {"R": closed["R"], "Q": closed["Q"]}
-
-
-def _derived_along(ref, quadrature):
-    s = derive.Setup(derive.soft_committee, derive.soft_committee, K3_R0, K3_Q0, quadrature=quadrature)
-    rl = derive.rule(s)  # an argument, not a constant baked into the program
-    field = jax.jit(jax.vmap(lambda R, Q, r: derive.vector_field(s, R, Q, None, r), (0, 0, None)))
-    eg = jax.jit(jax.vmap(lambda R, Q, r: derive.generalisation_error(s, R, Q, None, r), (0, 0, None)))
-    return field(ref["R"], ref["Q"], rl), float(jnp.max(jnp.abs(eg(ref["R"], ref["Q"], rl) - ref["error"])))
+    return ref, closed
 
 
 def test_K3_M3_compressed_nodes_along_plateau_and_escape():
