@@ -6,13 +6,17 @@ all unit pairs and quadruples), run in JAX (jitted) and in NumPy (the form resea
 field (autodiff of the loss, Gaussian expectations by quadrature) is evaluated with tensor
 Gauss-Hermite rules, plain and with compressed nodes (``scale = 0.8``), at one point (one call)
 and at a batch of 256 points (one vmapped call). Printed per rule: nodes, max error against the
-closed form, median time and its ratio to each closed form.
-Usage: python benchmarks/derive_field.py [--reps N]
+closed form, median time and its ratio to each closed form. Every JAX program here (closed form
+included) is compiled with attnflow's CPU compiler options, as `derive.vector_field`, `integrate`
+and `sweep` compile their own top-level calls (`attnflow._jit.cpu_compiler_options`);
+``--xla-defaults`` compiles them with XLA's defaults instead.
+Usage: python benchmarks/derive_field.py [--reps N] [--xla-defaults]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -24,6 +28,7 @@ import numpy as np
 jax.config.update("jax_enable_x64", True)
 
 from attnflow import derive  # noqa: E402
+from attnflow._jit import cpu_compiler_options  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from test_derive import closed_form as saad_solla  # noqa: E402
@@ -68,21 +73,25 @@ def median_time(fn, *args, reps):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=31, help="timed repetitions per measurement (median)")
-    reps = parser.parse_args().reps
+    parser.add_argument("--xla-defaults", action="store_true", help="compile with XLA's default options")
+    args = parser.parse_args()
+    reps = args.reps
+    options = {} if args.xla_defaults else cpu_compiler_options()
+    jit = functools.partial(jax.jit, compiler_options=options or None)
     R = jnp.array([[0.3, 0.1], [0.05, 0.2]])
     Q = jnp.array([[0.5, 0.1], [0.1, 0.4]])
     Rb = R + 0.01 * jax.random.normal(jax.random.PRNGKey(0), (BATCH, K, M))
     Qb = jnp.broadcast_to(Q, (BATCH, K, K))
 
-    cf = jax.jit(lambda R, Q: closed_form(R, Q, jnp))
-    cf_batch = jax.jit(jax.vmap(lambda R, Q: closed_form(R, Q, jnp)))
+    cf = jit(lambda R, Q: closed_form(R, Q, jnp))
+    cf_batch = jit(jax.vmap(lambda R, Q: closed_form(R, Q, jnp)))
     ref = cf(R, Q)
     Rn, Qn = np.asarray(R), np.asarray(Q)
     t_jax = median_time(cf, R, Q, reps=reps)
     t_jax_b = median_time(cf_batch, Rb, Qb, reps=reps)
     t_np = median_time(lambda: closed_form(Rn, Qn, np), reps=reps)
     t_np_b = median_time(lambda: [closed_form(Rn + 0.0 * i, Qn, np) for i in range(BATCH)], reps=max(3, reps // 10))
-    print(f"devices: {jax.devices()}")
+    print(f"devices: {jax.devices()}; compiler options: {options or 'XLA defaults'}")
     print(f"closed form, JAX jit : {t_jax * 1e6:9.1f} us at one point, {t_jax_b * 1e3:8.3f} ms for {BATCH} (vmap)")
     print(f"closed form, NumPy   : {t_np * 1e6:9.1f} us at one point, {t_np_b * 1e3:8.3f} ms for {BATCH} (loop)")
     print()
@@ -94,15 +103,15 @@ def main():
         quad = derive.GaussHermite(points, scale=scale)
         s = derive.Setup(derive.soft_committee, derive.soft_committee, R, Q, quadrature=quad)
         rl = derive.rule(s)  # passed as an argument: a constant would be folded into the program
-        one = jax.jit(lambda R, Q, r, s=s: derive.vector_field(s, R, Q, None, r))
-        batch = jax.jit(jax.vmap(lambda R, Q, r, s=s: derive.vector_field(s, R, Q, None, r), (0, 0, None)))
+        one = jit(lambda R, Q, r, s=s: derive.vector_field(s, R, Q, None, r))
+        batch = jit(jax.vmap(lambda R, Q, r, s=s: derive.vector_field(s, R, Q, None, r), (0, 0, None)))
         out = one(R, Q, rl)
         err = max(float(jnp.max(jnp.abs(out[k] - ref[k]))) for k in ("R", "Q"))
         t1 = median_time(one, R, Q, rl, reps=reps)
         tb = median_time(batch, Rb, Qb, rl, reps=max(3, reps // 5))
         name = f"GaussHermite({points}{'' if scale == 1.0 else f', scale={scale}'})"
         if (points, scale) == (16, 1.0):
-            hand = jax.jit(jax.vmap(hand_integrand, (0, 0, None)))
+            hand = jit(jax.vmap(hand_integrand, (0, 0, None)))
             th = median_time(hand, Rb, Qb, rl, reps=max(3, reps // 5))
             print(
                 f"{'(hand-written integrand)':>28} {rl[0].shape[0]:>7} {'':>10} | {'':>10} {'':>7} {'':>7} |"

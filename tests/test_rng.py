@@ -110,7 +110,19 @@ def test_compile_options_top_level_and_nested(monkeypatch):
     _jit.cpu_compiler_options.cache_clear()
     monkeypatch.delenv("ATTNFLOW_XLA_DEFAULTS")
     opts = _jit.cpu_compiler_options()
-    assert opts in ({}, {"xla_cpu_prefer_vector_width": 512})
+    assert set(opts) <= {"xla_cpu_prefer_vector_width", "xla_cpu_experimental_ynn_fusion_type"}
+    assert opts.get("xla_cpu_prefer_vector_width", 512) == 512
+    # the YNNPACK option is passed exactly when this jaxlib's compiler knows it; an unknown
+    # option or value is refused by XLA, and then left out
+    assert ("xla_cpu_experimental_ynn_fusion_type" in opts) == _jit._accepted(_jit._YNN_OPTION)
+    assert not _jit._accepted({"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_NO_SUCH_TYPE"})
+    assert not _jit._accepted({"xla_cpu_no_such_option": 1})
+    # looked up first from inside another trace (a nested call with concrete arguments), the
+    # options are the same
+    _jit.cpu_compiler_options.cache_clear()
+    inside = []
+    jax.jit(lambda: inside.append(_jit.cpu_compiler_options()) or jnp.zeros(()))()
+    assert inside == [opts]
 
 
 _CORES_SCRIPT = r"""

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import equinox as eqx
 import jax
 import numpy as np
 import optax
 
 from .. import _validate as V
+from .._jit import filter_jit
 from ..options import LinearGrid, SaveGrid, TimeGrid
 from ..simulate import FullBatch, OnlineSGD, check_divergence, simulate
 from ..trajectory import Trajectory
@@ -57,7 +57,7 @@ def train(
     return check_divergence(traj, bad, dt)
 
 
-@eqx.filter_jit
+@filter_jit
 def _train(setup, key, total, steps, dt, batch, progress):
     teacher = setup.teacher
     model = TwoLayerLinear.aligned(teacher, setup.u0)

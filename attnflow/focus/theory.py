@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import optimistix as optx
 
 from .. import _validate as V
+from .._jit import filter_jit
 from ..ode import integrate
 from ..options import LogGrid, SaveGrid, SolverOptions
 from ..saddle import fixed_point, jacobian
@@ -355,7 +356,7 @@ DEGENERATE_TOL = 1e-8
 """`degenerate_point` raises when the largest entry of ``grad L_red`` stays above this."""
 
 
-@eqx.filter_jit
+@filter_jit
 def _largest_gradient(y: dict, setup: Setup) -> jax.Array:
     g = reduced_gradient(0.0, y, setup)
     return jnp.max(jnp.stack([jnp.max(jnp.abs(v)) for v in jax.tree_util.tree_leaves(g)]))

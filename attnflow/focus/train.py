@@ -12,6 +12,7 @@ import numpy as np
 import optax
 
 from .. import _validate as V
+from .._jit import filter_jit
 from ..options import LogGrid, SaveGrid, TimeGrid
 from ..simulate import OnlineSGD, check_divergence, simulate
 from ..trajectory import Trajectory
@@ -136,7 +137,7 @@ def train(
     return check_divergence(traj, bad, dt)
 
 
-@eqx.filter_jit
+@filter_jit
 def _train(setup, theta0, key, tokens, observe, total, steps, dt, context, batch, start, progress):
     model = OneLayerAttention.from_theta(theta0, setup.tau)
     trainable = eqx.tree_at(lambda m: m.tau, jax.tree_util.tree_map(lambda _: True, model), False)

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _validate as V
+from .._jit import filter_jit
 from ..setup import AbstractSetup, array_field
 from .data import FlippedSpike, Prior, Target, TokenTarget
 from .model import Activation, Softmax
@@ -121,7 +122,7 @@ def _chi_square(key: jax.Array, k: jax.Array, candidates: int = 16) -> jax.Array
     return 2.0 * d * jnp.take_along_axis(v, first[None], axis=0)[0]
 
 
-@eqx.filter_jit
+@filter_jit
 def _finite_D_overlaps(D, H, F, sigma0, key):
     kM, kd, ko = jax.random.split(V.prng_key(key), 3)
     M = sigma0 * jax.random.normal(kM, (H, F)) / jnp.sqrt(D)

@@ -29,6 +29,7 @@ import optimistix as optx
 from jax.flatten_util import ravel_pytree
 
 from .. import _validate as V
+from .._jit import filter_jit
 from ..analysis import first_crossing
 from ..expect import all_permutations, antithetic_copies, cyclic_permutations, permuted_copies, psd_sqrt
 from ..ode import DivergenceError, integrate
@@ -179,7 +180,7 @@ class BankOptions(eqx.Module):
             raise ValueError(f"root must be SymmetricRoot() or CholeskyRoot(), got {self.root!r}")
 
 
-@eqx.filter_jit
+@filter_jit
 def _draw_bank(prior: Prior, L: int, H: int, options: BankOptions, antithetic: bool) -> dict:
     """The bank's draws as `BankOptions` says (one compiled call per sizes and options)."""
     n = options.n

@@ -26,6 +26,7 @@ import numpy as np
 import optax
 
 from .. import _validate as V
+from .._jit import filter_jit
 from ..options import LinearGrid, SolverOptions
 from ..sensitivity import Sensitivity, sensitivity
 from ..sweep import sweep
@@ -266,7 +267,7 @@ def optimal_ratio(
     )
 
 
-@eqx.filter_jit
+@filter_jit
 def _optimal_ratio(setup, loss_target, budget, eta_max, x0, rho, t1, solver, outer, inner, learning_rate):
     def parts(x):
         out = reach_loss(_at_log_ratio(setup, x, eta_max), loss_target, t1=t1, solver=solver)

@@ -22,6 +22,7 @@ import numpy as np
 import optax
 
 from .. import _validate as V
+from .._jit import filter_jit
 from ..optim import per_circuit
 from .metrics import DTAP_EDGES, comprehensiveness_sufficiency, dtap
 from .textmodel import CIRCUIT_GROUPS, TextAttention, TextBatch, text_circuit_labels, text_loss
@@ -213,7 +214,7 @@ def train_text(
     return eqx.combine(params, static), history
 
 
-@eqx.filter_jit
+@filter_jit
 def _epoch(params, opt_state, static, keys, rates, train, epoch, schedule, steps_per_epoch, total):
     def lane(p, s, key, r):
         m0 = eqx.combine(p, static)
@@ -295,7 +296,7 @@ def evaluate_text(
     return out
 
 
-@eqx.filter_jit
+@filter_jit
 def _evaluate(models, batch, tau_a, tau_p, top_percent, max_span):
     has_relevant = jnp.any(batch.relevant > 0, axis=-1)
     w = has_relevant / jnp.maximum(jnp.sum(has_relevant), 1)

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .. import _validate as V
+from .._jit import filter_jit
 from ..ode import integrate
 from ..options import LogGrid, SaveGrid, SolverOptions
 from ..trajectory import Trajectory
@@ -170,7 +170,7 @@ def state_at_loss(setup: Setup, loss_target: Any, *, initial: dict | None = None
     return _state_at_loss(setup, jnp.asarray(loss_target, dtype), init, iterations)
 
 
-@eqx.filter_jit
+@filter_jit
 def _state_at_loss(setup, loss_target, initial, iterations):
     dtype = loss_target.dtype
     ell = loss_to_margin(loss_target, setup.M)
@@ -358,7 +358,7 @@ def authors_rk4(
     )
 
 
-@eqx.filter_jit
+@filter_jit
 def _rk4(setup, y0, loss_target, save_steps, max_steps, d_tau, clip, clamp, eps):
     dtype = y0.dtype
     scale = jnp.minimum(setup.eta_ov, setup.eta_qk)

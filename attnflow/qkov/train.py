@@ -13,13 +13,13 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 from .. import _validate as V
+from .._jit import filter_jit
 from ..ode import integrate
 from ..optim import per_circuit
 from ..options import LogGrid, SaveGrid, SolverOptions, TimeGrid
@@ -183,7 +183,7 @@ def train(
     return check_divergence(traj, bad, dt)
 
 
-@eqx.filter_jit
+@filter_jit
 def _descend(setup, key, initial, total, steps, dt, batch, conserved, progress, meta):
     task = setup.task
     model = make_aligned(task, setup.parametrisation, initial["mu_ov"], initial["mu_qk"], score_scale=setup.score_scale)
@@ -327,7 +327,7 @@ def _eval_observe(eval_set):
     return observe
 
 
-@eqx.filter_jit
+@filter_jit
 def _generator_run(
     parametrisation, eta_qk, eta_ov, steps, seed, init, generator, batch, eval_set, qk_ramp, s_save, progress
 ):
@@ -422,7 +422,7 @@ def train_fixed_attention(
     return check_divergence(traj, bad), final
 
 
-@eqx.filter_jit
+@filter_jit
 def _fixed_run(alpha, factorised_ov, steps, lr, batch, key, generator, eval_batches, s_save):
     vocab = generator.vocab
     k1, k2 = jax.random.split(key)
