@@ -7,9 +7,9 @@ Two XLA:CPU defaults cost attnflow's programs time:
   vectors are about 2x faster.
 - XLA:CPU hands chains of elementwise operations and reductions to the YNNPACK library
   (``xla_cpu_experimental_ynn_fusion_type``). For float64 chains of special functions,
-  such as the ``erf`` integrand of a Gauss-Hermite expectation, and for the small
-  reductions of an adaptive step, its kernels are slower than XLA's own loops; attnflow
-  keeps YNNPACK for single matrix products only (``LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT``).
+  such as the ``erf`` integrand of a Gauss-Hermite expectation or the heads' Monte Carlo
+  field, its kernels are slower than XLA's own loops; attnflow keeps YNNPACK for single
+  matrix products only (``LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT``).
 
 XLA accepts such options per compiled call, but only on a top-level ``jit``; a call nested
 in another trace is compiled with its caller's options. So `filter_jit` keeps two jitted
