@@ -89,8 +89,9 @@ def filter_jit(fn: Callable[..., Any]) -> Callable[..., Any]:
     ``ValueError`` raised while tracing, before any compiling) and then goes there too.
     """
     plain = eqx.filter_jit(fn)
-    tuned: list[Callable[..., Any]] = []  # made on the first top-level CPU call: options are
-    # looked up then, not at import (looking them up compiles a probe on the CPU backend)
+    # the tuned version is made on the first top-level CPU call, not here at import: looking
+    # the options up compiles a probe, which would start a JAX backend
+    tuned: list[Callable[..., Any]] = []
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
