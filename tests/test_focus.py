@@ -431,6 +431,7 @@ def test_bad_input():
         focus.degenerate_point({"gamma": jnp.ones(4)}, s)
 
 
+@pytest.mark.slow  # test_once_focus runs focus-rates with the same rate checks; test_cli covers `run --set`
 def test_focus_cli_experiment_runs(tmp_path):
     from attnflow.cli import main
 
