@@ -4,7 +4,7 @@ Two XLA:CPU defaults cost attnflow's programs time:
 
 - XLA:CPU generates 256-bit vector code, also on CPUs with AVX-512. For the random draws
   of online SGD (Threefry hash and Gaussian transform, `attnflow.rng.normal`) 512-bit
-  vectors are about 2x faster.
+  vectors are faster.
 - XLA:CPU hands chains of elementwise operations and reductions to the YNNPACK library
   (``xla_cpu_experimental_ynn_fusion_type``). For float64 chains of special functions,
   such as the ``erf`` integrand of a Gauss-Hermite expectation or the heads' Monte Carlo
@@ -38,8 +38,8 @@ def cpu_compiler_options() -> dict:
       runs single matrix products only, XLA's own loops the elementwise chains and
       reductions (where this jaxlib knows the option);
     - on a CPU with AVX-512, ``xla_cpu_prefer_vector_width=512``: XLA:CPU defaults to 256-bit
-      vectors, and the hash and Gaussian transform of `attnflow.rng.normal` run about 2x
-      faster at 512.
+      vectors, and the hash and Gaussian transform of `attnflow.rng.normal` run faster
+      at 512.
 
     With ``ATTNFLOW_XLA_DEFAULTS=0`` in the environment, no options. Passed per call
     (``jax.jit(..., compiler_options=...)``), so nothing global changes; attnflow passes

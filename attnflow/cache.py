@@ -33,8 +33,8 @@ _OFF = ("off", "0", "none", "false", "no")
 
 MIN_COMPILE_SECONDS = 0.0
 """Programs that compile faster than this are not written to the cache. Zero: every program
-is stored, since even the small eager operations of an experiment (tens of milliseconds to
-compile each, a hundred of them in a run) load faster than they compile."""
+is stored, since even the small eager operations of an experiment (a hundred of them in a
+run) load faster than they compile."""
 
 
 def cache_dir() -> Path | None:

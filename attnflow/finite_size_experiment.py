@@ -44,7 +44,7 @@ __all__ = ["FiniteSizeConfig", "finite_size"]
 
 @dataclass(frozen=True)
 class FiniteSizeConfig:
-    """Options of ``finite-size`` (defaults: 2.2 minutes on two CPU cores with a warm compilation cache, 5 cold)."""
+    """Options of ``finite-size`` (``attnflow show finite-size`` lists them)."""
 
     seeds: int = 6  # SGD seeds per size (one vmapped sweep axis)
     level: float = 0.95  # of the confidence interval of each exponent

@@ -54,9 +54,8 @@ class UnrolledTsit5(diffrax.AbstractAdaptiveSolver):
     round-off (tested to 1e-12). Diffrax's generic Runge--Kutta step runs the stages in an
     inner ``while`` loop (it serves implicit and variable-stage schemes); for the small,
     explicit ODEs of attnflow that inner loop, and under `jax.vmap` its per-stage buffer
-    updates, cost more than the vector field. Unrolling removes them: a 256-lane vmapped
-    solve of the Saxe mode ODE runs about 2.5x faster and a single jitted solve about 1.5x
-    (``benchmarks/sweep_vs_loop.py``). Any `diffrax.AbstractTerm` with a deterministic
+    updates, cost more than the vector field. Unrolling removes them (measured in
+    ``benchmarks/sweep_vs_loop.py``, docs page "Benchmarks"). Any `diffrax.AbstractTerm` with a deterministic
     control (``ODETerm``) works; `integrate`'s default for fields of at most
     `UNROLL_MAX_PRIMITIVES` primitive operations.
     """
@@ -101,9 +100,9 @@ class UnrolledTsit5(diffrax.AbstractAdaptiveSolver):
 
 UNROLL_MAX_PRIMITIVES = 64
 """`integrate`'s default solver is `UnrolledTsit5` for vector fields of at most this many
-primitive operations (counted through nested calls), else ``diffrax.Tsit5``. The heads
-Monte Carlo field (112 primitives) compiled in 4.3 s unrolled against 3.1 s rolled and ran
-at the same speed; the Saxe field (5 primitives) runs 2.5x faster unrolled under vmap."""
+primitive operations (counted through nested calls), else ``diffrax.Tsit5``: unrolling
+pays for small fields (the Saxe field has 5 primitives) and only lengthens the compilation
+of large ones (the heads Monte Carlo field has 112)."""
 
 
 def _n_primitives(jaxpr) -> int:

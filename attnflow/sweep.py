@@ -255,8 +255,7 @@ def use_cpu_cores(n: int | None = None) -> int:
     JAX shows a CPU as one device, and XLA then spreads each operation over the cores
     (intra-op threads), with a synchronisation per operation; small operations, as in
     online SGD, leave cores idle. One device per core runs independent grid points side
-    by side: 1.6x at D = 1024 and at D = 4096 for the 8-seed heads SGD on 2 cores,
-    medians of `benchmarks/heads_sgd.py` runs. Sets ``jax_num_cpu_devices``, which JAX
+    by side (measured by `benchmarks/heads_sgd.py`, docs page "Benchmarks"). Sets ``jax_num_cpu_devices``, which JAX
     only accepts before its first computation: call this right after ``import attnflow``.
     Later, or when ``XLA_FLAGS`` already sets ``--xla_force_host_platform_device_count``, it changes
     nothing and warns. Returns the number of CPU devices requested (or in effect).

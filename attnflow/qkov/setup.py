@@ -71,7 +71,7 @@ class Setup(AbstractSetup):
 
     The defaults are the reference configuration of `attnflow.qkov`: CACO, ``m, n, b, M =
     5, 50, 4, 4``, ``|C| = 400`` (``V = 416`` tokens, ``b / |C| = 0.01``), ``eta_OV = 1``,
-    ``eta_QK = 3``. `solve` and `train` of it run in seconds and agree to the tolerance
+    ``eta_QK = 3``. `solve` and `train` of it agree to the tolerance
     documented in `attnflow.qkov.train`. The authors' reduced-ODE configuration is
     `paper_setup`.
     """
