@@ -180,6 +180,29 @@ def test_fixed_loss_solver_matches_event_and_is_monotone_in_r():
     assert bool(jnp.all(jnp.diff(st["mu_ov"]) < 0))
 
 
+def test_state_at_loss_differentiates_like_the_event_solve():
+    """jax.grad through the bisection of state_at_loss (its Newton step carries the implicit
+    function theorem) equals the derivative of the event-terminated solve and passes
+    check_grads in the learning rates, the start and the target; a target at or above the
+    initial loss raises when concrete and gives NaN when traced."""
+    base = Setup()
+
+    def at(eta_qk, eta_ov, mu_ov0, L):
+        st = state_at_loss(base.replace(eta_qk=eta_qk, eta_ov=eta_ov), L, initial={"mu_ov": mu_ov0, "mu_qk": 0.1})
+        return jnp.stack([st["alpha"], st["mu_qk"], st["mu_ov"]])
+
+    args = (3.0, 1.0, 0.2, 0.05)
+    check_grads(at, args, order=1, modes=("fwd", "rev"), eps=1e-6, atol=1e-6, rtol=1e-6)
+    g = jax.grad(lambda e: state_at_loss(base.replace(eta_qk=e), 0.05)["alpha"])(3.0)
+    ev = jax.grad(lambda e: qkov.reach_loss(base.replace(eta_qk=e), 0.05)["alpha"])(3.0)
+    assert abs(float(g)) > 1e-3 and float(g) == pytest.approx(float(ev), rel=1e-7)
+    L0 = float(qkov.loss(base.initial_state(), base))
+    with pytest.raises(ValueError, match="must lie below the initial loss"):
+        state_at_loss(base, L0 + 0.1)
+    traced = jax.vmap(lambda L: state_at_loss(base, L)["alpha"])(jnp.array([0.05, L0 + 0.1]))
+    assert np.isfinite(float(traced[0])) and np.isnan(float(traced[1]))
+
+
 def test_growth_laws_and_large_t_asymptotics():
     s = paper_setup(100.0)
     tr = solve(s, horizon(s), loss_target=1e-4)

@@ -158,8 +158,12 @@ def state_at_loss(setup: Setup, loss_target: Any, *, initial: dict | None = None
 
     With ``ell = loss_to_margin(L)``, the root of the strictly increasing
     ``F(mu_QK) = Phi(mu_QK) - K Psi(ell / alpha(mu_QK)) - I_0``, bracketed from ``mu_QK(0)``
-    by doubling and refined by ``iterations`` bisections. Valid when the initial loss
-    exceeds ``loss_target``. Traceable (setup arrays and the target may be sweep axes).
+    by doubling and refined by ``iterations`` bisections, then one Newton step, which leaves
+    the value and gives the derivatives of the implicit function theorem,
+    ``d mu_QK / d p = -(dF / dp) / (dF / d mu_QK)``: differentiable with ``jax.grad`` and
+    `attnflow.sensitivity` with respect to every array of ``setup``, ``loss_target`` and
+    ``initial``. Traceable (setup arrays and the target may be sweep axes). The initial loss
+    must exceed ``loss_target``: ``ValueError`` when both are concrete, NaN values when traced.
     """
     _check_setup(setup)
     iterations = V.positive_int("iterations", iterations)
@@ -167,6 +171,13 @@ def state_at_loss(setup: Setup, loss_target: Any, *, initial: dict | None = None
     dtype = jnp.result_type(float)
     init = setup.initial_state() if initial is None else initial
     init = {k: jnp.asarray(init[k], dtype) for k in ("mu_ov", "mu_qk")}
+    if not V.any_traced((setup, loss_target, init)):
+        L0 = np.asarray(loss(init, setup))
+        if np.any(np.asarray(loss_target) >= L0):
+            raise ValueError(
+                f"loss_target = {V.show(loss_target)} must lie below the initial loss L(0) = {V.show(L0)}: "
+                "the flow only decreases the loss"
+            )
     return _state_at_loss(setup, jnp.asarray(loss_target, dtype), init, iterations)
 
 
@@ -175,30 +186,40 @@ def _state_at_loss(setup, loss_target, initial, iterations):
     dtype = loss_target.dtype
     ell = loss_to_margin(loss_target, setup.M)
     I0 = invariant(initial, setup)
-    lo0 = jnp.broadcast_to(initial["mu_qk"], jnp.shape(ell)).astype(dtype)
+    # the bracket and the bisection carry no derivatives (comparisons); the Newton step below does
+    lo0 = jax.lax.stop_gradient(jnp.broadcast_to(initial["mu_qk"], jnp.shape(ell)).astype(dtype))
 
     def F(mu):
         return _Phi(mu, setup) - _K(setup) * _Psi(ell / alpha(mu, setup), setup) - I0
+
+    def F_fixed(mu):
+        return jax.lax.stop_gradient(F(mu))
 
     def grow(c):
         lo, step = c
         return lo, 2.0 * step
 
     _, step = jax.lax.while_loop(
-        lambda c: jnp.any((F(c[0] + c[1]) < 0) & (c[1] < 1e6)), grow, (lo0, jnp.ones_like(lo0))
+        lambda c: jnp.any((F_fixed(c[0] + c[1]) < 0) & (c[1] < 1e6)), grow, (lo0, jnp.ones_like(lo0))
     )
     lo, hi = lo0, lo0 + step
 
     def bisect(_, c):
         lo, hi = c
         mid = 0.5 * (lo + hi)
-        neg = F(mid) < 0
+        neg = F_fixed(mid) < 0
         return jnp.where(neg, mid, lo), jnp.where(neg, hi, mid)
 
     lo, hi = jax.lax.fori_loop(0, iterations, bisect, (lo, hi))
-    mu_qk = 0.5 * (lo + hi)
+    root = 0.5 * (lo + hi)
+    # one Newton step from the root: F(root) is round-off, so the value stays, and the step's
+    # derivative is the implicit function theorem's -(dF/dp) / (dF/dmu) (the term with F drops)
+    F_root, dF_dmu = jax.jvp(F, (root,), (jnp.ones_like(root),))
+    mu_qk = root - F_root / dF_dmu
     a = alpha(mu_qk, setup)
-    return {"mu_ov": ell / a, "mu_qk": mu_qk, "alpha": a}
+    out = {"mu_ov": ell / a, "mu_qk": mu_qk, "alpha": a}
+    above = loss_target >= loss(initial, setup)  # traced: no error, NaN values
+    return {k: jnp.where(above, jnp.nan, v) for k, v in out.items()}
 
 
 # ----------------------------------------------------------------------------- solve
