@@ -41,7 +41,7 @@ def q_minus(theta, setup):
 def flow(key):
     setup = base.replace(chain=focus.MarkovChain.reversible(focus.SYNTHETIC_PI, key=key))
     c = focus.stage_predictions(setup)["c"]
-    return c, focus.solve(setup, T, theta0=theta_c1, save=af.LinearGrid(301), observe=q_minus)
+    return c, focus.solve(setup, T, initial=theta_c1, save=af.LinearGrid(301), observe=q_minus)
 
 
 res = af.sweep(flow, {"key": KEYS}, progress=False)

@@ -30,6 +30,7 @@ from .theory import mode_strength as mode_strength
 from .theory import population_loss as population_loss
 from .theory import solve as solve
 from .train import DEFAULT_TRAIN_SAVE as DEFAULT_TRAIN_SAVE
+from .train import TRAIN_TOLERANCE as TRAIN_TOLERANCE
 from .train import train as train
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "REFERENCE_MODES",
     "Setup",
     "TEACHER_SEED",
+    "TRAIN_TOLERANCE",
     "Teacher",
     "TwoLayerLinear",
     "conserved",

@@ -85,4 +85,5 @@ __all__ = [
     "train",
     "vector_field",
     "weight_observables",
+    "weights_from_overlaps",
 ]

@@ -92,7 +92,7 @@ from .train import DEFAULT_CONTEXT as DEFAULT_CONTEXT
 from .train import DEFAULT_DT as DEFAULT_DT
 from .train import DEFAULT_TRAIN_SAVE as DEFAULT_TRAIN_SAVE
 from .train import REFERENCE_T as REFERENCE_T
-from .train import TOLERANCE as TOLERANCE
+from .train import TRAIN_TOLERANCE as TRAIN_TOLERANCE
 from .train import train as train
 
 __all__ = [
@@ -113,7 +113,7 @@ __all__ = [
     "REFERENCE_LAM",
     "REFERENCE_T",
     "SYNTHETIC_PI",
-    "TOLERANCE",
+    "TRAIN_TOLERANCE",
     "Characters",
     "CorpusChain",
     "MarkovChain",

@@ -368,7 +368,7 @@ def focus_rates(cfg: RatesConfig, quiet: bool) -> Report:
         theta_c1 = {"W0": c1["W0"], "W1": c1["W1"], "WQ": theta0["WQ"], "WK": theta0["WK"]}
         ts = jnp.stack([_padded(grid.times(0.0, t1), n) for grid, t1 in grids])[run]
         start = jax.tree_util.tree_map(lambda *x: jnp.stack(x)[run], theta0, theta_c1)
-        return solve(setup, ts[-1], theta0=start, save=TimeGrid(ts), solver=explicit)
+        return solve(setup, ts[-1], initial=start, save=TimeGrid(ts), solver=explicit)
 
     with Timer() as tm:
         res = sweep(rates_flow, {"lam": lams, "tau": taus, "run": np.arange(2)}, progress=not quiet)

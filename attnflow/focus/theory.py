@@ -148,13 +148,15 @@ def _solve_observe(t: Any, theta: dict, args: _SolveArgs) -> dict:
     return record(theta, args.setup, eqx.combine(args.observe_arrays, args.observe_static))
 
 
-def _check_theta(theta: Any, setup: Setup) -> dict:
+def _check_initial(theta: Any, setup: Setup) -> dict:
+    """The starting weights ``initial`` of `solve` and `attnflow.focus.train` as a dict, or
+    ``ValueError`` naming what is wrong."""
     if not isinstance(theta, Mapping) or set(theta) != set(PARAMETERS):
-        raise ValueError(f"theta0 must be a dict with keys {PARAMETERS}, got {theta!r}")
+        raise ValueError(f"initial must be a dict with keys {PARAMETERS} (as setup.theta0()), got {theta!r:.200}")
     d = setup.d
     W0 = jnp.shape(theta["W0"])
     if len(W0) != 2 or W0[0] != d:
-        raise ValueError(f"theta0['W0'] must have shape ({d}, m) for this chain, got {W0}")
+        raise ValueError(f"initial['W0'] must have shape ({d}, m) for this chain, got {W0}")
     return dict(theta)
 
 
@@ -162,13 +164,13 @@ def solve(
     setup: Setup,
     t1: Any,
     *,
-    theta0: dict | None = None,
+    initial: dict | None = None,
     save: SaveGrid | None = None,
     solver: SolverOptions | None = None,
     observe: Callable[[dict, Setup], Mapping] | None = None,
 ) -> Trajectory:
     """The theory of ``setup``: the population gradient flow (P6) ``d theta/dt = -eta grad L``
-    integrated from ``setup.theta0()`` (or ``theta0``) to ``t1``.
+    integrated from ``setup.theta0()`` (or the weights ``initial``, a dict like it) to ``t1``.
 
     Records `attnflow.focus.OBSERVABLES` at the save grid (default `DEFAULT_SAVE`) with the
     solver options ``solver`` (default `DEFAULT_SOLVER`), plus ``observe(theta, setup)`` if
@@ -181,7 +183,7 @@ def solve(
         raise ValueError(f"setup must be an attnflow.focus.Setup, got {setup!r}")
     if observe is not None and not callable(observe):
         raise ValueError(f"observe must be callable (theta, setup) -> {{name: array}}, got {observe!r}")
-    y0 = setup.theta0() if theta0 is None else _check_theta(theta0, setup)
+    y0 = setup.theta0() if initial is None else _check_initial(initial, setup)
     arrays, static = eqx.partition(observe, eqx.is_array)
     return integrate(
         _solve_field,

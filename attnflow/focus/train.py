@@ -17,11 +17,20 @@ from ..options import LogGrid, SaveGrid, TimeGrid
 from ..simulate import OnlineSGD, check_divergence, simulate
 from ..trajectory import Trajectory
 from .data import MarkovChain, random_windows
-from .model import PARAMETERS, OneLayerAttention, next_token_loss
+from .model import OneLayerAttention, next_token_loss
 from .observe import record
 from .setup import Setup
+from .theory import _check_initial
 
-__all__ = ["DEFAULT_BATCH", "DEFAULT_CONTEXT", "DEFAULT_DT", "DEFAULT_TRAIN_SAVE", "REFERENCE_T", "TOLERANCE", "train"]
+__all__ = [
+    "DEFAULT_BATCH",
+    "DEFAULT_CONTEXT",
+    "DEFAULT_DT",
+    "DEFAULT_TRAIN_SAVE",
+    "REFERENCE_T",
+    "TRAIN_TOLERANCE",
+    "train",
+]
 
 DEFAULT_TRAIN_SAVE = LogGrid(60)
 """`train`'s save grid when none is given (read in time units, laid on the step axis)."""
@@ -36,10 +45,10 @@ DEFAULT_BATCH = 64
 """Contexts per SGD step."""
 
 REFERENCE_T = 40.0
-"""Horizon of the documented comparison `TOLERANCE`: Stage I and the start of the ``H(pi)``
+"""Horizon of the documented comparison `TRAIN_TOLERANCE`: Stage I and the start of the ``H(pi)``
 plateau at the reference `Setup`."""
 
-TOLERANCE = MappingProxyType({"loss": 0.03, "sv_W0": 0.05, "entropy": 1e-3})
+TRAIN_TOLERANCE = MappingProxyType({"loss": 0.03, "sv_W0": 0.05, "entropy": 1e-3})
 """``af.compare(solve(Setup(), REFERENCE_T), train(Setup(), REFERENCE_T, key=k))`` stays below
 these (maximum absolute gap over the save grid) for the default options of `train`. The gap
 in ``loss`` and ``sv_W0`` is mostly the Euler delay of the Stage I escape (``O(dt)``); the
@@ -73,13 +82,13 @@ def train(
     batch: int = DEFAULT_BATCH,
     start: Literal["uniform", "pi"] = "uniform",
     tokens: Any = None,
-    theta0: dict | None = None,
+    initial: dict | None = None,
     save: SaveGrid | None = None,
     observe: Callable[[dict, Setup], Mapping] | None = None,
     progress: bool = False,
 ) -> Trajectory:
     """The network (M1) of ``setup`` trained by online SGD to time ``t1``, from ``setup.theta0()``
-    (the draw `attnflow.focus.solve` starts from) or ``theta0``.
+    (the draw `attnflow.focus.solve` starts from) or the weights ``initial`` (a dict like it).
 
     Each step draws ``batch`` fresh sequences of ``context + 1`` tokens from ``setup.chain``
     (first token uniform, ``start="uniform"``, or from ``pi``, ``start="pi"``) or, with
@@ -91,7 +100,7 @@ def train(
     Records `attnflow.focus.OBSERVABLES` (population quantities of the weights) plus
     ``observe(theta, setup)`` if given, at the save grid (default `DEFAULT_TRAIN_SAVE`, in
     time units). At the reference `Setup` and the default options the gap to `solve` up to
-    `REFERENCE_T` is below `TOLERANCE` (``loss`` and ``entropy``): the flow is the limit of
+    `REFERENCE_T` is below `TRAIN_TOLERANCE` (``loss`` and ``entropy``): the flow is the limit of
     infinite context, small ``dt`` and large batch. A diverging run raises
     `attnflow.DivergenceError` naming the step. Compiled once per step count, save grid,
     ``context``, ``batch``, widths and ``observe``: new ``tau``, ``eta``, ``eps`` and chains
@@ -105,10 +114,7 @@ def train(
     V.positive("dt", dt)
     if observe is not None and not callable(observe):
         raise ValueError(f"observe must be callable (theta, setup) -> {{name: array}}, got {observe!r}")
-    if theta0 is None:
-        theta0 = setup.theta0()
-    elif not isinstance(theta0, Mapping) or set(theta0) != set(PARAMETERS):
-        raise ValueError(f"theta0 must be a dict with keys {PARAMETERS}, got {theta0!r}")
+    theta0 = setup.theta0() if initial is None else _check_initial(initial, setup)
     if tokens is not None:
         tokens = np.asarray(tokens) if not V.any_traced(tokens) else tokens
         if tokens.ndim != 1 or tokens.shape[0] <= context + 1:

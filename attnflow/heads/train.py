@@ -3,6 +3,7 @@ its initial condition."""
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 import jax
@@ -43,7 +44,7 @@ EVAL_SEED = 12345
 EVAL_SAMPLES = 2000
 """Size of `train`'s held-out batch."""
 
-TRAIN_TOLERANCE = {"M": 0.12, "Q": 0.1, "specialisation": 0.1, "error": 0.03, "attention": 0.015}
+TRAIN_TOLERANCE = MappingProxyType({"M": 0.12, "Q": 0.1, "specialisation": 0.1, "error": 0.03, "attention": 0.015})
 """Bound on ``af.compare(solve(Setup(), 12.0), train(Setup(), 12.0, key=k))`` per observable at the
 default size ``D = 1000``: the finite-size error ``~ D^{-1/2}`` of the trajectory (about ``3 / sqrt(D)``
 to ``4 / sqrt(D)`` here, most of it from the ``O(1)`` shift of the escape time that the SGD noise
