@@ -57,6 +57,7 @@ from .plot import heatmap as heatmap
 from .plot import overlay as overlay
 from .plot import save_figure as save_figure
 from .report import Report as Report
+from .saddle import Spectrum as Spectrum
 from .saddle import escape_time as escape_time
 from .saddle import fixed_point as fixed_point
 from .saddle import jacobian as jacobian
@@ -152,6 +153,7 @@ __all__ = [
     "solver_for_mode",
     "simulate",
     "spectrum",
+    "Spectrum",
     "sweep",
     "sweep_defaults",
     "trajectory_gap",

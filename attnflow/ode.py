@@ -175,11 +175,13 @@ def as_data(tree: Any, dtype: Any = None) -> Any:
 
 
 def require_x64(where: str) -> None:
+    """``RuntimeError`` naming ``where`` unless JAX's 64-bit mode is on."""
     if not x64_enabled():
+        float32 = " (or integrate your own field in float32: integrate(..., dtype=jnp.float32))"
         raise RuntimeError(
             f"{where} runs in float64 but JAX 64-bit mode is off. Call attnflow.enable_x64() "
-            "at the start of your program (or wrap the call in `with jax.enable_x64(True):`), "
-            "or pass dtype=jnp.float32 explicitly."
+            "at the start of your program (or wrap the call in `with jax.enable_x64(True):`)"
+            f"{float32 if where == 'integrate' else ''}."
         )
 
 

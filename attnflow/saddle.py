@@ -93,10 +93,10 @@ def jacobian(field: Callable[[Any, Any, Any], Any], y: Any, args: Any = None, t:
 
 
 class Spectrum(eqx.Module):
-    """Eigen-decomposition of a Jacobian, eigenvalues sorted by real part, largest first.
-
-    ``vectors[i]`` is the ``i``-th eigenvector as a pytree shaped like the state; ``matrix``
-    the (restricted) Jacobian that was decomposed.
+    """Eigen-decomposition of a Jacobian (`attnflow.spectrum`): ``values``, the eigenvalues
+    sorted by real part, largest first; ``vectors[i]``, the ``i``-th eigenvector as a pytree
+    shaped like the state; ``matrix``, the (restricted) Jacobian that was decomposed.
+    ``lambda_max`` is the largest real part, ``unstable(tol)`` the unstable pairs.
     """
 
     values: jax.Array
@@ -105,6 +105,7 @@ class Spectrum(eqx.Module):
 
     @property
     def lambda_max(self) -> jax.Array:
+        """The largest real part of the eigenvalues (the growth rate at a saddle)."""
         return jnp.real(self.values[0])
 
     def unstable(self, tol: float = 1e-9) -> tuple[jax.Array, list]:

@@ -339,6 +339,17 @@ def test_bad_input_names_the_argument():
         (dict(student=f, teacher=f, R0=R, Q0=Q, noise=-0.1), "noise"),
         (dict(student=f, teacher=f, R0=R, Q0=Q, quadrature="gh"), "quadrature"),
         (dict(student=f, teacher=f, R0="x", Q0=Q), "R0"),
+        # the model is called once on abstract fields: a call that fails, or mismatched outputs
+        (
+            dict(student=lambda lam: lam[0], teacher=f, R0=R, Q0=Q),
+            r"student\(lam, v\) with lam of shape \(2,\).*TypeError",
+        ),
+        (dict(student=lambda lam, v: v[0] * lam[0], teacher=f, R0=R, Q0=Q), r"v None \(no v0\) failed"),
+        (
+            dict(student=lambda lam, v: jnp.tanh(lam), teacher=f, R0=R, Q0=Q),
+            r"output has shape \(2,\) and the teacher's \(\)",
+        ),
+        (dict(student=f, teacher=lambda nu, e: nu[0], R0=R, Q0=Q), r"teacher\(nu\) with nu of shape \(2,\) failed"),
     ]
     for kw, name in cases:
         with pytest.raises(ValueError, match=name):

@@ -40,6 +40,18 @@ def test_protocol_defaults_solve_and_train_agree():
     assert abs(float(th["loss"][-1]) - H) < 0.01 and abs(float(sim["loss"][-1]) - H) < 0.02
 
 
+def test_without_x64_the_setup_builds_and_solve_asks_for_x64():
+    """In float32 the default chain's rows sum to 1 only to float32 rounding: Setup() builds, and
+    solve names the missing 64-bit mode instead of a chain error."""
+    with jax.enable_x64(False):
+        s = focus.Setup()
+        assert s.chain.pi.dtype == jnp.float32
+        with pytest.raises(RuntimeError, match=r"64-bit mode is off\. Call attnflow\.enable_x64\(\)"):
+            focus.solve(s, 1.0)
+        with pytest.raises(ValueError, match="pi must sum to 1"):
+            focus.MarkovChain.lazy([0.5, 0.6], 0.5)  # a real error is still one
+
+
 def test_new_numbers_compile_nothing():
     """A new tau, eta, eps or chain (lam) reuses the compiled solve and train."""
     s = focus.Setup(**SMALL)

@@ -416,6 +416,9 @@ def test_focus_sensitivity_bad_input():
         focus.escape_time(s, np.nan)
     with pytest.raises(ValueError, match="initial loss"):
         focus.escape_time(s, 2.0)
+    floor = float(s.chain.bayes_floor())
+    with pytest.raises(ValueError, match="never reached: it must lie above the chain's Bayes floor"):
+        focus.escape_time(s, floor - 0.01)  # computes nothing: a NaN after a long solve otherwise
     with pytest.raises(ValueError, match="t1"):
         focus.escape_time_sensitivity(s, t1=-1.0)
     with pytest.raises(ValueError, match="mode"):

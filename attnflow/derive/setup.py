@@ -223,9 +223,10 @@ class Setup(AbstractSetup):
 
     Fields (numbers are arrays, so any of them can be a `attnflow.sweep` axis):
 
-    - ``student`` (static): ``student(lam, v) -> scalar``, ``lam`` the ``K`` local fields and ``v``
-      the readout parameters (``None`` when ``v0`` is ``None``);
-    - ``teacher`` (static): ``teacher(nu) -> scalar``, ``nu`` the ``M`` teacher fields (fixed);
+    - ``student`` (static): ``student(lam, v) -> output``, ``lam`` the ``K`` local fields and ``v``
+      the readout parameters (``None`` when ``v0`` is ``None``); the output is a scalar or an
+      array of the teacher's output shape;
+    - ``teacher`` (static): ``teacher(nu) -> output``, ``nu`` the ``M`` teacher fields (fixed);
     - ``loss`` (static): ``loss(y_hat, y) -> scalar`` (default `squared_loss`);
     - ``R0`` ``(K, M)``, ``Q0`` ``(K, K)``: the initial overlaps ``W W*^T / D`` and ``W W^T / D``
       (``Q0 - R0 T^{-1} R0^T`` must be positive semidefinite);
@@ -241,6 +242,10 @@ class Setup(AbstractSetup):
       prior's ``F``; no label noise);
     - ``quadrature`` (static): `GaussHermite` or `MonteCarlo` (default: `default_quadrature` of
       the dimension `dim`).
+
+    On construction student, teacher and loss are called once on abstract arguments of these
+    shapes (`jax.eval_shape`, nothing computed): a call that fails, or a student output whose
+    shape differs from the teacher's, raises ``ValueError`` naming the call.
     """
 
     student: Callable = eqx.field(static=True)
@@ -309,6 +314,39 @@ class Setup(AbstractSetup):
         (`SingleLocation`), +1 with label noise."""
         return self.data.dim(self.K, self.M) + (self.noise is not None)
 
+    def _check_model(self, K: int, M: int) -> None:
+        """Call student, teacher and loss once on abstract arguments of the shapes the
+        derivation passes (`jax.eval_shape`: nothing is computed), so that a model that does
+        not fit raises here, naming the call, and not deep inside a solve."""
+        f = jnp.result_type(float)
+        L = (self.data.L,) if isinstance(self.data, SingleLocation) else ()
+        lam = jax.ShapeDtypeStruct((K, *L), f)
+        nu = jax.ShapeDtypeStruct((M, *L), f)
+        ctx = jax.ShapeDtypeStruct(L if L else (0,), f)
+        v = None if self.v0 is None else jax.ShapeDtypeStruct(jnp.shape(self.v0), f)
+        v_text = "None (no v0)" if v is None else f"an array of shape {v.shape}"
+        teacher_call = (
+            f"teacher(nu, e) with nu of shape {nu.shape}, e {ctx.shape}"
+            if L
+            else f"teacher(nu) with nu of shape {nu.shape}"
+        )
+
+        def call(what: str, fn: Callable, *args: Any) -> Any:
+            try:
+                return jax.eval_shape(fn, *args)
+            except Exception as err:
+                raise ValueError(f"{what} failed: {type(err).__name__}: {err}") from err
+
+        y_hat = call(f"student(lam, v) with lam of shape {lam.shape} and v {v_text}", self.student, lam, v)
+        y = call(teacher_call, lambda nu, c: self.data.label(self.teacher, nu, c), nu, ctx)
+        shapes = [jnp.shape(a) for a in (y_hat, y)]
+        if shapes[0] != shapes[1]:
+            raise ValueError(
+                f"the student's output has shape {shapes[0]} and the teacher's {shapes[1]}: they must match "
+                "(the loss compares them entry by entry)"
+            )
+        call("loss(student output, teacher output)", self.loss, y_hat, y)
+
     def validate(self) -> None:
         if self.R0.ndim != 2 or 0 in self.R0.shape:
             raise ValueError(f"R0 must be a (K, M) matrix with K, M >= 1, got shape {self.R0.shape}")
@@ -326,6 +364,7 @@ class Setup(AbstractSetup):
             V.nonnegative("noise (label-noise std)", self.noise)
         if self.v0 is not None:
             V.finite_tree("v0 (initial readout)", self.v0)
+        self._check_model(K, M)
         if V.any_traced((self.R0, self.Q0, self.T)):
             return
         V.finite_tree("R0", self.R0)

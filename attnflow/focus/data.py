@@ -54,7 +54,15 @@ def _floats(x: Any) -> jax.Array:
     return jnp.asarray(x, dtype=jnp.result_type(float))
 
 
+def _precision(tol: float, d: int) -> float:
+    """``tol``, or the rounding of JAX's default float when that is coarser: without 64-bit
+    mode a chain is stored in float32, and its rows sum to 1 only to about ``d`` float32 ulps
+    (the theory verbs then say that they need `attnflow.enable_x64`)."""
+    return max(tol, 10.0 * d * float(jnp.finfo(jnp.result_type(float)).eps))
+
+
 def _check_pi(pi: np.ndarray, tol: float) -> None:
+    tol = _precision(tol, pi.size)
     if pi.ndim != 1 or pi.size < 2:
         raise ValueError(f"pi must be a 1-D probability vector of length >= 2, got shape {pi.shape}")
     bad = np.flatnonzero(~np.isfinite(pi) | (pi <= 0))
@@ -67,6 +75,7 @@ def _check_pi(pi: np.ndarray, tol: float) -> None:
 def _check_chain(pi: np.ndarray, P: np.ndarray, tol: float) -> None:
     _check_pi(pi, tol)
     d = pi.size
+    tol = _precision(tol, d)
     if P.shape != (d, d):
         raise ValueError(f"P must have shape ({d}, {d}) to match pi, got {P.shape}")
     neg = np.argwhere(~np.isfinite(P) | (-tol > P))

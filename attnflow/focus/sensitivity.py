@@ -90,6 +90,12 @@ def _check(setup: Any, threshold: Any, t1: Any, solver: Any, where: str) -> tupl
             raise ValueError(
                 f"threshold (loss) = {V.show(threshold)} must lie below the initial loss L(theta0) = {L0:.6g}"
             )
+        floor = float(setup.chain.bayes_floor())
+        if not float(threshold) > floor:
+            raise ValueError(
+                f"threshold (loss) = {V.show(threshold)} is never reached: it must lie above the chain's Bayes "
+                f"floor L* = {floor:.6g}, the lowest loss any predictor reaches (MarkovChain.bayes_floor)"
+            )
     threshold = jnp.asarray(threshold, dtype=jnp.result_type(float))
     return threshold, ESCAPE_SOLVER if solver is None else solver
 
@@ -145,7 +151,8 @@ def escape_time(
     Not `attnflow.escape_time` (the linearised estimate (R8) from a rate).
 
     Raises ``ValueError`` naming the argument for a setup that is not a `Setup`, a non-finite
-    ``threshold`` or one not below the initial loss, or a non-positive ``t1``.
+    ``threshold``, one not below the initial loss or not above the chain's Bayes floor
+    (`attnflow.focus.MarkovChain.bayes_floor`, never reached), or a non-positive ``t1``.
     """
     threshold, solver = _check(setup, threshold, t1, solver, "focus.escape_time")
     return _t_event(setup, threshold, t1, solver)

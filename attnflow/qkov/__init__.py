@@ -7,9 +7,9 @@ reaches a given loss with sharper attention.
 
 ```python
 from attnflow import qkov
-s = qkov.Setup()                    # CACO, m, n, b, M = 5, 50, 4, 4, |C| = 1000, eta_QK = 3, eta_OV = 1
+s = qkov.Setup()                    # CACO, m, n, b, M = 5, 50, 4, 4, |C| = 400, eta_QK = 3, eta_OV = 1
 th = qkov.solve(s, 3000.0)          # the reduced ODE in time t
-sim = qkov.train(s, 3000.0)         # gradient flow of the full 1016-token matrices, same clock
+sim = qkov.train(s, 3000.0)         # gradient flow of the full 416-token matrices, same clock
 ```
 
 On real text (HateXplain, SQuAD, subject-verb agreement): loaders (`load_hatexplain`,
