@@ -330,7 +330,7 @@ def integrate(
         raise ValueError(f"event must be callable (t, y, args) -> scalar or a diffrax.Event, got {event!r}")
 
     traced = V.any_traced((y0, args, t0, t1, ts, rtol, atol))
-    out_ts, out_ys, result, t_end, y_end = _solve(
+    out_ts, out_ys, result, t_end, y_end, stats = _solve(
         field,
         y0,
         args,
@@ -369,7 +369,7 @@ def integrate(
     if not V.any_traced((rtol, atol)) and np.ndim(rtol) == 0 and np.ndim(atol) == 0:
         m.update(rtol=float(rtol), atol=float(atol))
     m.update(meta or {})
-    return Trajectory(out_ts, out_ys, m, t_event=t_event)
+    return Trajectory(out_ts, out_ys, m, t_event=t_event, stats=stats)
 
 
 class _Observer(eqx.Module):
@@ -450,7 +450,12 @@ def _solve(
     out_ys = {
         k: jnp.where(reached.reshape((-1,) + (1,) * (v.ndim - 1)), v, obs_end[k][None]) for k, v in save_ys.items()
     }
-    return out_ts, out_ys, sol.result, t_end, y_end
+    stats = {k: sol.stats[k] for k in _STATS}
+    return out_ts, out_ys, sol.result, t_end, y_end, stats
+
+
+_STATS = ("num_steps", "num_accepted_steps", "num_rejected_steps")
+"""Diffrax's solver statistics that `integrate` records in `Trajectory.stats`."""
 
 
 def _check_solution(field, args, result, t_end, y_end, out_ts, out_ys, max_steps, t1) -> None:

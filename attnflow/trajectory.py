@@ -74,11 +74,22 @@ class Trajectory:
     t_event:
         Time at which a terminating event fired, shape ``(...)`` (NaN where it did not),
         or ``None``.
+    stats:
+        Solver statistics, name -> array of the batch shape ``(...)``: `attnflow.integrate`
+        records Diffrax's ``num_steps``, ``num_accepted_steps`` and ``num_rejected_steps``
+        (so a sweep has one count per grid point); empty for training runs.
     """
 
-    __slots__ = ("ts", "ys", "_meta", "t_event")
+    __slots__ = ("ts", "ys", "_meta", "t_event", "stats")
 
-    def __init__(self, ts: Any, ys: Mapping[str, Any], meta: Mapping[str, Any] | None = None, t_event: Any = None):
+    def __init__(
+        self,
+        ts: Any,
+        ys: Mapping[str, Any],
+        meta: Mapping[str, Any] | None = None,
+        t_event: Any = None,
+        stats: Mapping[str, Any] | None = None,
+    ):
         if not isinstance(ys, Mapping):
             raise ValueError(f"ys must be a mapping name -> array, got {type(ys).__name__}")
         for k in ys:
@@ -115,24 +126,34 @@ class Trajectory:
             t_event = jnp.asarray(t_event)
             if t_event.shape != ts.shape[:-1]:
                 raise ValueError(f"t_event must have the batch shape {ts.shape[:-1]}, got {t_event.shape}")
+        if stats is not None and not isinstance(stats, Mapping):
+            raise ValueError(f"stats must be a mapping name -> array or None, got {type(stats).__name__}")
+        stats = {str(k): jnp.asarray(v) for k, v in (stats or {}).items()}
+        for k, v in stats.items():
+            if v.shape != ts.shape[:-1]:
+                raise ValueError(f"stats[{k!r}] must have the batch shape {ts.shape[:-1]}, got {v.shape}")
         self.ts = ts
         self.ys = ys
         self._meta = _freeze_meta(meta)
         self.t_event = t_event
+        self.stats = stats
 
     # --- pytree protocol -------------------------------------------------------------
     def tree_flatten(self):
         names = tuple(sorted(self.ys))
-        return (self.ts, tuple(self.ys[n] for n in names), self.t_event), (names, self._meta)
+        stat_names = tuple(sorted(self.stats))
+        children = (self.ts, tuple(self.ys[n] for n in names), self.t_event, tuple(self.stats[n] for n in stat_names))
+        return children, (names, self._meta, stat_names)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        names, meta = aux
+        names, meta, stat_names = aux
         obj = object.__new__(cls)
         obj.ts = children[0]
         obj.ys = dict(zip(names, children[1]))
         obj._meta = meta
         obj.t_event = children[2]
+        obj.stats = dict(zip(stat_names, children[3]))
         return obj
 
     # --- access --------------------------------------------------------------------
@@ -166,11 +187,11 @@ class Trajectory:
 
     def select(self, *names: str) -> Trajectory:
         """A trajectory with only the given observables."""
-        return Trajectory(self.ts, {n: self[n] for n in names}, self.meta, self.t_event)
+        return Trajectory(self.ts, {n: self[n] for n in names}, self.meta, self.t_event, self.stats)
 
     def with_ys(self, **ys: Any) -> Trajectory:
         """A trajectory with extra (or replaced) observables on the same clock."""
-        return Trajectory(self.ts, {**self.ys, **ys}, self.meta, self.t_event)
+        return Trajectory(self.ts, {**self.ys, **ys}, self.meta, self.t_event, self.stats)
 
     def rename(self, **names: str) -> Trajectory:
         """Observables renamed, ``new=old`` (e.g. ``traj.rename(loss="population_loss")``)."""
@@ -180,7 +201,7 @@ class Trajectory:
         olds = set(names.values())
         ys = {k: v for k, v in self.ys.items() if k not in olds}
         ys.update({new: self.ys[old] for new, old in names.items()})
-        return Trajectory(self.ts, ys, self.meta, self.t_event)
+        return Trajectory(self.ts, ys, self.meta, self.t_event, self.stats)
 
     def batch(self, index: Any) -> Trajectory:
         """Index the leading batch axes (e.g. one seed or one learning rate of a sweep)."""
@@ -189,7 +210,7 @@ class Trajectory:
         ts = self.ts[index]
         ys = {k: v[index] for k, v in self.ys.items()}
         t_event = None if self.t_event is None else self.t_event[index]
-        return Trajectory(ts, ys, self.meta, t_event)
+        return Trajectory(ts, ys, self.meta, t_event, {k: v[index] for k, v in self.stats.items()})
 
     def final(self) -> dict[str, jax.Array]:
         """The last saved value of every observable (for event-terminated runs: the event state)."""
@@ -224,7 +245,7 @@ class Trajectory:
         """This trajectory interpolated onto the 1-D time grid ``t``."""
         t = jnp.asarray(t, dtype=self.ts.dtype)
         ts = jnp.broadcast_to(t, self.batch_shape + t.shape)
-        return Trajectory(ts, self.at(t, log_time=log_time), self.meta, self.t_event)
+        return Trajectory(ts, self.at(t, log_time=log_time), self.meta, self.t_event, self.stats)
 
     # --- interop ---------------------------------------------------------------------
     def to_xarray(self, batch_dims: Iterable[str] | None = None):
@@ -293,6 +314,8 @@ class Trajectory:
             arrays[f"y:{k}"] = np.asarray(v)
         if self.t_event is not None:
             arrays["__t_event__"] = np.asarray(self.t_event)
+        for k, v in self.stats.items():
+            arrays[f"stat:{k}"] = np.asarray(v)
         meta = {"attnflow_trajectory": 1, "names": list(self.ys), "meta": self.meta, "versions": versions()}
         atomic_write(path, lambda f: np.savez(f, **arrays))  # type: ignore[arg-type]
         atomic_write(path.with_suffix(".json"), lambda f: f.write(strict_json(meta).encode()))
@@ -312,6 +335,7 @@ class Trajectory:
                 ts = data["__ts__"]
                 ys = {k[2:]: data[k] for k in data.files if k.startswith("y:")}
                 t_event = data["__t_event__"] if "__t_event__" in data.files else None
+                stats = {k[5:]: data[k] for k in data.files if k.startswith("stat:")}
         except Exception as err:  # zip, pickle or format errors of a foreign or corrupt file
             raise ValueError(f"{path} is not a trajectory saved by attnflow ({type(err).__name__}: {err})") from None
         meta_path = path.with_suffix(".json")
@@ -323,7 +347,7 @@ class Trajectory:
                 raise ValueError(
                     f"{meta_path} is not the metadata of an attnflow trajectory ({type(err).__name__}: {err})"
                 ) from None
-        return cls(ts, ys, meta, t_event)
+        return cls(ts, ys, meta, t_event, stats)
 
 
 def compare(

@@ -160,6 +160,31 @@ def test_unrolled_tsit5_equals_diffrax_tsit5():
     )
 
 
+def test_integrate_records_solver_statistics_per_solve(tmp_path):
+    """Trajectory.stats holds Diffrax's step counts: per grid point under a sweep, indexed by
+    batch, kept by select/with_ys/resample, saved and loaded; a wrong shape is refused."""
+
+    def relax(t, y, lam):
+        return -lam * (y - jnp.cos(t))
+
+    res = af.sweep(
+        lambda lam: af.integrate(relax, jnp.zeros(1), 5.0, args=lam, save=af.LinearGrid(5)),
+        {"lam": np.array([1.0, 100.0, 1000.0])},
+        progress=False,
+    )
+    tr = res.values
+    n = np.asarray(tr.stats["num_steps"])
+    assert n.shape == (3,) and np.all(n == tr.stats["num_accepted_steps"] + tr.stats["num_rejected_steps"])
+    assert n[0] < n[1] < n[2] and n[2] > 1000  # Tsit5 is held at its stability limit, h ~ 3 / lam
+    one = tr.batch(2)
+    assert int(one.stats["num_steps"]) == n[2]
+    assert int(one.select("y").with_ys(z=one["y"]).resample(jnp.linspace(0, 5, 3)).stats["num_steps"]) == n[2]
+    back = af.Trajectory.load(one.save(tmp_path / "relax.npz"))
+    assert {k: int(v) for k, v in back.stats.items()} == {k: int(v) for k, v in one.stats.items()}
+    with pytest.raises(ValueError, match=r"stats\['num_steps'\] must have the batch shape \(\)"):
+        af.Trajectory(one.ts, one.ys, stats={"num_steps": jnp.ones(2)})
+
+
 def test_integrate_endpoint_saves_match_the_save_loop():
     # LinearGrid(2) saves t0 and t1 outside the step loop; it must equal TimeGrid([t0, t1])
     kw = dict(args={"s": S, "tau": 1.0}, solver=af.SolverOptions(rtol=1e-10, atol=1e-13))
