@@ -357,25 +357,40 @@ def compare(
     log_time: bool = False,
     relative: bool = False,
     floor: float = 1e-12,
-) -> dict[str, float]:
+    per_run: bool = False,
+) -> dict[str, Any]:
     """Maximum discrepancy between two trajectories, observable by observable.
 
     ``reference`` (usually theory) is interpolated at ``other``'s save times, so a
     theory curve can be compared with simulation snapshots taken on another grid.
     With ``relative=True`` the error is ``|a - b| / max(|a|, floor)``.
-    Returns ``{name: max error}`` (over time, batch and feature axes).
+    ``other`` may carry batch axes (seeds or a grid of a sweep): an unbatched ``reference``
+    is compared with every run, a reference of the same batch shape run by run.
+    Returns ``{name: max error}`` over time, batch and feature axes, or with
+    ``per_run=True`` ``{name: array of other's batch shape}`` (the gap of each run).
     """
     names = tuple(names) if names is not None else tuple(n for n in other.names if n in reference)
     if not names:
         raise ValueError(f"no common observables: {sorted(reference.names)} vs {sorted(other.names)}")
-    out = {}
+    rb, ob = reference.batch_shape, other.batch_shape
+    if rb and rb != ob:
+        raise ValueError(
+            f"reference has batch shape {rb} and other {ob}: compare needs an unbatched reference or equal "
+            "batch shapes (index with .batch(i))"
+        )
+    out: dict[str, Any] = {}
     for n in names:
-        if other.ts.ndim != 1:
-            raise ValueError("compare needs an unbatched `other`; index it with .batch(i) first")
-        a = reference.at(other.ts, [n], log_time=log_time)[n]
-        b = other[n]
-        err = jnp.abs(a - b)
-        if relative:
-            err = err / jnp.maximum(jnp.abs(a), floor)
-        out[n] = float(jnp.max(err))
+
+        def gap(ref: Trajectory, ts: jax.Array, b: jax.Array, n: str = n) -> jax.Array:
+            a = ref.at(ts, [n], log_time=log_time)[n]
+            err = jnp.abs(a - b)
+            if relative:
+                err = err / jnp.maximum(jnp.abs(a), floor)
+            return jnp.max(err)
+
+        fn = gap
+        for _ in ob:  # one batch axis of other at a time; the reference too when it has it
+            fn = jax.vmap(fn, in_axes=(0 if rb else None, 0, 0))
+        runs = fn(reference.select(n), other.ts, other[n])
+        out[n] = np.asarray(runs) if per_run else float(jnp.max(runs))
     return out

@@ -62,6 +62,21 @@ def test_compare_theory_vs_simulation_grid():
     assert err["u"] == pytest.approx(1e-3, abs=2e-5)
 
 
+def test_compare_batched_runs_against_one_reference_or_run_by_run():
+    ts = jnp.linspace(0, 2, 201)
+    theory = af.Trajectory(ts, {"u": jnp.sin(ts)})
+    t_sim = jnp.array([[0.3, 1.1, 1.7], [0.2, 0.9, 1.9]])  # two runs on their own grids, offsets 1e-3 and 4e-3
+    sim = af.Trajectory(t_sim, {"u": jnp.sin(t_sim) + jnp.array([[1e-3], [4e-3]])})
+    np.testing.assert_allclose(af.compare(theory, sim, per_run=True)["u"], [1e-3, 4e-3], atol=3e-5)
+    assert af.compare(theory, sim)["u"] == pytest.approx(4e-3, abs=3e-5)  # the max over runs
+    assert af.compare(theory, sim.batch(0))["u"] == pytest.approx(1e-3, abs=3e-5)
+    # a reference with the same batch shape is paired run by run
+    theories = af.Trajectory(jnp.stack([ts, ts]), {"u": jnp.stack([jnp.sin(ts), jnp.sin(ts) + 4e-3])})
+    np.testing.assert_allclose(af.compare(theories, sim, per_run=True)["u"], [1e-3, 0.0], atol=3e-5)
+    with pytest.raises(ValueError, match=r"reference has batch shape \(2,\) and other \(3,\)"):
+        af.compare(theories, af.Trajectory(jnp.stack([ts] * 3), {"u": jnp.zeros((3, 201))}))
+
+
 # ----------------------------------------------------------------------------- integrate
 def test_integrate_log_spacing_and_pytree_state():
     y0 = {"a": jnp.full(4, 0.03), "b": jnp.full(4, 0.03)}
