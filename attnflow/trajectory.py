@@ -212,6 +212,32 @@ class Trajectory:
         t_event = None if self.t_event is None else self.t_event[index]
         return Trajectory(ts, ys, self.meta, t_event, {k: v[index] for k, v in self.stats.items()})
 
+    def mean(self, axis: int | tuple[int, ...] | None = None) -> Trajectory:
+        """The average over batch axes (default: all of them), e.g. over the seeds of a sweep of
+        `train`. The runs must share their save times. The result has no ``t_event`` and no
+        ``stats`` (they belong to single runs)."""
+        return self._reduce(jnp.mean, axis, "mean")
+
+    def std(self, axis: int | tuple[int, ...] | None = None) -> Trajectory:
+        """The standard deviation over batch axes (default: all), as `mean`."""
+        return self._reduce(jnp.std, axis, "std")
+
+    def _reduce(self, fn: Any, axis: int | tuple[int, ...] | None, what: str) -> Trajectory:
+        nb = len(self.batch_shape)
+        if nb == 0:
+            raise ValueError(f"{what}: this trajectory has no batch axes to reduce")
+        axes = tuple(range(nb)) if axis is None else (axis,) if isinstance(axis, int) else tuple(axis)
+        if not all(isinstance(a, int) and -nb <= a < nb for a in axes):
+            raise ValueError(f"{what}: axis must be batch axes in [{-nb}, {nb}), got {axis!r}")
+        axes = tuple(sorted({a % nb for a in axes}))
+        ts = self.ts[tuple(0 if i in axes else slice(None) for i in range(nb))]
+        if not isinstance(self.ts, jax.core.Tracer):
+            t, t0 = np.asarray(self.ts), np.expand_dims(np.asarray(ts), axes)
+            spread = float(np.max(np.abs(t - t0)))
+            if spread > 1e-9 * (1.0 + float(np.max(np.abs(t0)))):
+                raise ValueError(f"{what}: the runs have different save times (by up to {spread:.3g}); resample first")
+        return Trajectory(ts, {k: fn(v, axis=axes) for k, v in self.ys.items()}, {**self.meta, "reduced": what})
+
     def final(self) -> dict[str, jax.Array]:
         """The last saved value of every observable (for event-terminated runs: the event state)."""
         return {k: jnp.take(v, -1, axis=self.ts.ndim - 1) for k, v in self.ys.items()}

@@ -62,6 +62,24 @@ def test_compare_theory_vs_simulation_grid():
     assert err["u"] == pytest.approx(1e-3, abs=2e-5)
 
 
+def test_mean_and_std_over_batch_axes():
+    ts = jnp.linspace(0, 1, 5)
+    u = jnp.arange(30.0).reshape(3, 2, 5)
+    tr = af.Trajectory(jnp.broadcast_to(ts, (3, 2, 5)), {"u": u, "v": jnp.ones((3, 2, 5, 4))}, t_event=jnp.ones((3, 2)))
+    m = tr.mean()
+    assert m.batch_shape == () and m.t_event is None and m.meta["reduced"] == "mean"
+    np.testing.assert_allclose(m["u"], u.mean(axis=(0, 1)))
+    np.testing.assert_allclose(tr.mean(-1)["u"], u.mean(axis=1))
+    np.testing.assert_allclose(tr.std(0)["u"], u.std(axis=0))
+    assert tr.std(axis=(0, 1))["v"].shape == (5, 4)
+    with pytest.raises(ValueError, match="different save times"):
+        af.Trajectory(jnp.stack([ts, 2 * ts]), {"u": jnp.zeros((2, 5))}).mean()
+    with pytest.raises(ValueError, match=r"axis must be batch axes in \[-2, 2\), got 3"):
+        tr.mean(3)
+    with pytest.raises(ValueError, match="no batch axes"):
+        m.mean()
+
+
 def test_compare_batched_runs_against_one_reference_or_run_by_run():
     ts = jnp.linspace(0, 2, 201)
     theory = af.Trajectory(ts, {"u": jnp.sin(ts)})
