@@ -180,6 +180,15 @@ def test_fixed_loss_solver_matches_event_and_is_monotone_in_r():
     assert bool(jnp.all(jnp.diff(st["mu_ov"]) < 0))
 
 
+def test_with_ratio_keeps_eta_ov_and_sweeps():
+    s = Setup(eta_ov=0.5)
+    assert float(s.with_ratio(4.0).eta_qk) == 2.0 and float(s.with_ratio(4.0).ratio) == 4.0
+    res = af.sweep(lambda r: state_at_loss(s.with_ratio(r), 0.1)["alpha"], {"r": np.array([0.5, 2.0])}, progress=False)
+    assert float(res.values[1]) > float(res.values[0])  # a faster QK circuit: sharper attention at the same loss
+    with pytest.raises(ValueError, match="ratio"):
+        s.with_ratio(-1.0)
+
+
 def test_state_at_loss_differentiates_like_the_event_solve():
     """jax.grad through the bisection of state_at_loss (its Newton step carries the implicit
     function theorem) equals the derivative of the event-terminated solve and passes

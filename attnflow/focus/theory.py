@@ -127,7 +127,9 @@ DEFAULT_SOLVER = SolverOptions(AutoStiff(), rtol=1e-9, atol=1e-12, max_steps=1_0
 """`solve`'s solver options when none are given: `attnflow.AutoStiff` (Tsit5 steps until the
 flow turns stiff late in the cycle, where one Hessian direction sharpens, then the
 Rosenbrock-W solver `attnflow.KrylovW`) with a PID controller, tolerances tight enough that
-the loss is non-increasing on the save grid over a whole cycle."""
+the loss is non-increasing on the save grid over a whole cycle. Differentiating a solve
+(``jax.grad``) through it compiles the derivatives of both solvers: for flows that end before
+they turn stiff, pass ``solver=attnflow.focus.ESCAPE_SOLVER`` (Tsit5)."""
 
 
 class _SolveArgs(eqx.Module):

@@ -115,6 +115,14 @@ class Setup(AbstractSetup):
         """``r = eta_qk / eta_ov``."""
         return self.eta_qk / self.eta_ov
 
+    def with_ratio(self, ratio: Any) -> Setup:
+        """A copy at the learning-rate ratio ``r = eta_QK / eta_OV`` = ``ratio``, ``eta_OV`` kept
+        (``eta_QK = r eta_OV``). Traceable: ``sweep(lambda r: solve(s.with_ratio(r), T).final(),
+        {"r": rs})``."""
+        if not V.any_traced(ratio):
+            V.positive("ratio (eta_QK / eta_OV)", ratio)
+        return self.replace(eta_qk=ratio * self.eta_ov)
+
     @property
     def factorised_qk(self) -> bool:
         return self.parametrisation[:2] == "FA"
