@@ -37,6 +37,7 @@ import contextvars
 import dataclasses
 import functools
 import hashlib
+import inspect
 import itertools
 import json
 import math
@@ -573,6 +574,22 @@ def _out_struct(compiled: Any, example: dict) -> Any:
     )
 
 
+def _check_axis_names(fn: Callable[..., Any], axes: Mapping[str, Any]) -> None:
+    """``ValueError`` before any computing when ``fn`` cannot take the axes as keywords (``fn`` is
+    called as ``fn(**point)``); functions without an inspectable signature pass."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(**{str(name): None for name in axes})
+    except TypeError as err:
+        raise ValueError(
+            f"sweep calls fn with the axis names as keywords ({', '.join(map(str, axes))}), but fn{sig} does not "
+            f"accept them ({err}); name fn's parameters after the axes"
+        ) from None
+
+
 def sweep(
     fn: Callable[..., Any],
     axes: Mapping[str, Any],
@@ -652,6 +669,7 @@ def sweep(
         raise ValueError(f"on_error must be 'nan' or 'raise', got {on_error!r}")
     if not callable(fn):
         raise TypeError(f"fn must be callable (the function of the axis names), got {fn!r}")
+    _check_axis_names(fn, axes)
     if any(isinstance(v, Static) for v in axes.values()):
         return _static_sweep(
             fn,

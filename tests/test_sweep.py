@@ -331,3 +331,15 @@ def test_static_axis_rejects_bad_values_and_shape_changes():
         af.Static([[1, 2]])
     with pytest.raises(ValueError, match="same shapes for every Static value"):
         af.sweep(lambda D, a: a * jnp.ones(D), {"D": af.Static([2, 3]), "a": np.ones(2)}, progress=False)
+
+
+def test_axis_names_that_fn_cannot_take_raise_before_computing():
+    with pytest.raises(ValueError, match=r"axis names as keywords \(seed\), but fn\(k\) does not accept them"):
+        af.sweep(lambda k: k, {"seed": np.arange(3)}, progress=False)
+    # defaults and **kwargs are fine
+    assert af.sweep(lambda seed, scale=2: seed * scale, {"seed": np.arange(3)}, progress=False).values.tolist() == [
+        0,
+        2,
+        4,
+    ]
+    assert af.sweep(lambda **p: p["seed"], {"seed": np.arange(2)}, progress=False).values.tolist() == [0, 1]
