@@ -325,6 +325,29 @@ def test_jit_vmap_sweep_and_one_compilation():
     assert n.n <= 1
 
 
+def test_event_stops_the_solve_at_the_escape():
+    """derive.solve(event=...) stops where R_00 first reaches 1/2 (the escape from the symmetric
+    plateau): the event time equals the interpolated crossing of a dense save, and a new learning
+    rate reuses the compiled solve."""
+    R0, Q0 = 0.01 * jnp.array([[0.1, 0.05], [0.05, 0.1]]) * 10, 0.5 * jnp.eye(2)
+    s = derive.Setup(derive.soft_committee, derive.soft_committee, R0, Q0, quadrature=derive.GaussHermite(6))
+    dense = derive.solve(s, 200.0, save=af.LinearGrid(2001))
+    crossing = float(af.first_crossing(dense.ts, dense["R"][:, 0, 0], 0.5, interpolate=True))
+
+    def escaped(t, y):
+        return y["R"][0, 0] - 0.5
+
+    tr = derive.solve(s, 200.0, event=escaped)
+    assert 5.0 < float(tr.t_event) < 190.0 and float(tr.t_event) == pytest.approx(crossing, rel=1e-3)
+    assert float(tr.final()["R"][0, 0]) == pytest.approx(0.5, abs=1e-8)
+    with af.count_compilations() as c:
+        slower = derive.solve(s.replace(eta=0.8), 200.0, event=escaped)
+    assert c.n == 0 and float(slower.t_event) > float(tr.t_event)
+    assert np.isnan(float(derive.solve(s, 1.0, event=escaped).t_event))  # not reached by t = 1
+    with pytest.raises(ValueError, match="event must be callable"):
+        derive.solve(s, 1.0, event=0.5)
+
+
 def test_bad_input_names_the_argument():
     f = derive.soft_committee
     R, Q = 0.1 * jnp.ones((2, 2)), 0.5 * jnp.eye(2)

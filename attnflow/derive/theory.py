@@ -24,8 +24,10 @@ delta_ll' lambda_kl')] + eta^2 E[sum_l' delta_kl' delta_ll']``, over independent
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -220,6 +222,16 @@ DEFAULT_SOLVER = SolverOptions(rtol=1e-7, atol=1e-9, max_steps=100_000)
 """`solve`'s solver options when none are given."""
 
 
+class _StateEvent(eqx.Module):
+    """``event(t, y)`` as an `attnflow.integrate` event ``(t, y, args)`` (equal when the user
+    function is the same object, so a repeated solve reuses its compilation)."""
+
+    fn: Callable = eqx.field(static=True)
+
+    def __call__(self, t, y, args):
+        return self.fn(t, y)
+
+
 def solve(
     setup: Setup,
     t1: Any,
@@ -227,15 +239,22 @@ def solve(
     save: SaveGrid | None = None,
     solver: SolverOptions | None = None,
     rule_: Rule | None = None,
+    event: Callable[[Any, dict], Any] | None = None,
 ) -> Trajectory:
     """The derived ODE (2)-(4) of ``setup`` from its initial overlaps, integrated to ``t1`` on the
     clock ``t = steps / D`` of `attnflow.derive.train`.
 
     Records `attnflow.derive.OBSERVABLES`. Default save grid `DEFAULT_SAVE`, solver
     `DEFAULT_SOLVER`; ``rule_`` overrides the quadrature nodes and weights (default `rule`).
+    ``event(t, y) -> scalar`` on the state ``y = {"R", "Q"[, "v"]}`` stops the solve where it
+    first crosses zero (e.g. ``lambda t, y: y["R"][0, 0] - 0.5``, the escape from a plateau);
+    ``traj.t_event`` is that time (NaN if it never does), traceable under ``jit``, ``vmap``
+    and `attnflow.sweep`.
     """
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.derive.Setup, got {setup!r:.80}")
+    if event is not None and not callable(event):
+        raise ValueError(f"event must be callable (t, y) -> scalar with y = {{'R', 'Q'[, 'v']}}, got {event!r:.80}")
     rl = rule(setup) if rule_ is None else rule_
     return integrate(
         field,
@@ -245,6 +264,7 @@ def solve(
         save=save or DEFAULT_SAVE,
         solver=solver or DEFAULT_SOLVER,
         observe=_observe,
+        event=None if event is None else _StateEvent(event),
         meta={
             "theory": "derive",
             "equation": "derived order-parameter ODE (2)-(4)",

@@ -376,7 +376,8 @@ def focus_rates(cfg: RatesConfig, quiet: bool) -> Report:
     flows = jax.tree_util.tree_map(np.asarray, res.values)  # the checks run in NumPy
 
     def run_at(i: int, j: int, run: int) -> Trajectory:
-        return jax.tree_util.tree_map(lambda x: x[i, j, run, : grids[run][0].n], flows)
+        tr, n_run = flows.batch((i, j, run)), grids[run][0].n  # the run's own save times, without the padding
+        return Trajectory(tr.ts[:n_run], {k: v[:n_run] for k, v in tr.ys.items()}, tr.meta)
 
     rows, worst = [], 0.0
     for i, lam in enumerate(lams):
