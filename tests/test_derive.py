@@ -528,13 +528,13 @@ def test_single_location_same_draws_give_heads_field_exactly():
     S = af.psd_sqrt(derive.covariance(jnp.asarray(M), jnp.asarray(Q), jnp.eye(1)))
     z = jnp.linalg.solve(S, u[..., None])[..., 0]
     rl = (jnp.concatenate([z.reshape(n, -1), theta, jnp.zeros((n, 1))], axis=1), bank.weights)
-    f = derive.vector_field(s, M, Q, rule_=rl)
+    f = derive.vector_field(s, M, Q, rule=rl)
     g = _heads_field(hs, bank, jnp.asarray(M), jnp.asarray(Q), {})
     np.testing.assert_allclose(f["R"], g["M"], rtol=1e-10, atol=1e-14)
     np.testing.assert_allclose(f["Q"], g["Q"], rtol=1e-10, atol=1e-14)
     # derive's error is E[loss] = E|e - a|^2 / 2; the heads page reports E|e - a|^2
     e_heads = heads.generalisation_error(jnp.asarray(M), jnp.asarray(Q), heads.Softmax(), bank)
-    np.testing.assert_allclose(2 * derive.generalisation_error(s, M, Q, rule_=rl), e_heads, rtol=1e-12)
+    np.testing.assert_allclose(2 * derive.generalisation_error(s, M, Q, rule=rl), e_heads, rtol=1e-12)
 
 
 def _agreement(hs, activation, points, B, n, v=None, act=None, **kw):
@@ -546,7 +546,7 @@ def _agreement(hs, activation, points, B, n, v=None, act=None, **kw):
     banks = _heads_banks(hs, n, B)
     worst, rows = 0.0, []
     for M, Q in points:
-        d = np.array([_flat(**derive.vector_field(s, M, Q, v, rule_=rl)) for rl in rules])
+        d = np.array([_flat(**derive.vector_field(s, M, Q, v, rule=rl)) for rl in rules])
         h = [_heads_field(hs, b, jnp.asarray(M), jnp.asarray(Q), act or {}) for b in banks]
         h = np.array([_flat(g["M"], g["Q"], g["act"]) for g in h])
         se = np.sqrt(d.var(0, ddof=1) / B + h.var(0, ddof=1) / B)

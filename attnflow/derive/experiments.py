@@ -68,7 +68,7 @@ def plateau(setup: Setup, r_sym: float, q0: float, rl) -> tuple[dict, float, flo
     error and the top eigenvalue ``lambda_max`` of the field's Jacobian there (the rate at which
     the specialisation grows on the plateau)."""
     sym = setup.replace(R0=r_sym * jnp.ones((2, 2)), Q0=q0 * jnp.eye(2))
-    guess = solve(sym, 60.0 / float(sym.eta), save=LinearGrid(2), rule_=rl).final()
+    guess = solve(sym, 60.0 / float(sym.eta), save=LinearGrid(2), rule=rl).final()
     y0 = {"R": guess["R"], "Q": guess["Q"]}
     # least squares: the antisymmetric part of Q is a null direction of the field (Q enters symmetrised)
     y = fixed_point(field, y0, (sym, rl), solver=optx.LevenbergMarquardt(rtol=1e-10, atol=1e-12))
@@ -98,7 +98,7 @@ def derive_committee(cfg: CommitteeConfig, quiet: bool) -> Report:
     solver = SolverOptions(rtol=1e-7, atol=1e-9, max_steps=100_000)
 
     def curve(eta, r0):
-        tr = solve(cfg.setup(eta, r0), cfg.t_end, save=LinearGrid(n_save), solver=solver, rule_=rl)
+        tr = solve(cfg.setup(eta, r0), cfg.t_end, save=LinearGrid(n_save), solver=solver, rule=rl)
         return {"ts": tr.ts, "error": tr["error"]}
 
     with Timer() as tm:
@@ -127,7 +127,7 @@ def derive_committee(cfg: CommitteeConfig, quiet: bool) -> Report:
     with Timer() as tm:
         for r0 in cfg.sgd_r0s:
             s = cfg.setup(cfg.sgd_eta, r0)
-            th = solve(s, cfg.t_end, save=LinearGrid(n_save), solver=solver, rule_=rl)
+            th = solve(s, cfg.t_end, save=LinearGrid(n_save), solver=solver, rule=rl)
             t_th = float(first_crossing(th.ts, th["error"], cfg.escape_fraction * sgd_theory[1], above=False))
             t1 = min(cfg.t_end, 1.5 * t_th) if np.isfinite(t_th) else cfg.t_end
             sim = train(s, t1, key=cfg.seed, D=cfg.D, save=LinearGrid(101))

@@ -66,6 +66,9 @@ def rule(setup: Setup) -> Rule:
     return setup.data.nodes(z, w, setup.quadrature)
 
 
+_rule_of = rule  # the functions below take a ``rule=`` argument that shadows `rule`
+
+
 def covariance(R: jax.Array, Q: jax.Array, T: jax.Array) -> jax.Array:
     """The covariance ``[[Q, R], [R^T, T]]`` of ``(lambda, nu)`` (at each location)."""
     return jnp.block([[Q, R], [R.T, T]])
@@ -154,18 +157,19 @@ def _rates(setup: Setup, E: dict) -> dict[str, Any]:
     return out
 
 
-def vector_field(setup: Setup, R: Any, Q: Any, v: Any = None, rule_: Rule | None = None) -> dict[str, jax.Array]:
+def vector_field(setup: Setup, R: Any, Q: Any, v: Any = None, rule: Rule | None = None) -> dict[str, jax.Array]:
     """Eqs. (2)-(4): ``{"R": dR/dt, "Q": dQ/dt[, "v": dv/dt]}`` at ``(R, Q, v)`` (``v`` only when
-    the setup has a readout). ``rule_`` defaults to `rule` of the setup. Compiled once per model
-    (functions, sizes, quadrature); new numbers reuse it."""
+    the setup has a readout). ``rule`` (nodes and weights) defaults to the setup's,
+    `attnflow.derive.rule`. Compiled once per model (functions, sizes, quadrature); new numbers
+    reuse it."""
     R, Q, v = _state(setup, R, Q, v)
-    return _vector_field(setup, R, Q, v, rule(setup) if rule_ is None else rule_)
+    return _vector_field(setup, R, Q, v, _rule_of(setup) if rule is None else rule)
 
 
-def generalisation_error(setup: Setup, R: Any, Q: Any, v: Any = None, rule_: Rule | None = None) -> jax.Array:
+def generalisation_error(setup: Setup, R: Any, Q: Any, v: Any = None, rule: Rule | None = None) -> jax.Array:
     """Eq. (5): the population loss ``E[loss(student(lambda, v), teacher(nu))]`` (noise-free label)."""
     R, Q, v = _state(setup, R, Q, v)
-    return _error(setup, R, Q, v, rule(setup) if rule_ is None else rule_)
+    return _error(setup, R, Q, v, _rule_of(setup) if rule is None else rule)
 
 
 def _state(setup: Setup, R: Any, Q: Any, v: Any) -> tuple[Any, Any, Any]:
@@ -238,14 +242,14 @@ def solve(
     *,
     save: SaveGrid | None = None,
     solver: SolverOptions | None = None,
-    rule_: Rule | None = None,
+    rule: Rule | None = None,
     event: Callable[[Any, dict], Any] | None = None,
 ) -> Trajectory:
     """The derived ODE (2)-(4) of ``setup`` from its initial overlaps, integrated to ``t1`` on the
     clock ``t = steps / D`` of `attnflow.derive.train`.
 
     Records `attnflow.derive.OBSERVABLES`. Default save grid `DEFAULT_SAVE`, solver
-    `DEFAULT_SOLVER`; ``rule_`` overrides the quadrature nodes and weights (default `rule`).
+    `DEFAULT_SOLVER`; ``rule`` overrides the quadrature nodes and weights (default `attnflow.derive.rule`).
     ``event(t, y) -> scalar`` on the state ``y = {"R", "Q"[, "v"]}`` stops the solve where it
     first crosses zero (e.g. ``lambda t, y: y["R"][0, 0] - 0.5``, the escape from a plateau);
     ``traj.t_event`` is that time (NaN if it never does), traceable under ``jit``, ``vmap``
@@ -255,7 +259,7 @@ def solve(
         raise ValueError(f"setup must be an attnflow.derive.Setup, got {setup!r:.80}")
     if event is not None and not callable(event):
         raise ValueError(f"event must be callable (t, y) -> scalar with y = {{'R', 'Q'[, 'v']}}, got {event!r:.80}")
-    rl = rule(setup) if rule_ is None else rule_
+    rl = _rule_of(setup) if rule is None else rule
     return integrate(
         field,
         initial_state(setup),
