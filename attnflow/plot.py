@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from .trajectory import Trajectory
+from .trajectory import Trajectory, name_list
 
 __all__ = ["overlay", "family", "heatmap", "mark_times", "save_figure"]
 
@@ -69,13 +69,23 @@ def overlay(
     Observables with feature axes draw one colour per component (``component_labels``).
     At most ``max_markers`` simulation points are drawn per curve (evenly in save index).
     """
+    if theory is not None and not isinstance(theory, Trajectory):
+        raise ValueError(f"overlay: theory must be a Trajectory or None, got {type(theory).__name__}")
+    if theory is not None and theory.batch_shape:
+        raise ValueError(
+            f"overlay draws one theory curve, but theory has batch shape {theory.batch_shape} (a sweep?): "
+            "pass theory.batch(i) or theory.mean(), or draw the family with attnflow.family"
+        )
     runs = _as_runs(simulations)
-    if names is None:
-        src = theory if theory is not None else runs[0]
-        names = list(src.names)
-    names = list(names)
+    if theory is None and not runs:
+        raise ValueError("overlay needs a theory or at least one simulation")
+    names = list(name_list(names, (theory if theory is not None else runs[0]).names))
     if not names:
         raise ValueError("overlay needs at least one observable name")
+    for name in names:
+        if not ((theory is not None and name in theory) or any(name in r for r in runs)):
+            have = sorted(set(theory.names if theory is not None else ()).union(*(r.names for r in runs)))
+            raise KeyError(f"overlay: no observable {name!r} in the theory or the simulations; they have {have}")
     labels = labels or {}
     fig, axes = _panels(len(names), ncols, figsize_per_panel)
     for ax, name in zip(axes, names):
@@ -127,8 +137,8 @@ def overlay(
 
 
 def family(
-    trajectories: dict[str, Trajectory],
-    names: Sequence[str],
+    trajectories: Mapping[str, Trajectory] | Trajectory | Any,
+    names: str | Sequence[str],
     *,
     time_transform: Any = None,
     log_time: bool = False,
@@ -142,10 +152,19 @@ def family(
     figsize_per_panel: tuple[float, float] = (4.2, 3.2),
 ) -> Figure:
     """A family of curves (one per labelled trajectory, e.g. one per learning-rate ratio),
-    one panel per observable. ``time_transform`` maps the time axis (e.g. ``log10(1 + t)``)."""
+    one panel per observable. ``time_transform`` maps the time axis (e.g. ``log10(1 + t)``).
+
+    ``trajectories``: ``{label: Trajectory}``; or a `Trajectory` with one batch axis (one curve
+    per run, labelled by index); or an `attnflow.SweepResult` over one axis whose values are a
+    `Trajectory` (labelled ``axis=value``)."""
+    trajectories = _family_members(trajectories)
     if not trajectories:
         raise ValueError("family needs at least one trajectory")
-    names = list(names)
+    names = list(name_list(names, ()))
+    for name in names:
+        missing = [lab for lab, tr in trajectories.items() if name not in tr]
+        if missing:
+            raise KeyError(f"family: no observable {name!r} in {missing[:3]}")
     labels = labels or {}
     styles = styles or {}
     fig, axes = _panels(len(names), ncols, figsize_per_panel)
@@ -158,6 +177,40 @@ def family(
         _style_panel(ax, name, log_time, log_y, time_label, labels)
     axes[0].legend(fontsize=7, title=legend_title, title_fontsize=7)
     return _finish(fig, axes, len(names), title)
+
+
+def _family_members(trajectories: Any) -> dict[str, Trajectory]:
+    """`family`'s input as ``{label: unbatched Trajectory}``."""
+    from .sweep import SweepResult
+
+    if isinstance(trajectories, SweepResult):
+        if len(trajectories.dims) != 1 or not isinstance(trajectories.values, Trajectory):
+            raise ValueError(
+                f"family: a SweepResult must have one axis and Trajectory values, got dims {trajectories.dims} "
+                f"and {type(trajectories.values).__name__}; select one axis with .sel(...) first"
+            )
+        (d,) = trajectories.dims
+        return {f"{d}={_fmt(c)}": trajectories.values.batch(i) for i, c in enumerate(trajectories.coords[d])}
+    if isinstance(trajectories, Trajectory):
+        if len(trajectories.batch_shape) != 1:
+            raise ValueError(
+                f"family: a Trajectory must have one batch axis (one curve per run), got batch shape "
+                f"{trajectories.batch_shape}"
+            )
+        return {str(i): trajectories.batch(i) for i in range(trajectories.batch_shape[0])}
+    if not isinstance(trajectories, Mapping):
+        raise ValueError(
+            f"family: trajectories must be a mapping label -> Trajectory, a batched Trajectory or a "
+            f"SweepResult, got {type(trajectories).__name__}"
+        )
+    for lab, tr in trajectories.items():
+        if not isinstance(tr, Trajectory) or tr.batch_shape:
+            raise ValueError(f"family: {lab!r} must be an unbatched Trajectory, got {tr!r:.80}")
+    return {str(k): v for k, v in trajectories.items()}
+
+
+def _fmt(c: Any) -> str:
+    return f"{c:g}" if isinstance(c, float | np.floating) else str(c)
 
 
 def _panels(n: int, ncols: int, figsize_per_panel: tuple[float, float]):

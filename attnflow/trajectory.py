@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,21 @@ import numpy as np
 
 from ._io import atomic_write, json_default, optional_import, strict_json
 
-__all__ = ["Trajectory", "compare", "versions", "flatten_names"]
+__all__ = ["Trajectory", "compare", "versions", "flatten_names", "name_list"]
+
+
+def name_list(names: str | Iterable[str] | None, default: Iterable[str]) -> tuple[str, ...]:
+    """``names`` as a tuple of observable names: one string is one name (not its characters);
+    ``None`` gives ``default``."""
+    if names is None:
+        return tuple(default)
+    if isinstance(names, str):
+        return (names,)
+    out = tuple(names)
+    for n in out:
+        if not isinstance(n, str):
+            raise ValueError(f"observable names must be strings, got {n!r}")
+    return out
 
 
 def flatten_names(d: Mapping, prefix: str = "") -> dict:
@@ -109,9 +124,11 @@ class Trajectory:
         T = ts.shape[-1]
         if not isinstance(ts, jax.core.Tracer):
             t = np.asarray(ts, dtype=float)
-            if not np.all(np.isfinite(t)):
-                bad = np.argwhere(~np.isfinite(t))[0]
-                raise ValueError(f"ts must be finite; entry {tuple(int(i) for i in bad)} is {t[tuple(bad)]!r}")
+            # a run whose times are all NaN is a failed point of a sweep (NaN-filled); others must be finite
+            failed = np.all(np.isnan(t), axis=-1, keepdims=True) if t.ndim > 1 else np.zeros(1, bool)
+            if not np.all(np.isfinite(t) | failed):
+                bad = np.argwhere(~(np.isfinite(t) | failed))[0]
+                raise ValueError(f"ts must be finite; entry {tuple(int(i) for i in bad)} is {float(t[tuple(bad)])}")
             if T > 1 and np.any(np.diff(t, axis=-1) < 0):
                 i = int(np.argwhere(np.diff(t, axis=-1) < 0)[0][-1])
                 raise ValueError(f"ts must be non-decreasing along time; ts[..., {i}] > ts[..., {i + 1}]")
@@ -215,12 +232,18 @@ class Trajectory:
     def mean(self, axis: int | tuple[int, ...] | None = None) -> Trajectory:
         """The average over batch axes (default: all of them), e.g. over the seeds of a sweep of
         `train`. The runs must share their save times. The result has no ``t_event`` and no
-        ``stats`` (they belong to single runs)."""
+        ``stats`` (they belong to single runs). A failed run (a point of a sweep filled with NaN)
+        makes its group's mean NaN; runs that finished keep their times and values."""
         return self._reduce(jnp.mean, axis, "mean")
 
-    def std(self, axis: int | tuple[int, ...] | None = None) -> Trajectory:
-        """The standard deviation over batch axes (default: all), as `mean`."""
-        return self._reduce(jnp.std, axis, "std")
+    def std(self, axis: int | tuple[int, ...] | None = None, ddof: int = 0) -> Trajectory:
+        """The standard deviation over batch axes (default: all), as `mean`: ``sqrt(sum (y -
+        mean)^2 / (n - ddof))`` over the ``n`` runs. ``ddof = 0`` (the default) is the spread of
+        the runs; ``ddof = 1`` the unbiased estimate of the seed-to-seed variance, for error bars
+        from a few seeds."""
+        if not isinstance(ddof, int | np.integer) or isinstance(ddof, bool) or ddof < 0:
+            raise ValueError(f"std: ddof must be an integer >= 0, got {ddof!r}")
+        return self._reduce(lambda v, axis: jnp.std(v, axis=axis, ddof=int(ddof)), axis, "std")
 
     def _reduce(self, fn: Any, axis: int | tuple[int, ...] | None, what: str) -> Trajectory:
         nb = len(self.batch_shape)
@@ -231,12 +254,19 @@ class Trajectory:
             raise ValueError(f"{what}: axis must be batch axes in [{-nb}, {nb}), got {axis!r}")
         axes = tuple(sorted({a % nb for a in axes}))
         ts = self.ts[tuple(0 if i in axes else slice(None) for i in range(nb))]
+        ys = {k: fn(v, axis=axes) for k, v in self.ys.items()}
         if not isinstance(self.ts, jax.core.Tracer):
-            t, t0 = np.asarray(self.ts), np.expand_dims(np.asarray(ts), axes)
-            spread = float(np.max(np.abs(t - t0)))
-            if spread > 1e-9 * (1.0 + float(np.max(np.abs(t0)))):
+            t = np.asarray(self.ts)
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN groups: every run of it failed
+                t0 = np.nanmax(t, axis=axes)  # the times of the runs that finished (failed runs are NaN)
+                spread = np.nanmax(np.abs(t - np.expand_dims(t0, axes))) if np.isfinite(t).any() else 0.0
+            if spread > 1e-9 * (1.0 + float(np.nanmax(np.abs(t0), initial=0.0))):
                 raise ValueError(f"{what}: the runs have different save times (by up to {spread:.3g}); resample first")
-        return Trajectory(ts, {k: fn(v, axis=axes) for k, v in self.ys.items()}, {**self.meta, "reduced": what})
+            failed = np.isnan(t).any(axis=-1)  # failed runs: their group's times become NaN too
+            failed = np.any(failed, axis=axes)
+            ts = jnp.asarray(np.where(failed[..., None], np.nan, t0))
+        return Trajectory(ts, ys, {**self.meta, "reduced": what})
 
     def final(self) -> dict[str, jax.Array]:
         """The last saved value of every observable (for event-terminated runs: the event state)."""
@@ -250,14 +280,17 @@ class Trajectory:
     def at(self, t: Any, names: Iterable[str] | None = None, log_time: bool = False) -> dict[str, jax.Array]:
         """Linearly interpolate observables at times ``t`` (1-D), per batch element.
 
-        ``log_time=True`` interpolates in ``log t`` (better on log-spaced saves);
-        times must then be positive. Outside the saved range the end values are held.
+        ``log_time=True`` interpolates in ``log t`` (better on log-spaced saves); a time 0 is
+        taken as the limit ``t -> 0+``. Outside the saved range the end values are held.
         """
         t = jnp.atleast_1d(jnp.asarray(t, dtype=self.ts.dtype))
-        names = tuple(names) if names is not None else self.names
+        names = name_list(names, self.names)
+        for n in names:
+            self[n]  # KeyError naming a missing observable before any work
+        tiny = jnp.finfo(self.ts.dtype).tiny  # log time: t = 0 (the start of every save grid) as t -> 0+
 
         def interp1(ts, y):
-            x, xp = (jnp.log(t), jnp.log(ts)) if log_time else (t, ts)
+            x, xp = (jnp.log(jnp.maximum(t, tiny)), jnp.log(jnp.maximum(ts, tiny))) if log_time else (t, ts)
             flat = y.reshape(y.shape[0], -1)
             out = jax.vmap(lambda col: jnp.interp(x, xp, col), in_axes=1, out_axes=1)(flat)
             return out.reshape((t.shape[0],) + y.shape[1:])
@@ -394,8 +427,10 @@ def compare(
     is compared with every run, a reference of the same batch shape run by run.
     Returns ``{name: max error}`` over time, batch and feature axes, or with
     ``per_run=True`` ``{name: array of other's batch shape}`` (the gap of each run).
+    ``other``'s save times must lie within ``reference``'s (a theory solved to ``t1`` says
+    nothing past it): ``ValueError`` otherwise. Failed runs (NaN, from a sweep) give NaN gaps.
     """
-    names = tuple(names) if names is not None else tuple(n for n in other.names if n in reference)
+    names = name_list(names, (n for n in other.names if n in reference))
     if not names:
         raise ValueError(f"no common observables: {sorted(reference.names)} vs {sorted(other.names)}")
     rb, ob = reference.batch_shape, other.batch_shape
@@ -404,6 +439,11 @@ def compare(
             f"reference has batch shape {rb} and other {ob}: compare needs an unbatched reference or equal "
             "batch shapes (index with .batch(i))"
         )
+    for n in names:
+        for which, tr in (("reference", reference), ("other", other)):
+            if n not in tr:
+                raise KeyError(f"compare: {which} has no observable {n!r}; it has {sorted(tr.names)}")
+    _check_within(reference, other)
     out: dict[str, Any] = {}
     for n in names:
 
@@ -420,3 +460,20 @@ def compare(
         runs = fn(reference.select(n), other.ts, other[n])
         out[n] = np.asarray(runs) if per_run else float(jnp.max(runs))
     return out
+
+
+def _check_within(reference: Trajectory, other: Trajectory) -> None:
+    """``ValueError`` when ``other`` was saved at times outside ``reference``'s span."""
+    if isinstance(reference.ts, jax.core.Tracer) or isinstance(other.ts, jax.core.Tracer):
+        return
+    r, o = np.asarray(reference.ts, dtype=float), np.asarray(other.ts, dtype=float)
+    if not (np.isfinite(r).any() and np.isfinite(o).any()):
+        return
+    lo, hi = np.nanmax(r[..., 0]), np.nanmin(r[..., -1])
+    o_lo, o_hi = np.nanmin(o[..., 0]), np.nanmax(o[..., -1])
+    slack = 1e-9 * (1.0 + max(abs(lo), abs(hi)))
+    if o_lo < lo - slack or o_hi > hi + slack:
+        raise ValueError(
+            f"compare: other is saved on [{o_lo:.6g}, {o_hi:.6g}] but reference covers only "
+            f"[{lo:.6g}, {hi:.6g}]; solve the reference to a later time (or an earlier start)"
+        )

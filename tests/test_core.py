@@ -80,6 +80,39 @@ def test_mean_and_std_over_batch_axes():
         m.mean()
 
 
+def test_failed_runs_keep_the_others_mean_and_std_takes_ddof():
+    ts = jnp.linspace(0, 1, 4)
+    good = jnp.stack([ts, 3 * ts])  # two seeds of a run that finished
+    bad = jnp.full((2, 4), jnp.nan)  # two seeds of a failed sweep point (NaN-filled, times too)
+    tr = af.Trajectory(jnp.stack([jnp.stack([ts, ts]), bad]), {"u": jnp.stack([good, bad])})
+    m = tr.mean(axis=1)
+    np.testing.assert_allclose(m.ts[0], ts)
+    np.testing.assert_allclose(m["u"][0], 2 * ts)
+    assert bool(jnp.all(jnp.isnan(m.ts[1]))) and bool(jnp.all(jnp.isnan(m["u"][1])))
+    np.testing.assert_allclose(tr.std(axis=1)["u"][0], ts)  # spread of [t, 3t]: t
+    np.testing.assert_allclose(tr.std(axis=1, ddof=1)["u"][0], np.sqrt(2) * ts)
+    with pytest.raises(ValueError, match="ddof must be an integer >= 0, got -1"):
+        tr.std(ddof=-1)
+    with pytest.raises(ValueError, match=r"ts must be finite; entry \(1,\) is nan"):
+        af.Trajectory(jnp.array([0.0, jnp.nan, 1.0]), {"u": jnp.zeros(3)})  # NaN inside a run that has times
+
+
+def test_compare_log_time_names_and_span():
+    ts = jnp.linspace(0, 2, 201)  # every save grid starts at t = 0
+    theory = af.Trajectory(ts, {"u": jnp.sin(ts), "v": ts})
+    t_sim = jnp.array([0.0, 0.5, 1.0, 2.0])
+    sim = af.Trajectory(t_sim, {"u": jnp.sin(t_sim) + 1e-3, "v": t_sim})
+    err = af.compare(theory, sim, log_time=True)
+    assert np.isfinite(err["u"]) and err["u"] == pytest.approx(1e-3, abs=3e-5)
+    assert set(af.compare(theory, sim, names="u")) == {"u"}  # one string is one name
+    assert set(theory.at([0.5], "v")) == {"v"}
+    with pytest.raises(KeyError, match="reference has no observable 'w'"):
+        af.compare(theory, sim.with_ys(w=t_sim), names=["w"])
+    later = af.Trajectory(jnp.array([0.0, 3.0]), {"u": jnp.zeros(2)})
+    with pytest.raises(ValueError, match=r"other is saved on \[0, 3\] but reference covers only \[0, 2\]"):
+        af.compare(theory, later)
+
+
 def test_compare_batched_runs_against_one_reference_or_run_by_run():
     ts = jnp.linspace(0, 2, 201)
     theory = af.Trajectory(ts, {"u": jnp.sin(ts)})
@@ -517,6 +550,28 @@ def test_overlay_figure(tmp_path):
     assert axes[0].get_ylabel() == "u"
     path = af.save_figure(fig, tmp_path / "f.png")
     assert path.stat().st_size > 5000
+    single = [ax for ax in af.overlay(theory, sims, "loss").axes if ax.get_visible()]
+    assert len(single) == 1 and single[0].get_ylabel() == "loss"  # one string is one name
+    with pytest.raises(KeyError, match="no observable 'los'"):
+        af.overlay(theory, sims, ["los"])
+    with pytest.raises(ValueError, match=r"theory has batch shape \(2,\)"):
+        af.overlay(sims, None, ["loss"])
+
+
+def test_family_of_a_sweep_or_a_batched_trajectory():
+    ts = jnp.linspace(0, 1, 5)
+    res = af.sweep(lambda c: af.Trajectory(ts, {"y": c * ts}), {"c": np.array([0.5, 2.0])}, progress=False)
+    ax = [a for a in af.family(res, "y").axes if a.get_visible()][0]
+    assert ax.get_legend_handles_labels()[1] == ["c=0.5", "c=2"]
+    np.testing.assert_allclose(ax.lines[1].get_ydata(), 2 * ts)
+    assert [a for a in af.family(res.values, ["y"]).axes if a.get_visible()][0].get_legend_handles_labels()[1] == [
+        "0",
+        "1",
+    ]
+    with pytest.raises(ValueError, match="must be a mapping label -> Trajectory"):
+        af.family([res.values], ["y"])
+    with pytest.raises(KeyError, match="no observable 'z'"):
+        af.family(res, ["z"])
 
 
 # ----------------------------------------------------------------------------- rng
