@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax.extend.core import get_opaque_trace_state
 
-__all__ = ["fail_if", "collecting", "status_code"]
+__all__ = ["fail_if", "collecting", "status_code", "check_traced", "blank_failed"]
 
 
 class _Sink(list):
@@ -53,6 +53,28 @@ def fail_if(tree: Any, pred: Any, message: str) -> Any:
     def blank(x):
         if isinstance(x, jax.Array | jnp.ndarray) and jnp.issubdtype(x.dtype, jnp.inexact):
             return jnp.where(pred, jnp.asarray(jnp.nan, x.dtype), x)
+        return x
+
+    return jax.tree_util.tree_map(blank, tree)
+
+
+def check_traced(bad: Any, message: str) -> None:
+    """Record the failure ``message`` where ``bad()`` (a traced boolean) holds, when traced
+    inside `collecting` (a sweep point: the point is marked failed and its values become
+    NaN). Elsewhere nothing: a traced input checked here has no output to carry an error, so
+    it is let through, as before it was created."""
+    sink = _SINK.get()
+    if sink is None or get_opaque_trace_state() != sink.trace:
+        return
+    sink.append((jnp.asarray(bad()), message))
+
+
+def blank_failed(tree: Any, code: Any) -> Any:
+    """The inexact leaves of ``tree`` as NaN where the status ``code`` is nonzero."""
+
+    def blank(x):
+        if isinstance(x, jax.Array | jnp.ndarray) and jnp.issubdtype(x.dtype, jnp.inexact):
+            return jnp.where(code > 0, jnp.asarray(jnp.nan, x.dtype), x)
         return x
 
     return jax.tree_util.tree_map(blank, tree)

@@ -58,10 +58,18 @@ def floats(name: str, value: Any, dtype: Any = None) -> Any:
 def positive(name: str, value: Any) -> None:
     """Raise ``ValueError`` unless every entry of ``value`` is finite and > 0.
 
-    Traced values cannot be inspected and are let through (they are checked at the
-    edge where they were created).
+    Traced values cannot be inspected: at a point of `attnflow.sweep` a bad value marks the
+    point failed (NaN values, named in `SweepResult.failures`); elsewhere they are let through
+    (checked at the edge where they were created).
     """
     if _is_traced(value):
+        import jax.numpy as jnp
+
+        from ._errors import check_traced
+
+        check_traced(
+            lambda: ~(jnp.all(jnp.isfinite(value)) & jnp.all(value > 0)), f"{name} must be finite and positive"
+        )
         return
     arr = reals(name, value)
     if arr.size == 0 or not np.all(np.isfinite(arr)) or not np.all(arr > 0):
@@ -69,8 +77,15 @@ def positive(name: str, value: Any) -> None:
 
 
 def nonnegative(name: str, value: Any) -> None:
-    """Raise ``ValueError`` unless every entry of ``value`` is finite and >= 0 (traced: let through)."""
+    """Raise ``ValueError`` unless every entry of ``value`` is finite and >= 0 (traced: as `positive`)."""
     if _is_traced(value):
+        import jax.numpy as jnp
+
+        from ._errors import check_traced
+
+        check_traced(
+            lambda: ~(jnp.all(jnp.isfinite(value)) & jnp.all(value >= 0)), f"{name} must be finite and non-negative"
+        )
         return
     arr = reals(name, value)
     if not np.all(np.isfinite(arr)) or not np.all(arr >= 0):

@@ -18,6 +18,7 @@ A grid gives times on ``[t0, t1]`` (`SaveGrid.times`, traceable) and integer ste
 from __future__ import annotations
 
 import abc
+import warnings
 from typing import Any
 
 import diffrax
@@ -47,12 +48,22 @@ class SaveGrid(eqx.Module):
 
         The grid is read in time units: `LinearGrid` and `LogGrid` are laid on the step axis
         (``t_min`` divided by ``dt``), `TimeGrid` times are rounded to the nearest step.
+        ``t1`` shorter than one step raises ``ValueError``; a ``t1`` that is not a multiple of
+        ``dt`` ends at the nearest step, with a warning naming that time.
         """
         t1f = V.finite_scalar("t1", t1)
         dtf = V.finite_scalar("dt", dt)
         if t1f <= 0 or dtf <= 0:
             raise ValueError(f"t1 and dt must be positive, got t1={t1!r}, dt={dt!r}")
+        if t1f < dtf * (1 - 1e-9):
+            raise ValueError(f"t1 = {t1f:g} is shorter than one step dt = {dtf:g}")
         total = max(1, int(round(t1f / dtf)))
+        if abs(total * dtf - t1f) > 1e-9 * t1f + 1e-6 * dtf:
+            warnings.warn(
+                f"t1 = {t1f:g} is not a multiple of dt = {dtf:g}: the run ends at step {total}, "
+                f"t = {total * dtf:g}",
+                stacklevel=3,
+            )
         if total > 2**31 - 1:
             raise ValueError(
                 f"t1 / dt = {t1f:g} / {dtf:g} is {total} steps, more than 2^31 - 1: shorten t1 or raise dt"
@@ -83,7 +94,9 @@ class LinearGrid(SaveGrid):
 class LogGrid(SaveGrid):
     """``t0`` and then ``n - 1`` points log-spaced in the elapsed time from ``t_min`` to
     ``t1 - t0``; ``t_min=None`` is ``1e-6 (t1 - t0)`` for times, one step for `steps`.
-    On the step axis duplicates at small steps are merged, so fewer than ``n`` may remain."""
+    ``t_min`` must be below ``t1 - t0`` (``ValueError`` otherwise). On the step axis of a
+    simulation a ``t_min`` shorter than one step is one step (nothing is saved between steps),
+    and duplicates at small steps are merged, so fewer than ``n`` may remain."""
 
     n: int = eqx.field(static=True, default=200)
     t_min: float | None = eqx.field(static=True, default=None)
@@ -98,6 +111,8 @@ class LogGrid(SaveGrid):
     def times(self, t0, t1):
         t0 = jnp.asarray(t0, dtype=float)
         span = jnp.asarray(t1, dtype=float) - t0
+        if self.t_min is not None and not V.any_traced((t0, span)) and float(self.t_min) >= float(span):
+            raise ValueError(f"LogGrid: t_min = {self.t_min:g} must be below t1 - t0 = {float(span):g}")
         lo = span * 1e-6 if self.t_min is None else jnp.asarray(self.t_min, dtype=float)
         rest = jnp.exp(jnp.linspace(jnp.log(lo), jnp.log(span), self.n - 1))
         rest = rest.at[-1].set(span)  # exactly t1 (exp(log(x)) can be off in the last bit)
@@ -109,10 +124,14 @@ class LogGrid(SaveGrid):
         return self._log_steps(total, lo)
 
     def _steps_in_time(self, total, dt):
+        if self.t_min is not None and float(self.t_min) >= total * dt:
+            raise ValueError(f"LogGrid: t_min = {self.t_min:g} must be below t1 - t0 = {total * dt:g}")
         lo = 1.0 if self.t_min is None else max(1.0, float(self.t_min) / dt)
         return self._log_steps(total, lo)
 
     def _log_steps(self, total, lo):
+        if lo >= total and total > 1:
+            raise ValueError(f"LogGrid: t_min = {lo:g} steps must be below the run's {total} steps")
         lo = min(lo, float(total))
         s = np.concatenate([[0], np.round(np.geomspace(lo, total, self.n - 1))])
         return np.unique(s.astype(np.int64))

@@ -56,7 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ._errors import collecting, status_code
+from ._errors import blank_failed, collecting, status_code
 from ._io import atomic_write
 from ._jit import cpu_compiler_options
 from ._lanes import check_lanes, vmap_lanes
@@ -167,26 +167,34 @@ class SweepResult:
         return self.values[name]
 
     def index(self, **point: Any) -> tuple[int, ...]:
-        """Grid index of the point whose coordinates are closest to ``point`` (per named axis)."""
+        """Grid index of the point whose coordinates are closest to ``point`` (per named axis).
+        A numeric value outside an axis's range, or a label not on it, raises ``ValueError``."""
+        unknown = set(point) - set(self.dims)
+        if unknown:
+            raise ValueError(f"unknown sweep axis {sorted(unknown)}; axes are {self.dims}")
         idx: list[Any] = []
         for d in self.dims:
             if d in point:
                 c = self.coords[d]
-                i = (
-                    int(np.argmin(np.abs(c - np.asarray(point[d]))))
-                    if c.dtype.kind in "fiu"
-                    else int(np.flatnonzero(c == point[d])[0])
-                )
-                idx.append(i)
+                if c.dtype.kind in "fiu":
+                    x = float(np.asarray(point[d], dtype=float))
+                    lo, hi = float(np.min(c)), float(np.max(c))
+                    slack = 1e-9 * max(abs(lo), abs(hi), 1e-300)
+                    if not lo - slack <= x <= hi + slack:
+                        raise ValueError(f"{d} = {x:g} is outside the sweep's axis {d} (from {lo:g} to {hi:g})")
+                    idx.append(int(np.argmin(np.abs(c - x))))
+                else:
+                    hits = np.flatnonzero(c == point[d])
+                    if not hits.size:
+                        raise ValueError(f"{d} = {point[d]!r} is not on the sweep's axis {d}: {c.tolist()[:10]}")
+                    idx.append(int(hits[0]))
             else:
                 idx.append(slice(None))
-        unknown = set(point) - set(self.dims)
-        if unknown:
-            raise ValueError(f"unknown sweep axis {sorted(unknown)}; axes are {self.dims}")
         return tuple(idx)
 
     def sel(self, **point: Any) -> Any:
-        """The values at (the nearest) given coordinates; unnamed axes are kept."""
+        """The values at (the nearest) given coordinates; unnamed axes are kept. A value
+        outside an axis's range raises ``ValueError``."""
         idx = self.index(**point)
         return jax.tree_util.tree_map(lambda x: x[idx], self.values)
 
@@ -520,7 +528,8 @@ def _compiled(
             with collecting() as sink:
                 out = fn(**p)
             messages[:] = [m for _, m in sink]
-            return out, status_code(sink)
+            code = status_code(sink)
+            return blank_failed(out, code), code
 
         if nested_dims is None:
 
@@ -986,7 +995,7 @@ _WHAT = {
     "structure": "the structure of fn's output",
     "leaves": "the shapes of fn's output",
     "meta": "meta",
-    "fn": "the function (its code, closure values or default arguments)",
+    "fn": "the function (its code, or the values it reads: closure, default arguments, globals of its module)",
 }
 
 
@@ -1007,13 +1016,33 @@ def _check_manifest(out_path: Path, dims, coords, chunk_size, treedef, leaves_st
         ) from None
     if not isinstance(have, dict):
         raise ValueError(f"{mf} is not a sweep manifest; use a fresh out_dir or delete it")
-    for key in ("fn", "structure", "leaves", "dims", "coords", "chunk_size", "meta"):
+    for key in ("meta", "fn", "structure", "leaves", "dims", "coords", "chunk_size"):
+        if key == "meta" and have.get(key) != want[key]:
+            raise ValueError(
+                f"sweep: {out_path} holds a sweep saved with other settings: {_meta_diff(have.get(key), want[key])}; "
+                "its chunks are not reused. Use a fresh out_dir or delete the old one"
+            )
         if have.get(key) != want[key]:
             raise ValueError(
                 f"sweep: {out_path} holds a different sweep: {_WHAT[key]} changed (saved {str(have.get(key))[:100]!r}, "
                 f"now {str(want[key])[:100]!r}); its chunks are not reused. "
                 "Use a fresh out_dir or delete the old one"
             )
+
+
+def _meta_diff(saved: Any, now: Any, prefix: str = "") -> str:
+    """The entries where two manifests' ``meta`` differ, as ``name: saved vs now``."""
+    if not (isinstance(saved, dict) and isinstance(now, dict)):
+        return f"{prefix or 'meta'}: {str(saved)[:80]} vs {str(now)[:80]}"
+    parts = []
+    for k in sorted(set(saved) | set(now), key=str):
+        a, b = saved.get(k, "(absent)"), now.get(k, "(absent)")
+        if a != b:
+            name = f"{prefix}{k}" if prefix else str(k)
+            parts.append(
+                _meta_diff(a, b, name + ".") if isinstance(a, dict) and isinstance(b, dict) else f"{name}: {a} vs {b}"
+            )
+    return "; ".join(parts)[:400]
 
 
 def _create_if_absent(path: Path, data: bytes) -> bool:
@@ -1054,9 +1083,10 @@ def _saved_chunk_size(out_path: Path, dims: tuple[str, ...], coords: Mapping[str
 
 def _fingerprint(fn: Any) -> str:
     """A digest of what ``fn`` computes, as far as it can be read: its code (with nested code
-    objects and the names it uses), the values of its closure cells and default arguments
-    (arrays by content), recursively through functions it closes over and partials. Globals
-    it reads are part of it by name only."""
+    objects and the names it uses), the values of its closure cells, default arguments and
+    the globals of its own module it reads (arrays by content, a `Setup` by its fields),
+    recursively through functions it closes over and partials. Modules and classes it reads
+    count by name, and functions of other modules by their qualified name."""
     h = hashlib.sha256()
     _digest(fn, h, depth=0, seen=set())
     return h.hexdigest()[:32]
@@ -1077,6 +1107,18 @@ def _digest(obj: Any, h: Any, depth: int, seen: set) -> None:
             _digest(value, h, depth + 1, seen)
         _digest(obj.__defaults__, h, depth + 1, seen)
         _digest(obj.__kwdefaults__, h, depth + 1, seen)
+        g = obj.__globals__
+        for name in sorted(_global_names(obj.__code__)):
+            if name not in g or name.startswith("__"):
+                continue
+            value = g[name]
+            h.update(f"global {name}".encode())
+            if isinstance(value, types.ModuleType | type):
+                continue
+            if isinstance(value, types.FunctionType) and value.__globals__ is not g:
+                h.update(f"{value.__module__}.{value.__qualname__}".encode())  # a library function: by name
+                continue
+            _digest(value, h, depth + 1, seen)
         return
     if isinstance(obj, functools.partial):
         _digest((obj.func, obj.args, obj.keywords), h, depth + 1, seen)
@@ -1113,6 +1155,15 @@ def _digest(obj: Any, h: Any, depth: int, seen: set) -> None:
     h.update(re.sub(r"0x[0-9a-fA-F]+", "", str(treedef)).encode())
     for leaf in leaves:
         _digest(leaf, h, depth + 1, seen)
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    """The names ``code`` (and the code nested in it) may read as globals."""
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= _global_names(c)
+    return names
 
 
 def _digest_code(code: types.CodeType, h: Any) -> None:

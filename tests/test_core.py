@@ -561,13 +561,11 @@ def test_overlay_figure(tmp_path):
 def test_family_of_a_sweep_or_a_batched_trajectory():
     ts = jnp.linspace(0, 1, 5)
     res = af.sweep(lambda c: af.Trajectory(ts, {"y": c * ts}), {"c": np.array([0.5, 2.0])}, progress=False)
-    ax = [a for a in af.family(res, "y").axes if a.get_visible()][0]
+    ax = next(a for a in af.family(res, "y").axes if a.get_visible())
     assert ax.get_legend_handles_labels()[1] == ["c=0.5", "c=2"]
     np.testing.assert_allclose(ax.lines[1].get_ydata(), 2 * ts)
-    assert [a for a in af.family(res.values, ["y"]).axes if a.get_visible()][0].get_legend_handles_labels()[1] == [
-        "0",
-        "1",
-    ]
+    ax = next(a for a in af.family(res.values, ["y"]).axes if a.get_visible())
+    assert ax.get_legend_handles_labels()[1] == ["0", "1"]
     with pytest.raises(ValueError, match="must be a mapping label -> Trajectory"):
         af.family([res.values], ["y"])
     with pytest.raises(KeyError, match="no observable 'z'"):
@@ -585,3 +583,23 @@ def test_threefry_is_jax_threefry_bit_for_bit():
     ref = threefry2x32_p.bind(k[0], k[1], x0, x1)
     for a, b in zip(ours, ref):
         np.testing.assert_array_equal(a, b)
+
+
+def test_save_grids_and_horizons_refuse_what_they_cannot_honour():
+    from attnflow import deeplinear as dl
+
+    s = dl.Setup()
+    with pytest.raises(ValueError, match=r"LogGrid: t_min = 5 must be below t1 - t0 = 1"):
+        af.LogGrid(10, 5.0).times(0.0, 1.0)
+    with pytest.raises(ValueError, match=r"LogGrid: t_min = 5 must be below t1 - t0 = 1"):
+        af.LogGrid(10, 5.0).steps_for(1.0, 0.01)
+    with pytest.raises(ValueError, match=r"t1 = 1 is shorter than one step dt = 2"):
+        dl.train(s, 1.0, dt=2.0)
+    with pytest.warns(UserWarning, match=r"t1 = 1 is not a multiple of dt = 0.3: the run ends at step 3, t = 0.9"):
+        total, steps = af.LinearGrid(4).steps_for(1.0, 0.3)
+    assert total == 3 and steps.tolist() == [0, 1, 2, 3]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a multiple up to rounding: no warning
+        assert af.LinearGrid(3).steps_for(100.0, 0.02)[0] == 5000

@@ -122,6 +122,13 @@ def test_sweep_resumes_after_interruption(tmp_path):
         af.sweep(f, {"eta": etas * 2}, chunk_size=8, out_dir=tmp_path, progress=False)
 
 
+_SCALE = 1.0
+
+
+def _times_scale(eta):
+    return eta * _SCALE
+
+
 def test_resume_refuses_another_function(tmp_path):
     # same grid, same output shapes, other function: the old chunks must not come back
     def a2(eta):
@@ -132,7 +139,7 @@ def test_resume_refuses_another_function(tmp_path):
 
     grid = {"eta": np.arange(1.0, 5.0)}
     af.sweep(a2, grid, out_dir=tmp_path, progress=False)
-    with pytest.raises(ValueError, match="the function .its code, closure values or default arguments. changed"):
+    with pytest.raises(ValueError, match="the function .its code, or the values it reads: .*. changed"):
         af.sweep(w, grid, out_dir=tmp_path, progress=False)
     # a closure over another value is another function
     scale = 2.0
@@ -140,6 +147,13 @@ def test_resume_refuses_another_function(tmp_path):
     scale = 3.0
     with pytest.raises(ValueError, match="the function"):
         af.sweep(lambda eta: eta * scale, grid, out_dir=tmp_path / "c", progress=False)
+    # a module-level value the function reads is part of it too
+    global _SCALE
+    _SCALE = 2.0
+    af.sweep(_times_scale, grid, out_dir=tmp_path / "g", progress=False)
+    _SCALE = 3.0
+    with pytest.raises(ValueError, match="the function"):
+        af.sweep(_times_scale, grid, out_dir=tmp_path / "g", progress=False)
     # the same function again resumes (and a manifest that is not JSON is named)
     assert af.sweep(lambda eta: eta * scale, grid, out_dir=tmp_path / "d", progress=False).meta["computed_chunks"] == 1
     again = af.sweep(lambda eta: eta * scale, grid, out_dir=tmp_path / "d", progress=False)
@@ -343,3 +357,32 @@ def test_axis_names_that_fn_cannot_take_raise_before_computing():
         4,
     ]
     assert af.sweep(lambda **p: p["seed"], {"seed": np.arange(2)}, progress=False).values.tolist() == [0, 1]
+
+
+def test_a_value_a_setup_refuses_fails_its_sweep_point(tmp_path):
+    from attnflow import deeplinear as dl
+
+    s = dl.Setup()
+
+    def final(eta):
+        return dl.solve(s.replace(eta=eta), 2.0, save=af.LinearGrid(2)).final()["loss"]
+
+    with pytest.warns(RuntimeWarning, match="1 of 3 grid points failed"):
+        res = af.sweep(final, {"eta": np.array([1.0, -1.0, 2.0])}, progress=False)
+    assert res.failures() == [({"eta": -1.0}, "eta (learning rate) must be finite and positive")]
+    values = np.asarray(res.values)
+    assert np.isnan(values[1]) and np.all(np.isfinite(values[[0, 2]]))
+    np.testing.assert_allclose(values[0], float(final(1.0)), rtol=1e-12)
+    with pytest.raises(af.SweepError, match="eta = -1.0|eta=-1.0"):
+        af.sweep(final, {"eta": np.array([-1.0])}, progress=False, on_error="raise")
+
+
+def test_sel_refuses_values_off_the_grid_and_meta_changes_are_named(tmp_path):
+    res = af.sweep(lambda a, b: a + b, {"a": np.array([0.5, 1.0]), "b": np.array([1.0, 2.0, 3.0])}, progress=False)
+    assert float(res.sel(a=0.6, b=3.0)) == 3.5  # nearest inside the range
+    with pytest.raises(ValueError, match=r"a = 100 is outside the sweep's axis a \(from 0.5 to 1\)"):
+        res.sel(a=100.0)
+    grid = {"eta": np.array([1.0, 2.0])}
+    af.sweep(_times_scale, grid, out_dir=tmp_path, progress=False, meta={"options": {"taus": [1.0, 2.0], "n": 3}})
+    with pytest.raises(ValueError, match=r"other settings: options.taus: \[1.0, 2.0\] vs \[1.0\]"):
+        af.sweep(_times_scale, grid, out_dir=tmp_path, progress=False, meta={"options": {"taus": [1.0], "n": 3}})
