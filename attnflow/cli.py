@@ -9,6 +9,11 @@ Results are written to a temporary folder beside ``--out`` and moved into place 
 run is complete, so ``--out`` holds the previous complete run or the new one, never a mix
 (and no stale files): ``run`` replaces ``OUT/NAME``; ``reproduce`` replaces all of its
 experiment folders and its index ``OUT/summary.md`` / ``OUT/summary.json`` together.
+
+The sweeps of ``run NAME`` save their finished chunks in ``OUT/.attnflow-sweeps/NAME``: the
+shards of ``--shard I/N`` share them there for ``--merge``, and a plain run that is interrupted
+leaves them there, so the same command run again loads them and computes only the rest (a
+plain run deletes the folder it made once its report is in place).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import contextlib
 import os
 import shutil
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -25,7 +31,8 @@ from pathlib import Path
 from . import __version__
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
-SWEEPS = ".attnflow-sweeps"  # OUT/SWEEPS/NAME/sweep-k: the chunks of a sharded run's sweeps, kept between runs
+SWEEPS = ".attnflow-sweeps"  # OUT/SWEEPS/NAME/sweep-k: the chunks of a run's sweeps, kept between runs
+PLAIN = ".plain-run"  # in OUT/SWEEPS/NAME: the folder was made by a plain run, which deletes it when done
 
 
 class UsageError(ValueError):
@@ -33,12 +40,15 @@ class UsageError(ValueError):
 
 
 def _parse_sets(items: list[str]) -> dict[str, str]:
-    out = {}
+    out: dict[str, str] = {}
     for item in items or []:
         if "=" not in item or not item.split("=", 1)[0].strip():
             raise UsageError(f"malformed --set {item!r}; expected key=value")
         k, v = item.split("=", 1)
-        out[k.strip()] = v
+        k = k.strip()
+        if k in out:
+            raise UsageError(f"--set {k} is given twice ({k}={out[k]} and {k}={v}); give each option once")
+        out[k] = v
     return out
 
 
@@ -68,11 +78,17 @@ def _parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("list", help="list registered experiments")
     ls.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sh = sub.add_parser("show", help="an experiment's options: name, type and default")
-    sh.add_argument("name")
+    sh.add_argument("name", help="the experiment (`attnflow list` lists them)")
     sh.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     r = sub.add_parser("run", help="run one experiment")
-    r.add_argument("name")
-    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override an option (typed, JSON)")
+    r.add_argument("name", help="the experiment to run (`attnflow list` lists them, `attnflow show NAME` its options)")
+    r.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set an option, once each (typed: JSON numbers and lists, true/false, null; `attnflow show NAME`)",
+    )
     r.add_argument(
         "--shard",
         default=None,
@@ -99,19 +115,43 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _check_out(out: Path) -> None:
-    """``--out`` must be a folder we can write in (created if missing), checked before any computing."""
+def _check_out(text: str) -> Path:
+    """``--out`` must be a folder we can write in: created here if missing, and written in (a
+    folder made and removed), before any computing. Every failure names ``--out`` and the path."""
+    if not text.strip():
+        raise UsageError("--out is empty; give the output folder (default: attnflow-out)")
+    out = Path(text)
     if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {str(out)!r} is a file, not a folder")
-    parent = out if out.exists() else next((p for p in out.absolute().parents if p.exists()), Path("/"))
-    if not parent.is_dir():
-        raise UsageError(f"--out {str(out)!r}: {str(parent)!r} is not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"--out {str(out)!r}: cannot write in {str(parent)!r} (permission denied)")
+        raise UsageError(f"--out {text!r} is a file, not a folder")
+    missing = [p for p in (out.absolute(), *out.absolute().parents) if not p.exists()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"--out {text!r}: cannot create the folder: {_os_error(err)}") from None
+    if missing:  # the folders made here, deepest first: removed again if the run stops with them empty
+        _CREATED.extend(missing)
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {text!r}: cannot write in {str(out)!r} (permission denied)")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".attnflow-probe-", dir=out))
+    except OSError as err:
+        raise UsageError(f"--out {text!r}: cannot write in it: {_os_error(err)}") from None
+    return out
+
+
+def _os_error(err: OSError) -> str:
+    """``[Errno 2] No such file or directory: '/proc/foo'`` as ``'/proc/foo': no such file or directory``."""
+    what = (err.strerror or str(err)).rstrip(".")
+    what = what[:1].lower() + what[1:]
+    return f"{str(err.filename)!r}: {what}" if err.filename else what
 
 
 # staging folders made by this process, removed by the error boundary whatever interrupts the run
 _STAGED: list[Path] = []
+# --out folders made by this process: removed by the error boundary if the run left them empty
+_CREATED: list[Path] = []
+# the sweep folder of a plain run that made it: removed by the error boundary if it holds no chunk
+_RESUME: list[Path] = []
 
 
 def _staging(out: Path) -> Path:
@@ -134,10 +174,23 @@ def _swap_in(stage: Path, out: Path, names: list[str]) -> None:
     _cleanup()
 
 
-def _run_one(exp, overrides, stage: Path, quiet: bool) -> dict:
+def _run_one(exp, overrides, stage: Path, quiet: bool, sweeps=None) -> dict:
+    """Run ``exp`` and write its report into ``stage/NAME``; ``sweeps``: a `_sweeps_in` block
+    (the run's sweeps save and load their chunks there), whose reused chunks the report notes."""
     if not quiet:
         print(f"[attnflow] running {exp.name} ...", file=sys.stderr, flush=True)
-    report = exp.run(overrides, quiet=quiet)
+    with sweeps if sweeps is not None else contextlib.nullcontext([]) as log:
+        report = exp.run(overrides, quiet=quiet)
+    loaded = sum(e["loaded"] for e in log)
+    if loaded:
+        folder = Path(log[0]["out_dir"]).parent
+        line = (
+            f"{loaded} of the {sum(e['n_chunks'] for e in log)} sweep chunks were loaded from {folder}, "
+            f"computed earlier (an interrupted run or the shards); {sum(e['computed'] for e in log)} computed now"
+        )
+        report.notes.append(line)
+        if not quiet:
+            print(f"[attnflow] {exp.name}: {line}", file=sys.stderr, flush=True)
     report.write(stage / exp.name)
     status = "ok" if report.passed else "CHECKS FAILED"
     if not quiet:
@@ -168,8 +221,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(args)
     except KeyboardInterrupt:
-        print("attnflow: interrupted; --out is unchanged", file=sys.stderr, flush=True)
+        kept = [d for d in _RESUME if _holds_chunks(d)]
         _cleanup()
+        if kept:
+            print(
+                f"attnflow: interrupted; --out is unchanged but for the finished sweep chunks kept in {kept[0]}: "
+                "run the same command again to go on from them",
+                file=sys.stderr,
+                flush=True,
+            )
+        else:
+            print("attnflow: interrupted; --out is unchanged", file=sys.stderr, flush=True)
         # skip interpreter finalisation: XLA's threads may still hold work (a segfault risk)
         sys.stderr.flush()
         sys.stdout.flush()
@@ -200,13 +262,33 @@ def main(argv: list[str] | None = None) -> int:
             if failed and not isinstance(err, (DivergenceError, MaxStepsError, SweepError))
             else ""
         )
-        print(f"attnflow: {kind}: {_one_line(err)}{hint}", file=sys.stderr)
+        message = str(err) if isinstance(err, UsageError) else _one_line(err)
+        print(f"attnflow: {kind}: {message}{hint}", file=sys.stderr)
         return EXIT_FAILED if failed else EXIT_BAD_INPUT
 
 
 def _cleanup() -> None:
     while _STAGED:
         shutil.rmtree(_STAGED.pop(), ignore_errors=True)
+    while _RESUME:  # a plain run's sweep folder without a finished chunk: nothing to resume
+        folder = _RESUME.pop()
+        if not _holds_chunks(folder):
+            _remove_sweeps(folder)
+    for folder in _CREATED:  # an --out made by this run and left empty (deepest first)
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+    _CREATED.clear()
+
+
+def _holds_chunks(folder: Path) -> bool:
+    return folder.is_dir() and any(folder.rglob("chunk_*.npz"))
+
+
+def _remove_sweeps(folder: Path) -> None:
+    """Delete the sweep folder ``OUT/SWEEPS/NAME``, and ``OUT/SWEEPS`` if that leaves it empty."""
+    shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        folder.parent.rmdir()
 
 
 def _main(args) -> int:
@@ -261,35 +343,55 @@ def _main(args) -> int:
     if args.command == "show":
         load_all()
         exp = get_experiment(args.name)
-        print(f"{exp.name} [{exp.package}]: {exp.description}")
-        for key, (tp, default) in exp.options().items():
-            print(f"  --set {key}=...   {tp}, default {default!r}")
+        print(_show_options(exp))
         return EXIT_OK
-    out = Path(args.out)
     if args.command == "run":
+        from .registry import runs_sweeps
+
         shard = _parse_shard(args.shard, args.merge)
         load_all()
         exp = get_experiment(args.name)
         overrides = _parse_sets(args.set)
         config = config_from(exp.config, overrides, exp.name)  # every option checked before computing
-        _check_out(out)
+        sweeping = runs_sweeps(exp)
+        if sweeping is False and shard is not None:
+            raise UsageError(
+                f"--shard {args.shard}: {exp.name} runs no sweep, so there is nothing to share between shards; "
+                "run it without --shard"
+            )
+        if sweeping is False and args.merge:
+            raise UsageError(f"--merge: {exp.name} runs no sweep, so it has no shards to merge; run it without --merge")
+        out = _check_out(args.out)
         sweeps = out / SWEEPS / exp.name  # outside the staging folder: it outlives each run
         if args.merge and not sweeps.is_dir():
             raise UsageError(
                 f"--merge: {str(sweeps)!r} holds no shard output; run the shards first "
                 f"(attnflow run {exp.name} --shard I/N --out {out})"
             )
+        _check_saved_options(sweeps, exp.name, config)
         if shard is not None:
             return _run_shard(exp, overrides, config, shard, sweeps, args)
         stage = _staging(out)
-        with _sweeps_in(sweeps, exp.name, config) if args.merge else contextlib.nullcontext():
-            res = _run_one(exp, overrides, stage, args.quiet)
+        block = None
+        plain = not args.merge and sweeping is not False
+        if plain:  # a plain run keeps its finished chunks until its report is in place
+            if not sweeps.exists():
+                sweeps.mkdir(parents=True)
+                (sweeps / PLAIN).touch()
+            if (sweeps / PLAIN).exists():
+                _RESUME.append(sweeps)
+        if args.merge or plain:
+            block = _sweeps_in(sweeps, exp.name, config)
+        res = _run_one(exp, overrides, stage, args.quiet, block)
         _swap_in(stage, out, [exp.name])
+        if plain and (sweeps / PLAIN).exists():
+            _RESUME.clear()
+            _remove_sweeps(sweeps)
         if not args.quiet:
             print(f"[attnflow] {exp.name} -> {out / exp.name}", file=sys.stderr)
         return EXIT_OK if res["passed"] else EXIT_FAILED
     exps = list(load_all().values()) if args.all else headline()
-    _check_out(out)
+    out = _check_out(args.out)
     stage = _staging(out)
     t0 = time.perf_counter()
     results = [_run_one(e, {}, stage, args.quiet) for e in exps]
@@ -317,6 +419,48 @@ def _parse_shard(text: str | None, merge: bool):
         raise UsageError(f"--shard {text!r}: {err}") from None
 
 
+def _show_options(exp) -> str:
+    """The lines of ``attnflow show NAME``: each option as ``--set`` takes it, with its default,
+    its type and, where the configuration class says, its meaning."""
+    import shlex
+
+    from .report import format_value
+
+    notes = exp.option_notes()
+    rows = [(shlex.quote(f"{k}={format_value(d)}"), tp, notes.get(k)) for k, (tp, d) in exp.options().items()]
+    width = max((len(r[0]) for r in rows), default=0)
+    lines = [f"{exp.name} [{exp.package}]: {exp.description}", "options (--set KEY=VALUE, shown at their defaults):"]
+    for text, tp, note in rows:
+        lines.append(f"  --set {text:<{width}}   {tp}" + (f"; {note}" if note else ""))
+    return "\n".join(lines)
+
+
+def _check_saved_options(folder: Path, name: str, config) -> None:
+    """Refuse, before computing, a sweep folder saved by a run of other options (its manifests
+    record them): rerun with those options, or delete the folder."""
+    import dataclasses
+    import json
+
+    from .report import format_value
+
+    now = json.loads(json.dumps(dataclasses.asdict(config), default=str))
+    for manifest in sorted(folder.glob("**/sweep.json")) if folder.is_dir() else []:
+        try:
+            saved = json.loads(manifest.read_text()).get("meta", {}).get("options")
+        except (OSError, ValueError, AttributeError):
+            continue  # not a manifest attnflow can read: the sweep itself says so
+        if not isinstance(saved, dict) or saved == now:
+            continue
+        diff = [k for k in now if saved.get(k) != now[k]] + [k for k in saved if k not in now]
+        shown = ", ".join(f"{k}={format_value(saved.get(k))} (now {format_value(now.get(k))})" for k in diff[:3]) + (
+            ", ..." if len(diff) > 3 else ""
+        )
+        raise UsageError(
+            f"{str(folder)!r} holds a different sweep, the chunks of a {name} run with other options ({shown}); "
+            "run with those options to go on from them, or delete the folder to start afresh"
+        )
+
+
 def _sweeps_in(folder: Path, name: str, config, shard=None):
     """Every sweep of the run saves its chunks in ``folder/sweep-k`` (and resumes from them), under the
     experiment's name and options: a folder saved with other ``--set`` values is refused."""
@@ -339,6 +483,7 @@ def _run_shard(exp, overrides, config, shard, folder: Path, args) -> int:
     sets = [a for s in args.set for a in ("--set", s)]
     merge = shlex.join(["attnflow", "run", exp.name, *sets, "--out", args.out, "--merge"])
     head = f"[attnflow] {exp.name} shard {shard}"
+    (folder / PLAIN).unlink(missing_ok=True)  # chunks of an interrupted plain run: now the shards' to share
     try:
         with _sweeps_in(folder, exp.name, config, shard) as log:
             exp.run(overrides, quiet=args.quiet)

@@ -408,6 +408,85 @@ def _check_observe(obs, t0, y0, args) -> None:
         raise ValueError(f"observable {bad[0][0]!r} must be an array, got {bad[0][1]}")
 
 
+class _LogLines:
+    """The progress of one solve as occasional plain lines, for a stream that is not a terminal
+    (a log file): a line once the progress has grown by `_ProgressMeter.LOG_STEP` and at least
+    `_ProgressMeter.LOG_SECONDS` have passed since the last one, and a closing line if any was
+    printed. A solve shorter than that prints nothing."""
+
+    def __init__(self, file: Any) -> None:
+        import time
+
+        self.file, self.clock = file, time.monotonic
+        self.t0 = self.last_t = self.clock()
+        self.last_p = 0.0
+        self.printed = False
+
+    def step(self, progress: float) -> None:
+        now = self.clock()
+        if progress - self.last_p >= _ProgressMeter.LOG_STEP and now - self.last_t >= _ProgressMeter.LOG_SECONDS:
+            elapsed = now - self.t0
+            left = elapsed * (1 - progress) / progress if progress > 0 else float("nan")
+            self._line(f"{100 * progress:.0f}% after {elapsed:.0f} s, about {left:.0f} s left")
+            self.last_p, self.last_t = progress, now
+
+    def close(self) -> None:
+        if self.printed:
+            self._line(f"done in {self.clock() - self.t0:.0f} s")
+
+    def _line(self, text: str) -> None:
+        print(f"[attnflow] {_ProgressMeter.LABEL}: {text}", file=self.file, flush=True)
+        self.printed = True
+
+
+class _ProgressMeter(diffrax.TqdmProgressMeter):
+    """The progress meter of `integrate` (``SolverOptions(progress=True)``), on stderr.
+
+    On a terminal, a tqdm bar labelled ``integrate`` with the percentage of ``[t0, t1]``
+    done, elapsed and remaining time, redrawn at most every `MIN_INTERVAL` seconds and
+    cleared when the solve ends. On any other stream (a log file), plain lines instead
+    (`_LogLines`): ``[attnflow] integrate: P% after T s, about R s left``, at most one per
+    `LOG_SECONDS` and per `LOG_STEP` of progress. The compiled solve asks the host for an
+    update every ``refresh_steps`` steps.
+    """
+
+    refresh_steps: int = 100
+    LABEL: ClassVar[str] = "integrate"
+    MIN_INTERVAL: ClassVar[float] = 0.5
+    LOG_SECONDS: ClassVar[float] = 10.0
+    LOG_STEP: ClassVar[float] = 0.1
+
+    @staticmethod
+    def _init_bar() -> Any:
+        import sys
+
+        stream = sys.stderr
+        if not (hasattr(stream, "isatty") and stream.isatty()):
+            return _LogLines(stream)
+        import tqdm
+
+        return tqdm.tqdm(
+            total=100,
+            desc=_ProgressMeter.LABEL,
+            bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]",
+            mininterval=_ProgressMeter.MIN_INTERVAL,
+            leave=False,
+            file=stream,
+        )
+
+    @staticmethod
+    def _step_bar(bar: Any, progress: Any) -> None:
+        p = min(max(float(np.asarray(progress)), 0.0), 1.0)
+        if isinstance(bar, _LogLines):
+            bar.step(p)
+        else:
+            bar.update(100 * p - bar.n)  # tqdm redraws at most every mininterval seconds
+
+    @staticmethod
+    def _close_bar(bar: Any) -> None:
+        bar.close()
+
+
 @filter_jit
 def _solve(
     field, y0, args, t0, t1, ts, observe, solver, controller, dt0, max_steps, event, progress, adjoint, endpoints=False
@@ -436,7 +515,7 @@ def _solve(
         max_steps=max_steps,
         event=event,
         throw=False,
-        progress_meter=diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter(),
+        progress_meter=_ProgressMeter() if progress else diffrax.NoProgressMeter(),
         **kw,
     )
     (save_ts, t_end), (save_ys, y_end) = sol.ts, sol.ys

@@ -12,9 +12,15 @@ folder: ``*.npz`` + ``*.json`` trajectories, ``*.png`` figures, ``summary.json``
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import io
 import json
 import math
+import numbers
+import shlex
+import textwrap
 import time
+import tokenize
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -29,7 +35,18 @@ from .compilation import count_compilations
 from .plot import save_figure
 from .trajectory import Trajectory, versions
 
-__all__ = ["Report", "Experiment", "register", "get_experiment", "experiments", "parse_value", "config_from", "Timer"]
+__all__ = [
+    "Report",
+    "Experiment",
+    "register",
+    "get_experiment",
+    "experiments",
+    "parse_value",
+    "format_value",
+    "option_notes",
+    "config_from",
+    "Timer",
+]
 
 
 class Timer:
@@ -164,6 +181,7 @@ class Experiment:
     description: str
     package: str
     headline: bool = False
+    sweeps: bool | None = None  # whether fn calls `sweep` (None: not said; see `attnflow.registry.runs_sweeps`)
 
     @property
     def defaults(self) -> Any:
@@ -176,6 +194,12 @@ class Experiment:
         return {
             f.name: (_type_name(hints[f.name]), getattr(self.defaults, f.name)) for f in dataclasses.fields(self.config)
         }
+
+    def option_notes(self) -> dict[str, str]:
+        """A one-line meaning of each option that has one: the field's ``metadata["help"]``, else
+        the comment that ends the field's line in the configuration class's source
+        (``u0: float = 1e-3  # initial strength``). Options without either are left out."""
+        return option_notes(self.config)
 
     def run(self, overrides: Mapping[str, Any] | None = None, quiet: bool = True) -> Report:
         config = config_from(self.config, overrides or {}, self.name)
@@ -199,11 +223,23 @@ class Experiment:
 _REGISTRY: dict[str, Experiment] = {}
 
 
-def register(name: str, *, config: type, description: str, headline: bool = False, package: str | None = None):
+def register(
+    name: str,
+    *,
+    config: type,
+    description: str,
+    headline: bool = False,
+    package: str | None = None,
+    sweeps: bool | None = None,
+):
     """Decorator registering ``fn(config, quiet) -> Report`` as experiment ``name``; ``config``
     is a dataclass whose fields (with defaults and type annotations) are the options.
     ``package`` (default: the theory package of ``fn``'s module) labels it in ``attnflow list``
-    and picks the paper to cite."""
+    and picks the paper to cite. ``sweeps``: whether ``fn`` runs `attnflow.sweep` (``attnflow run
+    --shard`` and ``--merge`` refuse an experiment registered with ``sweeps=False`` before
+    running it); ``None`` (default) leaves it to `attnflow.registry.runs_sweeps`."""
+    if sweeps not in (None, True, False):
+        raise ValueError(f"sweeps of experiment {name!r} must be True, False or None, got {sweeps!r}")
     if not (isinstance(config, type) and dataclasses.is_dataclass(config)):
         raise ValueError(f"config of experiment {name!r} must be a dataclass, got {config!r}")
 
@@ -212,7 +248,7 @@ def register(name: str, *, config: type, description: str, headline: bool = Fals
             raise ValueError(f"experiment {name!r} is registered twice")
         module = getattr(fn, "__module__", None) or "__main__"
         pkg = package or (module.split(".")[1] if module.startswith("attnflow.") else module)
-        _REGISTRY[name] = Experiment(name, fn, config, description, pkg, headline)
+        _REGISTRY[name] = Experiment(name, fn, config, description, pkg, headline, sweeps)
         return fn
 
     return deco
@@ -259,10 +295,62 @@ def config_from(cls: type, overrides: Mapping[str, Any], name: str = "experiment
         try:
             values[k] = _coerce(v, tp)
         except (TypeError, ValueError):
+            example = shlex.quote(f"{k}={format_value(getattr(defaults, k))}")
             raise ValueError(
-                f"option {k!r} of {name} expects {_type_name(tp)} (default {getattr(defaults, k)!r}), got {v!r}"
+                f"option {k!r} of {name} expects {_type_name(tp)}, written as in --set {example} (the default); "
+                f"got {v!r}"
             ) from None
     return dataclasses.replace(defaults, **values)
+
+
+def format_value(v: Any) -> str:
+    """``v`` written as ``--set key=VALUE`` reads it back (`parse_value`, `config_from`): JSON-like
+    (``[0.04, 0.02, 0.01]``, ``null``, ``true``, ``1e-05``); a string as its text (JSON-quoted
+    inside a list)."""
+    if v is None or isinstance(v, bool):
+        return json.dumps(v)
+    if isinstance(v, str):
+        return v  # a str option takes the text as given
+    if isinstance(v, numbers.Integral):
+        return str(int(v))
+    if isinstance(v, numbers.Real):
+        return repr(float(v)) if math.isfinite(v) else json.dumps(float(v))
+    if isinstance(v, (tuple, list)):
+        return "[" + ", ".join(json.dumps(x) if isinstance(x, str) else format_value(x) for x in v) + "]"
+    return str(v)
+
+
+def option_notes(cls: type) -> dict[str, str]:
+    """``{option: meaning}`` of the configuration dataclass ``cls`` (see `Experiment.option_notes`)."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    notes = {f.name: str(f.metadata["help"]) for f in dataclasses.fields(cls) if "help" in f.metadata}
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (OSError, TypeError, SyntaxError, tokenize.TokenError, IndentationError):
+        return notes
+    # a field is a statement of the class body (depth 1) that starts with NAME ':'; its note is the
+    # comment on the last line of that statement
+    depth, start, current = 0, True, None
+    for i, tok in enumerate(tokens):
+        if tok.type == tokenize.INDENT:
+            depth += 1
+        elif tok.type == tokenize.DEDENT:
+            depth -= 1
+        elif tok.type == tokenize.NEWLINE:
+            start, current = True, None
+            continue
+        elif tok.type == tokenize.NAME and start and depth == 1:
+            nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+            current = tok.string if nxt is not None and nxt.string == ":" and tok.string in names else None
+        elif tok.type == tokenize.COMMENT and current is not None and current not in notes:
+            text = tok.string.lstrip("#").strip()
+            last = tokens[i + 1].type == tokenize.NEWLINE  # a comment on the statement's last line
+            if last and text and not text.startswith(("noqa", "type:", "pragma", "fmt:")):
+                notes[current] = text
+        if tok.type not in (tokenize.INDENT, tokenize.DEDENT, tokenize.NL, tokenize.COMMENT):
+            start = False
+    return {k: notes[k] for k in names if k in notes}
 
 
 def _type_name(tp: Any) -> str:
@@ -273,8 +361,8 @@ def _type_name(tp: Any) -> str:
         args = typing.get_args(tp)
         return f"list of {_type_name(args[0])}" if args else "list"
     if origin is typing.Literal:
-        return "one of " + ", ".join(map(repr, typing.get_args(tp)))
-    return "None" if tp is type(None) else getattr(tp, "__name__", str(tp))
+        return "one of " + ", ".join(format_value(a) for a in typing.get_args(tp))
+    return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
 
 
 def _coerce(v: Any, tp: Any) -> Any:

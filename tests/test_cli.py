@@ -21,7 +21,38 @@ def test_version_and_list(capsys):
     assert "deep-linear" in capsys.readouterr().out
     assert main(["show", "deep-linear"]) == 0
     out = capsys.readouterr().out
-    assert "--set dts=...   list of float, default (0.04, 0.02, 0.01)" in out and "--set u0=...   float" in out
+    # defaults written as --set reads them (JSON-like, shell-quoted), with the type and the field's comment
+    assert "  --set 'dts=[0.04, 0.02, 0.01]'   list of float; gradient-descent time steps" in out
+    assert "  --set u0=0.001                   float; initial strength of every mode" in out
+    assert "  --set n_in=8                     int\n" in out
+
+
+def test_show_writes_defaults_that_set_reads_back(capsys):
+    import shlex
+
+    from attnflow.registry import load_all
+    from attnflow.report import config_from
+
+    for name, exp in load_all().items():
+        assert main(["show", name]) == 0
+        lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  --set ")]
+        assert len(lines) == len(exp.options())
+        sets = {}
+        for ln in lines:
+            lex = shlex.shlex(ln, posix=True)
+            lex.whitespace_split = True
+            assert lex.get_token() == "--set"
+            key, value = lex.get_token().split("=", 1)  # the shell word after --set (the note may follow)
+            sets[key] = value
+        assert config_from(exp.config, sets, name) == exp.defaults, name
+
+
+def test_help_names_the_positional_argument(capsys):
+    for cmd in ("run", "show"):
+        with pytest.raises(SystemExit):
+            main([cmd, "--help"])
+        out = capsys.readouterr().out
+        assert "`attnflow list` lists them" in out.split("positional arguments:")[1].split("options:")[0]
 
 
 def test_run_writes_outputs(tmp_path, capsys):
@@ -46,6 +77,14 @@ def test_run_writes_outputs(tmp_path, capsys):
         (["run", "deep-linear", "--set", "oops"], "malformed --set 'oops'"),
         (["run", "deep-linear", "--set", "nope=1"], "has no option 'nope'"),
         (["run", "deep-linear", "--set", "u0=abc"], "option 'u0' of deep-linear expects float"),
+        (
+            ["run", "deep-linear", "--set", "dts=(0.1, 0.2)"],
+            "expects list of float, written as in --set 'dts=[0.04, 0.02, 0.01]' (the default); got '(0.1, 0.2)'",
+        ),
+        (
+            ["run", "deep-linear", "--set", "s=[3,2]", "--set", "u0=1e-4", "--set", "s=[2,1]"],
+            "--set s is given twice (s=[3,2] and s=[2,1]); give each option once",
+        ),
         (["run", "deep-linear", "--cpu-devices", "0"], "--cpu-devices must be a positive integer of at most"),
         (["run", "deep-linear", "--cpu-devices", "1000"], "got 1000"),
         (["run", "deep-linear", "--set", "dts=0.1"], "option 'dts' of deep-linear expects list of float"),
@@ -80,6 +119,33 @@ def test_out_is_checked_before_computing(tmp_path, capsys):
         assert "permission denied" in capsys.readouterr().err
     finally:
         locked.chmod(0o700)
+
+
+@pytest.mark.parametrize(
+    "out, message",
+    [
+        ("", "--out is empty"),
+        ("/proc/attnflow-no-such/out", "--out '/proc/attnflow-no-such/out': cannot create the folder: "),
+        ("{file}/sub", "/sub': cannot create the folder: "),
+    ],
+)
+def test_out_that_cannot_be_made_is_one_line_naming_it(out, message, tmp_path, capsys):
+    if out.startswith("/proc") and not os.path.isdir("/proc"):
+        pytest.skip("no /proc here")
+    (tmp_path / "file").write_text("x")
+    out = out.format(file=tmp_path / "file")
+    assert main(["run", "deep-linear", "--out", out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("attnflow: error: --out") and message in err and len(err.splitlines()) == 1
+
+
+def test_out_made_for_a_run_that_stops_before_computing_is_removed(tmp_path, capsys):
+    out = tmp_path / "a" / "b"
+    assert main(["run", "focus-rates", "--merge", "--out", str(out)]) == 2
+    assert "holds no shard output; run the shards first (attnflow run focus-rates --shard I/N" in (
+        capsys.readouterr().err
+    )
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_failed_run_is_one_line_exit_1_and_debug_shows_the_traceback(tmp_path, capsys):
