@@ -76,6 +76,14 @@ def positive(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be finite and positive, got {show(value)}")
 
 
+def scalar(name: str, value: Any) -> None:
+    """Raise ``ValueError`` unless ``value`` is a scalar (shape ``()``; traced values too: their
+    shape is known)."""
+    shape = np.shape(value) if not _is_traced(value) else value.shape
+    if len(shape) != 0:
+        raise ValueError(f"{name} must be a scalar, got shape {tuple(shape)}")
+
+
 def nonnegative(name: str, value: Any) -> None:
     """Raise ``ValueError`` unless every entry of ``value`` is finite and >= 0 (traced: as `positive`)."""
     if _is_traced(value):

@@ -305,7 +305,7 @@ def test_typed_configs_parse_set_values():
         ("eta", "abc", "expects float"),
         ("steps", "2.5", "expects int"),
         ("ratios", "3", "list of float"),
-        ("kind", "z", "one of 'x', 'y'"),
+        ("kind", "z", "expects one of x, y"),
         ("nope", "1", "has no option 'nope'"),
         ("flag", "2", "bool"),
     ):
@@ -412,3 +412,17 @@ def test_solves_and_training_compile_without_host_callbacks():
 
     with pytest.raises((eqx.EquinoxRuntimeError, jax.errors.JaxRuntimeError), match="integrate: "):
         diverging(jnp.ones(1))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: __import__("attnflow.deeplinear").deeplinear.Setup(eta=[1.0, 2.0]),
+        lambda: __import__("attnflow.qkov").qkov.Setup(eta_qk=[1.0, 2.0]),
+        lambda: __import__("attnflow.heads").heads.Setup(eta=[1.0, 2.0]),
+        lambda: __import__("attnflow.focus").focus.Setup(eta=[1.0, 2.0]),
+    ],
+)
+def test_learning_rates_must_be_scalars(make):
+    with pytest.raises(ValueError, match=r"eta.* must be a scalar, got shape \(2,\)"):
+        make()

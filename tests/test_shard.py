@@ -227,7 +227,8 @@ def test_cli_shards_then_merge_equal_one_full_run(tiny, tmp_path, capsys):
         (["--shard", "3/2"], "need 1 <= I <= N (shard I of N, counting from 1: 1/2 ... 2/2)"),
         (["--shard", "1/0"], "N, the number of shards, must be at least 1"),
         (["--shard", "1/2", "--merge"], "--shard and --merge do not go together"),
-        (["--merge"], "holds no shard output; run the shards first"),
+        (["--merge"], "deep-linear runs no sweep, so it has no shards to merge; run it without --merge"),
+        (["--shard", "1/2"], "deep-linear runs no sweep"),
     ],
 )
 def test_bad_shard_options_exit_2_before_computing(argv, message, tmp_path, capsys):
@@ -235,6 +236,12 @@ def test_bad_shard_options_exit_2_before_computing(argv, message, tmp_path, caps
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not list(tmp_path.iterdir())
+
+
+def test_merge_before_any_shard_exits_2(tmp_path, capsys):
+    assert main(["run", "focus-rates", "--merge", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "holds no shard output; run the shards first" in err and len(err.splitlines()) == 1
 
 
 @pytest.mark.slow

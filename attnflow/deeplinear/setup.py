@@ -43,6 +43,7 @@ class Setup(AbstractSetup):
             raise ValueError(f"s must be a non-empty 1-D array of mode strengths, got shape {self.s.shape}")
         V.positive("mode strengths s", self.s)
         V.positive("u0 (initial mode strength)", self.u0)
+        V.scalar("eta (learning rate)", self.eta)
         V.positive("eta (learning rate)", self.eta)
         V.positive_int("n_in", self.n_in, minimum=self.s.shape[0])
         V.positive_int("n_out", self.n_out, minimum=self.s.shape[0])

@@ -358,6 +358,8 @@ class Setup(AbstractSetup):
         self.data.check(K, M)
         if self.noise is not None and isinstance(self.data, SingleLocation):
             raise ValueError("noise (label noise) is not available with data=SingleLocation(...); use noise=None")
+        V.scalar("eta (learning rate of W)", self.eta)
+        V.scalar("eta_v (learning rate of the readout)", self.eta_v)
         V.positive("eta (learning rate of W)", self.eta)
         V.positive("eta_v (learning rate of the readout)", self.eta_v)
         if self.noise is not None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 
 from .. import _validate as V
 from ..setup import AbstractSetup, array_field
@@ -53,9 +52,7 @@ class Setup(AbstractSetup):
         if not isinstance(self.chain, MarkovChain):
             raise ValueError(f"chain must be an attnflow.focus.MarkovChain, got {self.chain!r}")
         for name in ("tau", "eps", "eta"):
-            value = getattr(self, name)
-            if not V.any_traced(value) and jnp.ndim(value) != 0:
-                raise ValueError(f"{name} must be a scalar, got shape {jnp.shape(value)}")
+            V.scalar(name, getattr(self, name))
         V.positive("tau (score scale)", self.tau)
         V.positive("eps (initial scale)", self.eps)
         V.positive("eta (learning rate)", self.eta)

@@ -272,8 +272,10 @@ class Setup(AbstractSetup):
         V.positive_int("minibatch", self.minibatch)
         if not isinstance(self.sgd_noise, bool):
             raise ValueError(f"sgd_noise must be True or False, got {self.sgd_noise!r}")
+        V.scalar("eta (learning rate)", self.eta)
         V.positive("eta (learning rate)", self.eta)
         if self.eta_b is not None:
+            V.scalar("eta_b (learning rate of the activation parameters)", self.eta_b)
             V.positive("eta_b (learning rate of the activation parameters)", self.eta_b)
         V.nonnegative("weight_decay", self.weight_decay)
         self.activation.check_heads(self.H)

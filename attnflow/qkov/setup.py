@@ -95,6 +95,8 @@ class Setup(AbstractSetup):
                 f"unknown parametrisation {self.parametrisation!r}; expected one of {', '.join(PARAMETRISATIONS)}"
             )
         V.choice("query_mode", self.query_mode, QUERY_MODES)
+        V.scalar("eta_qk (QK learning rate)", self.eta_qk)
+        V.scalar("eta_ov (OV learning rate)", self.eta_ov)
         V.positive("eta_qk (QK learning rate)", self.eta_qk)
         V.positive("eta_ov (OV learning rate)", self.eta_ov)
         V.positive("mu0 (initial mu of a factorised circuit)", self.mu0)
