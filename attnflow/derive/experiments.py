@@ -49,10 +49,27 @@ class CommitteeConfig:
             )
         if not 0 < self.escape_fraction < 1:
             raise ValueError(f"escape_fraction must be in (0, 1), got {self.escape_fraction}")
-        if not self.t_end > 0:
-            raise ValueError(f"t_end must be positive, got {self.t_end}")
+        if not self.t_end >= 0.5:
+            raise ValueError(f"t_end must be at least 0.5 (the ODE error is saved every 0.5), got {self.t_end}")
         if self.D < 4:
             raise ValueError(f"D must be at least 4, got {self.D}")
+        if not self.sgd_r0s or min(self.sgd_r0s) <= 0:
+            raise ValueError(f"sgd_r0s must be positive initial specialisations, got {list(self.sgd_r0s)}")
+        if not self.sgd_eta > 0:
+            raise ValueError(f"sgd_eta must be a positive learning rate, got {self.sgd_eta}")
+        if not self.q0 > 0:
+            raise ValueError(f"q0 must be positive, got {self.q0}")
+        # Q0 - R0 R0^T >= 0: R0 = r_sym 11^T + r0 I has eigenvalues 2 r_sym + r0 and r0
+        need = max(max((2 * self.r_sym + r) ** 2, r**2) for r in (*self.r0s, *self.sgd_r0s))
+        if self.q0 < need:
+            raise ValueError(
+                f"q0 must be at least {need:.6g}, the largest (2 r_sym + r0)^2 or r0^2 over r0s and sgd_r0s (no "
+                f"student weights have the overlaps Q0 = q0 I and R0 = r_sym + r0 I otherwise), got {self.q0}"
+            )
+        if self.points < 2:
+            raise ValueError(f"points must be at least 2 (Gauss-Hermite points per dimension), got {self.points}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed}")
         self.setup(self.etas[0], self.r0s[0])  # checks the rest
 
     def setup(self, eta, r0) -> Setup:

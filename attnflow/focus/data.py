@@ -67,9 +67,16 @@ def _check_pi(pi: np.ndarray, tol: float) -> None:
         raise ValueError(f"pi must be a 1-D probability vector of length >= 2, got shape {pi.shape}")
     bad = np.flatnonzero(~np.isfinite(pi) | (pi <= 0))
     if bad.size:
-        raise ValueError(f"pi must be strictly positive; entry {int(bad[0])} is {pi[bad[0]]!r}")
+        raise ValueError(f"pi must be strictly positive; entry {int(bad[0])} is {float(pi[bad[0]]):g}")
     if abs(pi.sum() - 1.0) > tol:
-        raise ValueError(f"pi must sum to 1, got sum {pi.sum()!r}")
+        raise ValueError(f"pi must sum to 1, got sum {float(pi.sum()):.15g} (pi = {pi.tolist()})")
+
+
+def _lazy_lam_min(pi: np.ndarray) -> float:
+    """The smallest ``lam`` of a lazy chain on ``pi`` (`MarkovChain.lazy`): ``-min_k pi_k / (1 - pi_k)``,
+    where a diagonal entry of ``P`` reaches 0."""
+    pi = np.asarray(pi, dtype=float)
+    return float(-np.min(pi / (1 - pi)))
 
 
 def _check_chain(pi: np.ndarray, P: np.ndarray, tol: float) -> None:
@@ -81,15 +88,17 @@ def _check_chain(pi: np.ndarray, P: np.ndarray, tol: float) -> None:
     neg = np.argwhere(~np.isfinite(P) | (-tol > P))
     if neg.size:
         i, j = map(int, neg[0])
-        raise ValueError(f"P must be nonnegative and finite; entry ({i}, {j}) is {P[i, j]!r}")
+        raise ValueError(f"P must be nonnegative and finite; entry ({i}, {j}) is {float(P[i, j]):g}")
     rows = np.abs(P.sum(axis=1) - 1.0)
     if np.any(rows > tol):
         i = int(np.argmax(rows))
-        raise ValueError(f"rows of P must sum to 1; row {i} sums to {P[i].sum()!r}")
+        raise ValueError(f"rows of P must sum to 1; row {i} sums to {float(P[i].sum()):.15g}")
     stat = np.abs(pi @ P - pi)
     if np.any(stat > tol):
         k = int(np.argmax(stat))
-        raise ValueError(f"pi is not stationary for P: (pi^T P)_{k} = {(pi @ P)[k]!r} but pi_{k} = {pi[k]!r}")
+        raise ValueError(
+            f"pi is not stationary for P: (pi^T P)_{k} = {float((pi @ P)[k]):.15g} but pi_{k} = {float(pi[k]):.15g}"
+        )
 
 
 class MarkovChain(eqx.Module):
@@ -129,10 +138,10 @@ class MarkovChain(eqx.Module):
         if not V.any_traced((pi, lam)):
             pi_np = np.asarray(pi, dtype=float)
             _check_pi(pi_np, CHAIN_TOL)
-            lo = -np.min(pi_np / (1 - pi_np))
+            lo = _lazy_lam_min(pi_np)
             lam_f = V.finite_scalar("lam", lam)
             if not (lo <= lam_f <= 1.0):
-                raise ValueError(f"lam must lie in [{lo:.6g}, 1] for this pi, got {lam!r}")
+                raise ValueError(f"lam must lie in [{lo:.6g}, 1] for this pi, got {lam_f:g}")
         pi = _floats(pi)
         lam = _floats(lam)
         d = pi.shape[0]
@@ -217,10 +226,10 @@ def perturbed_pi(pi1: Any = 0.75, d: int = 4, delta: Any = 0.0, direction: Any =
     if not V.any_traced((pi1, delta)):
         p1, dl = V.finite_scalar("pi1", pi1), V.finite_scalar("delta", delta)
         if not 0 < p1 < 1:
-            raise ValueError(f"pi1 must be in (0, 1), got {pi1!r}")
+            raise ValueError(f"pi1 must be in (0, 1), got {p1:g}")
         pi = np.concatenate([[p1], np.full(d - 1, (1 - p1) / (d - 1))]) + dl * c
         if np.any(pi <= 0):
-            raise ValueError(f"delta={delta!r} makes an entry of pi non-positive: {pi}")
+            raise ValueError(f"delta = {dl:g} makes an entry of pi non-positive: {[float(f'{x:.6g}') for x in pi]}")
     pi1, delta = _floats(pi1), _floats(delta)
     rho = (1 - pi1) / (d - 1)
     return jnp.concatenate([pi1[None], jnp.full(d - 1, rho)]) + delta * jnp.asarray(c, dtype=pi1.dtype)

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 
 import equinox as eqx
@@ -11,13 +13,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _validate as V
 from ..analysis import detect_plateaus, first_crossing, growth_rate
 from ..options import LinearGrid, LogGrid, TimeGrid
 from ..plot import mark_times, overlay
 from ..report import Report, Timer, register
 from ..sweep import sweep
 from ..trajectory import Trajectory
-from .data import SYNTHETIC_PI, Characters, CorpusChain, MarkovChain, Words, perturbed_pi
+from .data import (
+    CHAIN_TOL,
+    SYNTHETIC_PI,
+    Characters,
+    CorpusChain,
+    MarkovChain,
+    Words,
+    _check_pi,
+    _lazy_lam_min,
+    perturbed_pi,
+)
 from .figures import attention_snapshots, cycle_figure, embedding_pca_figure, rates_figure, symmetry_figure
 from .metrics import condensation, local_attention_rate, singular_values, stage_one_rate, stage_sequence, stage_two_rate
 from .model import OneLayerAttention, next_token_loss
@@ -40,6 +53,40 @@ TOKENIZERS = MappingProxyType({"char": Characters(), "word": Words()})
 
 HELD_OUT_SEED = 999
 """Seed of the held-out real-text windows of ``focus-corpus``."""
+
+
+# ------------------------------------------------------------------ option checks
+# Every configuration checks its options when it is made (`attnflow.report.config_from` builds
+# it before any computing): a ``ValueError`` names the option as ``--set`` spells it.
+
+
+def _positive_values(name: str, values: Sequence[float]) -> None:
+    """The list option ``name`` holds at least one value, all finite and > 0."""
+    if len(values) == 0:
+        raise ValueError(f"{name} must hold at least one value, got []")
+    V.positive(name, values)
+
+
+def _check_model(cfg) -> None:
+    """The options every focus experiment shares: widths ``m``, ``mk`` >= 1, ``eps`` in (0, 1), and
+    ``tau`` > 0 where it is one."""
+    if hasattr(cfg, "tau"):
+        V.positive("tau", cfg.tau)
+    V.positive_int("m", cfg.m)
+    V.positive_int("mk", cfg.mk)
+    if not 0 < cfg.eps < 1:
+        raise ValueError(f"eps (initial scale) must lie in (0, 1), got {cfg.eps:g}")
+
+
+def _check_lazy(pi: Sequence[float], name: str, lams: Sequence[float]) -> None:
+    """``pi`` is a probability vector and every ``lam`` of the option ``name`` gives a lazy chain on it."""
+    pi_np = np.asarray(pi, dtype=float)
+    _check_pi(pi_np, CHAIN_TOL)
+    lo = _lazy_lam_min(pi_np)
+    if not all(lo <= lam <= 1.0 for lam in lams):
+        got = f"{lams[0]:g}" if name == "lam" else V.show(lams)
+        shown = [float(f"{p:.6g}") for p in pi_np]
+        raise ValueError(f"{name} must lie in [{lo:.6g}, 1] for pi = {shown} (lazy chain), got {got}")
 
 
 def _floats(pred: dict) -> dict:
@@ -81,8 +128,8 @@ def _mark_stages(rep: Report, fig, pred: dict, measured: dict, n_panels: int, la
             legend=i == 0,
             legend_kw={"fontsize": 7, "loc": "center left"},
         )
-    for k, row in rows.items():
-        rep.summary[f"{prefix}predicted vs measured time of {k} (t_pred, t_meas, ratio)"] = list(row)
+    for (k, row), when in zip(rows.items(), ("T_I", "T_I + T_II"), strict=True):
+        rep.summary[f"{prefix}time of {k} from t = 0: predicted (R8) {when}, measured ({label}), ratio"] = list(row)
 
 
 # =============================================================================== focus-cycle
@@ -103,6 +150,16 @@ class CycleConfig:
     # conserved C_m, C_k within 1e-9 (at 1e-9 / 1e-12 they drift by 1.2e-7)
     rtol: float = 1e-12
     atol: float = 1e-15
+
+    def __post_init__(self) -> None:
+        _check_lazy(self.pi, "lam", (self.lam,))
+        _check_model(self)
+        if not self.t_end > 1e-2:
+            raise ValueError(f"t_end must exceed 0.01 (the save grid is log-spaced from t = 0.01), got {self.t_end:g}")
+        V.positive_int("seed", self.seed, minimum=0)
+        V.positive_int("n_save", self.n_save, minimum=2)
+        V.positive("rtol", self.rtol)
+        V.positive("atol", self.atol)
 
 
 def cycle_observables(theta: dict, setup: Setup) -> dict:
@@ -158,7 +215,7 @@ def focus_cycle(cfg: CycleConfig, quiet: bool) -> Report:
         rates["c_path"],
         rates["c"],
     ]
-    rep.summary["Stage II fit window (t)"] = list(rates["window"])
+    rep.summary["Stage II: window of the fit of c (t_start, t_end)"] = list(rates["window"])
     rep.check("Stage I rate |M| ~ e^{2 sigma t}: relative error", abs(two_sigma / (2 * pred["sigma"]) - 1), 0.03)
     rep.check(
         "Stage II rate q_+ ~ e^{c t} vs general formula along the path: relative error",
@@ -174,14 +231,10 @@ def focus_cycle(cfg: CycleConfig, quiet: bool) -> Report:
     i_min = int(np.argmin(ent))
     i_max = i_min + int(np.argmax(ent[i_min:]))
     cycle = bool(ent[i_min] < ent[0] - 0.1 and ent[i_max] > ent[i_min] + 0.1 and ent[-1] < ent[i_max] - 1e-3)
-    rep.summary["entropy: initial / focus minimum (t) / dilution maximum (t) / final"] = [
-        float(ent[0]),
-        float(ent[i_min]),
-        float(tr.ts[i_min]),
-        float(ent[i_max]),
-        float(tr.ts[i_max]),
-        float(ent[-1]),
-    ]
+    rep.summary["attention entropy at t = 0"] = float(ent[0])
+    rep.summary["attention entropy at its focus minimum (entropy, t)"] = [float(ent[i_min]), float(tr.ts[i_min])]
+    rep.summary["attention entropy at its dilution maximum (entropy, t)"] = [float(ent[i_max]), float(tr.ts[i_max])]
+    rep.summary["attention entropy at t_end"] = float(ent[-1])
     rep.summary["entropy cycle down-up-down observed"] = cycle
     rep.summary["plateaus (t_start, t_end, level)"] = [
         [round(p["t_start"], 3), round(p["t_end"], 3), round(p["level"], 5)] for p in plateaus
@@ -193,9 +246,16 @@ def focus_cycle(cfg: CycleConfig, quiet: bool) -> Report:
     rep.summary["stage sequence [stage, t_start, t_end, loss level, measured rate, predicted rate]"] = stage_sequence(
         plateaus, float(tr.ts[-1]), {0: (two_sigma, 2 * pred["sigma"]), k2: (rates["c"], rates["c_path"])}
     )
-    rep.summary["predicted: log d, H(pi), L_*, sigma, c, T_I, T_II"] = [
-        pred[k] for k in ("log_d", "H_pi", "L_star", "sigma", "c", "T_I", "T_II")
-    ]
+    for key, label in (
+        ("log_d", "log d, the loss at t = 0"),
+        ("H_pi", "H(pi), the condensation plateau"),
+        ("L_star", "L_*, the Bayes floor"),
+        ("sigma", "sigma (Stage I grows as e^{2 sigma t})"),
+        ("c", "c at theta_c^1 (Stage II grows as e^{c t})"),
+        ("T_I", "T_I = log(1/eps) / sigma, length of Stage I (R8)"),
+        ("T_II", "T_II = log(1/eps) / c, length of Stage II, after the Stage I escape (R8)"),
+    ):
+        rep.summary[f"predicted: {label}"] = pred[key]
     rep.trajectories["flow"] = tr.select(
         "loss",
         "entropy",
@@ -216,9 +276,9 @@ def focus_cycle(cfg: CycleConfig, quiet: bool) -> Report:
     title = f"Focus and dilution cycle: pi = {tuple(cfg.pi)}, lambda = {cfg.lam}, tau = {cfg.tau}"
     measured = _stage_crossings(tr.ts, loss, pred)
     rep.figures["cycle"] = cycle_figure(tr, pred, rates, title, _stage_times(pred), measured)
-    for k, t_pred in _stage_times(pred).items():
+    for (k, t_pred), when in zip(_stage_times(pred).items(), ("T_I", "T_I + T_II"), strict=True):
         t_meas = float(measured[k][0])
-        rep.summary[f"predicted (R8) vs measured (flow) time of {k} (t_pred, t_meas, ratio)"] = [
+        rep.summary[f"time of {k} from t = 0: predicted (R8) {when}, measured on the flow, ratio"] = [
             t_pred,
             t_meas,
             t_pred / t_meas,
@@ -245,6 +305,17 @@ class FiniteConfig:
     t_end: float = 150.0
     seeds: int = 4  # SGD seeds, one compiled call
     n_save: int = 40
+
+    def __post_init__(self) -> None:
+        _check_lazy(self.pi, "lam", (self.lam,))
+        _check_model(self)
+        V.positive_int("context", self.context)
+        V.positive_int("batch", self.batch)
+        V.positive("dt", self.dt)
+        if not self.t_end >= self.dt:
+            raise ValueError(f"t_end must be at least dt = {self.dt:g} (one SGD step), got {self.t_end:g}")
+        V.positive_int("seeds", self.seeds)
+        V.positive_int("n_save", self.n_save, minimum=2)
 
 
 @register(
@@ -320,6 +391,20 @@ class RatesConfig:
     eps: float = 1e-3
     n_save: int = 300
 
+    def __post_init__(self) -> None:
+        if len(self.lams) == 0:
+            raise ValueError("lams must hold at least one value, got []")
+        _check_pi(np.asarray(self.pi, dtype=float), CHAIN_TOL)
+        if not all(0 < lam <= 1 for lam in self.lams):  # (0, 1] lies within every lazy chain's range
+            raise ValueError(
+                f"lams must lie in (0, 1] (the focus rate c is proportional to lam), got {V.show(self.lams)}"
+            )
+        if max(self.pi) == min(self.pi):
+            raise ValueError(f"pi must not be uniform (the focus rate c vanishes), got {list(self.pi)}")
+        _positive_values("taus", self.taus)
+        _check_model(self)
+        V.positive_int("n_save", self.n_save, minimum=2)
+
 
 @jax.jit
 def _lazy_rates(pi: jax.Array, lams: jax.Array, taus: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -336,14 +421,13 @@ def _padded(ts: jax.Array, n: int) -> jax.Array:
 @register(
     "focus-rates",
     config=RatesConfig,
-    description="measured vs predicted rates 2 sigma and c over a vmapped grid of lambda and tau",
+    description="measured vs predicted rates over a vmapped grid of lambda and tau: 2 sigma (Stage I, checked at "
+    "every grid point) and c (Stage II, checked and plotted against tau lambda)",
 )
 def focus_rates(cfg: RatesConfig, quiet: bool) -> Report:
     rep = Report("focus-rates", cfg)
     pi = np.asarray(cfg.pi, float)
     lams, taus = np.asarray(cfg.lams, float), np.asarray(cfg.taus, float)
-    for lam in lams:
-        MarkovChain.lazy(pi, lam)  # validates every lambda before the sweep
     base = Setup(m=cfg.m, mk=cfg.mk, eps=cfg.eps)
     two_sigma_pred, c_grid = _lazy_rates(pi, lams, taus)
     two_sigma, c_pred = float(two_sigma_pred), np.asarray(c_grid)
@@ -425,6 +509,24 @@ class CorpusConfig:
     n_save: int = 40
     seed: int = INIT_SEED  # initial draw; SGD draws from seed + 1
 
+    def __post_init__(self) -> None:
+        if len(self.corpora) == 0:
+            raise ValueError("corpora must name at least one 'FILE:TOKENIZER', got []")
+        for spec in self.corpora:
+            _corpus_spec(spec)
+        if self.data_dir is not None and not Path(self.data_dir).is_dir():
+            raise ValueError(f"data_dir {self.data_dir!r} is not a folder")
+        V.positive_int("top_k", self.top_k)
+        V.positive_int("max_chars", self.max_chars)
+        _check_model(self)
+        V.positive_int("context", self.context)
+        V.positive_int("batch", self.batch)
+        V.positive("dt", self.dt)
+        if not self.t_end >= self.dt:
+            raise ValueError(f"t_end must be at least dt = {self.dt:g} (one SGD step), got {self.t_end:g}")
+        V.positive_int("n_save", self.n_save, minimum=2)
+        V.positive_int("seed", self.seed, minimum=0)
+
 
 class HeldOutLoss(eqx.Module):
     """``loss_real``: the finite-context loss (M1) of the weights on fixed windows of real text."""
@@ -437,8 +539,10 @@ class HeldOutLoss(eqx.Module):
 
 def _corpus_spec(spec: str) -> tuple[str, str]:
     parts = spec.rsplit(":", 1)
-    if len(parts) != 2 or parts[1] not in TOKENIZERS:
-        raise ValueError(f"corpus {spec!r} must be 'FILE:TOKENIZER' with TOKENIZER one of {sorted(TOKENIZERS)}")
+    if len(parts) != 2 or not parts[0] or parts[1] not in TOKENIZERS:
+        raise ValueError(
+            f"corpora entry {spec!r} must be 'FILE:TOKENIZER' with TOKENIZER one of {', '.join(sorted(TOKENIZERS))}"
+        )
     return parts[0], parts[1]
 
 
@@ -553,6 +657,31 @@ class SymmetryConfig:
     threshold: float = 10.0  # escape: sigma_2(W0) reaches threshold x its value at t = 50
     stiff_solver: bool = True  # AutoStiff (the flows turn stiff late); false: Tsit5 alone
 
+    def __post_init__(self) -> None:
+        if not 0 < self.pi1 < 1:
+            raise ValueError(f"pi1 must lie in (0, 1), got {self.pi1:g}")
+        V.positive_int("d", self.d, minimum=3)
+        if len(self.deltas) == 0:
+            raise ValueError("deltas must hold at least one value, got []")
+        rho = (1 - self.pi1) / (self.d - 1)  # the unperturbed entries; delta moves two of them by +-delta
+        if not all(abs(dl) < rho for dl in self.deltas):
+            raise ValueError(
+                f"deltas must lie in (-{rho:.6g}, {rho:.6g}) for pi1 = {self.pi1:g}, d = {self.d} (an entry of pi "
+                f"would not be positive), got {V.show(self.deltas)}"
+            )
+        for dl in self.deltas:  # perturbed_pi's pi, whose lazy chains must all accept lam
+            pi = np.concatenate([[self.pi1], np.full(self.d - 1, rho)])
+            pi[1], pi[-1] = rho + dl, rho - dl
+            _check_lazy(pi, "lam", (self.lam,))
+        _check_model(self)
+        if not self.t_end > 50:
+            raise ValueError(
+                f"t_end must exceed 50 (the escape is measured against sigma_2(W0) at t = 50), got {self.t_end:g}"
+            )
+        V.positive_int("n_save", self.n_save, minimum=2)
+        if not self.threshold > 1:
+            raise ValueError(f"threshold must exceed 1 (a growth factor of sigma_2(W0)), got {self.threshold:g}")
+
 
 def symmetry_observables(theta: dict, setup: Setup) -> dict:
     """What ``focus-symmetry`` records beside `OBSERVABLES`: ``mu_perp = sigma_max(G_M)`` (R7) at
@@ -569,8 +698,6 @@ def symmetry_observables(theta: dict, setup: Setup) -> dict:
 def focus_symmetry(cfg: SymmetryConfig, quiet: bool) -> Report:
     rep = Report("focus-symmetry", cfg)
     deltas = np.asarray(cfg.deltas, dtype=float)
-    for dl in deltas:
-        perturbed_pi(cfg.pi1, cfg.d, dl)  # validates every delta before the sweep
     base = Setup(
         chain=MarkovChain.lazy(perturbed_pi(cfg.pi1, cfg.d), cfg.lam), tau=cfg.tau, eps=cfg.eps, m=cfg.m, mk=cfg.mk
     )

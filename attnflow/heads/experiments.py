@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import jax
@@ -12,6 +12,7 @@ import optimistix as optx
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
+from .. import _validate as V
 from ..analysis import first_crossing, fit_line, fit_power_law
 from ..options import LinearGrid, LogGrid
 from ..plot import mark_times
@@ -56,6 +57,43 @@ def make_activation(name: str, H: int) -> Activation:
     return ACTIVATIONS[name](H)
 
 
+# ------------------------------------------------------------------ option checks
+# Every configuration checks its options when it is made (`attnflow.report.config_from` builds
+# it before any computing): a ``ValueError`` names the option as ``--set`` spells it.
+
+
+def _positive_values(name: str, values: Sequence[float]) -> None:
+    """The list option ``name`` holds at least one value, all finite and > 0."""
+    if len(values) == 0:
+        raise ValueError(f"{name} must hold at least one value, got []")
+    V.positive(name, values)
+
+
+def _dimensions(name: str, values: Sequence[float], minimum: int, why: str, *, distinct: int = 1) -> None:
+    """The list option ``name`` holds at least ``distinct`` distinct dimensions ``D``, each ``>= minimum``."""
+    if len(set(values)) < distinct:
+        what = "a value" if distinct == 1 else f"{distinct} distinct values (a slope is fitted over them)"
+        raise ValueError(f"{name} must hold {what}, got {V.show(values)}")
+    if not all(minimum <= D for D in values):
+        raise ValueError(f"{name} must all be at least {minimum} ({why}), got {V.show(values)}")
+
+
+def _check_common(cfg) -> None:
+    """Options most heads experiments share: ``L`` >= 2 tokens, ``eta`` and ``sigma0`` > 0, ``bank``
+    >= 1 draws, ``seed`` >= 0 (where the configuration has them)."""
+    V.positive_int("L", cfg.L, minimum=2)
+    V.positive("eta", cfg.eta)
+    if hasattr(cfg, "sigma0"):
+        V.positive("sigma0", cfg.sigma0)
+    V.positive_int("bank", cfg.bank)
+    V.positive_int("seed", cfg.seed, minimum=0, maximum=2**31 - 1 - 1000)  # seeds up to seed + 1000 are drawn
+
+
+def _check_probability(name: str, value: float, *, open_ends: bool = False) -> None:
+    if not (0 < value < 1 if open_ends else 0 <= value <= 1):
+        raise ValueError(f"{name} must be a probability in {'(0, 1)' if open_ends else '[0, 1]'}, got {value:g}")
+
+
 def _grid(axes) -> None:
     for ax in np.ravel(axes):
         ax.grid(alpha=0.3, which="both")
@@ -81,6 +119,15 @@ class OdeVsSgdConfig:
     t_end: float = 8.0
     bank: int = 4096
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        V.positive_int("H", self.H, minimum=2)  # the figure draws q_12
+        _dimensions("Ds", self.Ds, self.H + 2, "D >= F + H + 1 for the initial draw, F = 1 feature", distinct=2)
+        V.positive_int("seeds", self.seeds)
+        _check_common(self)
+        V.positive("s", self.s)
+        _check_probability("p", self.p)
+        V.positive("t_end", self.t_end)
 
 
 @register(
@@ -185,6 +232,20 @@ class SpecialisationTimeConfig:
     t_end: float = 40.0
     sgd_t_end: float = 12.0
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        V.positive_int("H", self.H, minimum=2)  # specialisation separates at least two heads
+        _check_common(self)
+        V.positive("s", self.s)
+        _check_probability("p", self.p)
+        V.positive("threshold", self.threshold)
+        _dimensions("ode_Ds", self.ode_Ds, self.H + 2, "D >= F + H + 1 for the finite-D draws, F = 1", distinct=2)
+        V.positive_int("ode_seeds", self.ode_seeds)
+        V.positive("kappa", self.kappa)
+        _dimensions("sgd_Ds", self.sgd_Ds, self.H + 1, "SGD needs D >= F + H, F = 1", distinct=2)
+        V.positive_int("sgd_seeds", self.sgd_seeds)
+        V.positive("t_end", self.t_end)
+        V.positive("sgd_t_end", self.sgd_t_end)
 
 
 @register(
@@ -367,6 +428,16 @@ class StagedConfig:
     threshold: float = 0.5
     seed: int = 1
 
+    def __post_init__(self) -> None:
+        V.positive_int("H", self.H, minimum=2)
+        _positive_values("variances", self.variances)
+        _check_common(self)
+        V.positive("t_end", self.t_end)
+        F = len(self.variances)
+        V.positive_int("D_init", self.D_init, minimum=F + self.H + 1)
+        V.positive_int("sgd_D", self.sgd_D, minimum=F + self.H)
+        V.positive("threshold", self.threshold)
+
 
 @register(
     "heads-staged",
@@ -471,6 +542,16 @@ class ExcursionConfig:
     bank: int = 1024
     sgd_D: int = 1000
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.m_init) < 2:
+            raise ValueError(f"m_init must hold one overlap per head, at least two heads, got {V.show(self.m_init)}")
+        _check_common(self)
+        V.positive("s", self.s)
+        V.nonnegative("noise_var", self.noise_var)
+        if not self.t_end > 0.5:
+            raise ValueError(f"t_end must exceed 0.5 (the save grid is log-spaced from t = 0.5), got {self.t_end:g}")
+        V.positive_int("sgd_D", self.sgd_D, minimum=len(self.m_init) + 1)
 
 
 @register(
@@ -580,6 +661,20 @@ class ActivationsConfig:
     D_init: int = 1000
     bayes_samples: int = 200_000
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.H < 2 or self.H % 2:
+            raise ValueError(
+                f"H must be an even number of heads >= 2 (the oracle configurations put as many heads on +s as "
+                f"on -s), got {self.H}"
+            )
+        _check_common(self)
+        _positive_values("signals", self.signals)
+        _check_probability("p", self.p, open_ends=True)
+        if not self.t_end > 0.1:
+            raise ValueError(f"t_end must exceed 0.1 (the save grid is log-spaced from t = 0.1), got {self.t_end:g}")
+        V.positive_int("D_init", self.D_init, minimum=self.H + 2)
+        V.positive_int("bayes_samples", self.bayes_samples, minimum=2)
 
 
 ORACLE_MAX_STEPS = 120
@@ -735,6 +830,17 @@ class PruningConfig:
     softmax1_b0: float = 2.0  # per-head softmax-1 starts partly off: from (0, 1) it plateaus far longer
     softmax1_c0: float = 3.0
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        V.positive_int("F", self.F, minimum=2)  # the checks look at the removal after the first H - F
+        if not isinstance(self.H, int) or self.H < self.F:
+            raise ValueError(f"H must be an integer of at least F = {self.F} (a head per feature), got {self.H}")
+        _check_common(self)
+        V.positive("s", self.s)
+        if not self.t_end > 0.1:
+            raise ValueError(f"t_end must exceed 0.1 (the save grid is log-spaced from t = 0.1), got {self.t_end:g}")
+        V.positive_int("D_init", self.D_init, minimum=self.F + self.H + 1)
+        V.positive("softmax1_c0", self.softmax1_c0)
 
 
 @register(

@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import itertools
+import typing
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -19,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from matplotlib.figure import Figure
 
+from .. import _validate as V
 from ..analysis import first_crossing, value_at
 from ..options import LinearGrid, LogGrid, TimeGrid
 from ..plot import family, heatmap, mark_times, overlay
@@ -37,6 +40,7 @@ from .metrics import (
 from .model import PAPER_EPS, EpsIdentity, TorchDefault
 from .setup import PAPER_HORIZON_TAU, PAPER_LOSS_TARGET, PAPER_RATIOS, REFERENCE_R001, Setup
 from .theory import authors_rk4, first_integral, from_tau, solve, state_at_loss, to_tau
+from .theory import loss as reduced_loss
 from .train import FLOW_SOLVER, train, train_fixed_attention, train_on_generator
 
 Parametrisation = Literal["CACO", "FACO", "CAFO", "FAFO"]
@@ -45,9 +49,54 @@ INITS = {"torch_default": TorchDefault(), "eps_identity": EpsIdentity(PAPER_EPS)
 """Names of the initialisations in the experiments' tables -> `Init` objects."""
 
 
+STATE_LABELS = {"mu_ov": "mu_OV", "mu_qk": "mu_QK", "alpha": "alpha (distinct attention)", "loss": "loss"}
+"""Axis labels of the reduced state in the figures of ``qkov-reduced``."""
+
+
 def _log1p10(t):
     """The authors' time axis, ``log10(1 + tau)``."""
     return np.log10(1.0 + np.asarray(t))
+
+
+# ------------------------------------------------------------------ option checks
+# Every configuration checks its options when it is made (`attnflow.report.config_from` builds
+# it before any computing): a ``ValueError`` names the option as ``--set`` spells it.
+
+
+def _positive_values(name: str, values: Sequence[float]) -> None:
+    """The list option ``name`` holds at least one value, all finite and > 0."""
+    if len(values) == 0:
+        raise ValueError(f"{name} must hold at least one value, got []")
+    V.positive(name, values)
+
+
+def _check_task(cfg) -> None:
+    """The reduced task's options: ``parametrisation``, sizes ``m, n, b`` (``n_common``) >= 1, ``M`` >= 2."""
+    allowed = typing.get_args(Parametrisation)
+    if cfg.parametrisation not in allowed:
+        raise ValueError(f"parametrisation must be one of {', '.join(allowed)}, got {cfg.parametrisation!r}")
+    for name in ("m", "n", "b", "n_common"):
+        if hasattr(cfg, name):
+            V.positive_int(name, getattr(cfg, name))
+    V.positive_int("M", cfg.M, minimum=2)
+
+
+def _initial_loss(cfg, mu0: float) -> float:
+    """The reduced loss at the start of the flow, ``L(0)`` (about ``log M``): every loss target must lie below it."""
+    s = Setup(m=cfg.m, n=cfg.n, b=cfg.b, M=cfg.M, parametrisation=cfg.parametrisation, mu0=mu0)
+    return float(reduced_loss(s.initial_state(), s))
+
+
+def _below_initial_loss(name: str, values: Sequence[float], cfg, mu0: float) -> None:
+    """Every loss in ``values`` (option ``name``) is positive and below the initial loss ``L(0)``."""
+    _positive_values(name, values)
+    L0 = _initial_loss(cfg, mu0)
+    if max(values) >= L0:
+        shown = V.show(values) if len(values) > 1 else f"{values[0]:g}"
+        raise ValueError(
+            f"{name} must lie below the initial loss L(0) = {L0:.4g} of {cfg.parametrisation} with m, n, b, M = "
+            f"{cfg.m}, {cfg.n}, {cfg.b}, {cfg.M} (the flow only decreases the loss), got {shown}"
+        )
 
 
 # =============================================================================== qkov-reduced
@@ -67,6 +116,24 @@ class ReducedConfig:
     n_common: int = 50
     eta_ov: float = 1.0
     mu0: float = 1e-3  # start of factorised circuits
+
+    def __post_init__(self) -> None:
+        _positive_values("ratios", self.ratios)
+        _check_task(self)
+        V.positive("eta_ov", self.eta_ov)
+        V.positive("mu0", self.mu0)
+        V.positive_int("n_thresholds", self.n_thresholds, minimum=2)
+        if not 0 < self.loss_target < 1:
+            raise ValueError(
+                f"loss_target must lie in (0, 1) (the fixed-loss thresholds run from 1 down to it), "
+                f"got {self.loss_target:g}"
+            )
+        L0 = _initial_loss(self, self.mu0)
+        if L0 <= 1:
+            raise ValueError(
+                f"with m, n, b, M = {self.m}, {self.n}, {self.b}, {self.M} the initial loss L(0) = {L0:.4g} is not "
+                "above 1, where the fixed-loss thresholds start: raise M"
+            )
 
 
 def _reduced_setup(cfg: ReducedConfig, r) -> Setup:
@@ -204,7 +271,7 @@ def qkov_reduced(cfg: ReducedConfig, quiet: bool) -> Report:
         ["mu_ov", "mu_qk", "alpha", "loss"],
         time_transform=_log1p10,
         log_y=("loss",),
-        labels={"mu_ov": "mu_OV", "mu_qk": "mu_QK", "alpha": "alpha (distinct attention)", "loss": "loss"},
+        labels=STATE_LABELS,
         time_label="log10(1 + tau),  tau = t min(eta_OV, eta_QK)",
         legend_title="r = eta_QK / eta_OV",
         title=f"Reduced {cfg.parametrisation} dynamics (m, n, b, M = {cfg.m}, {cfg.n}, {cfg.b}, {cfg.M})",
@@ -227,6 +294,10 @@ def qkov_reduced(cfg: ReducedConfig, quiet: bool) -> Report:
     for ax in fig.axes:
         if ax.get_visible():
             ax.invert_xaxis()
+    # one legend for the three panels, beside them: inside a panel it covers curves
+    handles, labels = fig.axes[0].get_legend_handles_labels()
+    fig.axes[0].get_legend().remove()
+    fig.legend(handles, labels, loc="outside right upper", fontsize=8, title="r = eta_QK / eta_OV", title_fontsize=8)
     rep.figures["state_at_fixed_loss"] = fig
     rep.figures["rk4_vs_adaptive"] = overlay(
         in_tau[names[i_ref]],
@@ -234,6 +305,7 @@ def qkov_reduced(cfg: ReducedConfig, quiet: bool) -> Report:
         ["mu_ov", "mu_qk", "alpha", "loss"],
         log_time=True,
         log_y=("loss",),
+        labels=STATE_LABELS,
         time_label="tau = t min(eta_OV, eta_QK)",
         theory_label="adaptive Tsit5 + event",
         simulation_label="authors' RK4 (d tau = 10)",
@@ -259,6 +331,18 @@ class FlowConfig:
     gd_step: float = 0.05  # gradient-descent time steps gd_step and gd_step / 2
     gd_t_end: float = 100.0
     loss_thresholds: tuple[float, ...] = (1.0, 0.1, 0.03)  # times to these losses: reduced ODE vs full flow
+
+    def __post_init__(self) -> None:
+        for name in ("m", "n", "b", "n_common"):
+            V.positive_int(name, getattr(self, name))
+        V.positive_int("M", self.M, minimum=2)
+        for name in ("eta_ov", "ratio", "mu0", "gd_step", "gd_t_end"):
+            V.positive(name, getattr(self, name))
+        if not self.t_end > 1:
+            raise ValueError(f"t_end must exceed 1 (the save grid is log-spaced from t = 1), got {self.t_end:g}")
+        if not self.gd_step < self.gd_t_end:
+            raise ValueError(f"gd_step must be below gd_t_end = {self.gd_t_end:g}, got {self.gd_step:g}")
+        _positive_values("loss_thresholds", self.loss_thresholds)
 
 
 @register(
@@ -364,6 +448,14 @@ class ParametrisationsConfig:
     seeds_multi: int = 5
     eval_examples: int = 6400
     seed: int = 1234
+
+    def __post_init__(self) -> None:
+        V.positive("scale", self.scale)
+        for name in ("steps_fafo", "steps_faco", "steps_cafo", "steps_caco", "steps_fafo_fast_qk"):
+            V.positive_int(name, getattr(self, name))
+        V.positive_int("seeds_multi", self.seeds_multi)
+        V.positive_int("eval_examples", self.eval_examples)
+        V.positive_int("seed", self.seed, minimum=0)
 
 
 CLAIMS_SCALE = 0.6
@@ -515,6 +607,17 @@ class FixedAttentionConfig:
     seed: int = 1234
     eval_batches: int = 1000
 
+    def __post_init__(self) -> None:
+        if len(self.alphas) == 0:
+            raise ValueError("alphas must hold at least one value, got []")
+        if not all(0.0 <= a <= 1.0 for a in self.alphas):
+            raise ValueError(f"alphas (fixed attention masses) must lie in [0, 1], got {V.show(self.alphas)}")
+        V.positive_int("steps", self.steps)
+        V.positive("lr", self.lr)
+        V.positive_int("batch", self.batch)
+        V.positive_int("seed", self.seed, minimum=0)
+        V.positive_int("eval_batches", self.eval_batches)
+
 
 PAPER_FIXED_ATTENTION = {
     "collapsed": (0.598, 0.158, 0.0645, 0.0346, 0.0216),
@@ -617,6 +720,22 @@ class RatioSweepConfig:
     sgd_matched_loss_caco: float = 0.3
     sgd_matched_loss_fafo: float = 0.05
 
+    def __post_init__(self) -> None:
+        _check_task(self)
+        V.positive("eta_ov", self.eta_ov)
+        V.positive_int("n_ratios", self.n_ratios, minimum=3)
+        _below_initial_loss("matched_losses", self.matched_losses, self, 1e-3)
+        V.positive_int("sgd_ratios", self.sgd_ratios)
+        V.positive_int("sgd_seeds", self.sgd_seeds)
+        V.positive("sgd_ratio_min", self.sgd_ratio_min)
+        if not self.sgd_ratio_max >= self.sgd_ratio_min:
+            raise ValueError(
+                f"sgd_ratio_max must be at least sgd_ratio_min = {self.sgd_ratio_min:g}, got {self.sgd_ratio_max:g}"
+            )
+        for name in ("sgd_eta_ov_caco", "sgd_eta_ov_fafo", "sgd_matched_loss_caco", "sgd_matched_loss_fafo"):
+            V.positive(name, getattr(self, name))
+        V.positive_int("sgd_steps", self.sgd_steps)
+
 
 @register(
     "qkov-ratio-sweep",
@@ -658,16 +777,14 @@ def qkov_ratio_sweep(cfg: RatioSweepConfig, quiet: bool) -> Report:
         float(np.mean(np.diff(a, axis=0) <= 0)),
         0.0,
     )
+    mid = len(ratios) // 2
+    at = f"r = {ratios[0]:.3g} / {ratios[mid]:.3g} / {ratios[-1]:.3g}"  # smallest, middle, largest ratio
     for j, L in enumerate(losses):
-        rep.summary[f"reduced: alpha at loss {L:g}, r = 0.01 / 1 / 100"] = [
-            float(a[0, j]),
-            float(a[len(ratios) // 2, j]),
-            float(a[-1, j]),
-        ]
+        rep.summary[f"reduced: alpha at loss {L:g}, {at}"] = [float(a[0, j]), float(a[mid, j]), float(a[-1, j])]
     tau_end = t_end * np.minimum(ratios, 1.0) * cfg.eta_ov
-    rep.summary[f"reduced: time t to loss {losses.min():g} at r = 0.01 / 1 / 100"] = [
+    rep.summary[f"reduced: time t to loss {losses.min():g} at {at}"] = [
         float(t_end[0]),
-        float(t_end[len(ratios) // 2]),
+        float(t_end[mid]),
         float(t_end[-1]),
     ]
 
@@ -770,6 +887,18 @@ class OptimalRatioConfig:
     outer: int = 12  # augmented-Lagrangian rounds
     inner: int = 25  # Adam steps per round
     learning_rate: float = 0.1
+
+    def __post_init__(self) -> None:
+        _check_task(self)
+        _below_initial_loss("loss_target", (self.loss_target,), self, 1e-3)
+        for name in ("eta_max", "time_budget", "ratio_min", "learning_rate"):
+            V.positive(name, getattr(self, name))
+        V.positive_int("n_ratios", self.n_ratios, minimum=2)
+        if not self.ratio_max > self.ratio_min:
+            raise ValueError(f"ratio_max must exceed ratio_min = {self.ratio_min:g}, got {self.ratio_max:g}")
+        _positive_values("slope_ratios", self.slope_ratios)
+        V.positive_int("outer", self.outer)
+        V.positive_int("inner", self.inner)
 
 
 @register(
