@@ -102,6 +102,14 @@ def _parser() -> argparse.ArgumentParser:
         help=f"finish the experiment from the chunks the shards saved in OUT/{SWEEPS}/NAME (computing what is "
         "missing) and write its report",
     )
+    r.add_argument(
+        "--chunk-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="grid points per saved chunk of every sweep (default: about one chunk per shard, at most 4096 "
+        "points): smaller chunks lose less work to an interruption",
+    )
     _common(r)
     rp = sub.add_parser("reproduce", help="run the headline experiment of each package")
     rp.add_argument("--all", action="store_true", help="run every registered experiment")
@@ -349,6 +357,8 @@ def _main(args) -> int:
         from .registry import runs_sweeps
 
         shard = _parse_shard(args.shard, args.merge)
+        if args.chunk_size is not None and args.chunk_size < 1:
+            raise UsageError(f"--chunk-size must be a positive integer, got {args.chunk_size}")
         load_all()
         exp = get_experiment(args.name)
         overrides = _parse_sets(args.set)
@@ -381,7 +391,7 @@ def _main(args) -> int:
             if (sweeps / PLAIN).exists():
                 _RESUME.append(sweeps)
         if args.merge or plain:
-            block = _sweeps_in(sweeps, exp.name, config)
+            block = _sweeps_in(sweeps, exp.name, config, chunk_size=args.chunk_size)
         res = _run_one(exp, overrides, stage, args.quiet, block)
         _swap_in(stage, out, [exp.name])
         if plain and (sweeps / PLAIN).exists():
@@ -461,14 +471,16 @@ def _check_saved_options(folder: Path, name: str, config) -> None:
         )
 
 
-def _sweeps_in(folder: Path, name: str, config, shard=None):
+def _sweeps_in(folder: Path, name: str, config, shard=None, chunk_size=None):
     """Every sweep of the run saves its chunks in ``folder/sweep-k`` (and resumes from them), under the
     experiment's name and options: a folder saved with other ``--set`` values is refused."""
     import dataclasses
 
     from .sweep import sweep_defaults
 
-    return sweep_defaults(folder, shard=shard, meta={"experiment": name, "options": dataclasses.asdict(config)})
+    return sweep_defaults(
+        folder, shard=shard, meta={"experiment": name, "options": dataclasses.asdict(config)}, chunk_size=chunk_size
+    )
 
 
 def _run_shard(exp, overrides, config, shard, folder: Path, args) -> int:
@@ -485,7 +497,7 @@ def _run_shard(exp, overrides, config, shard, folder: Path, args) -> int:
     head = f"[attnflow] {exp.name} shard {shard}"
     (folder / PLAIN).unlink(missing_ok=True)  # chunks of an interrupted plain run: now the shards' to share
     try:
-        with _sweeps_in(folder, exp.name, config, shard) as log:
+        with _sweeps_in(folder, exp.name, config, shard, args.chunk_size) as log:
             exp.run(overrides, quiet=args.quiet)
     except ShardPending as pending:
         computed = sum(e["computed"] for e in log)

@@ -411,6 +411,7 @@ class _Defaults:
     meta: dict[str, Any]
     log: list[dict[str, Any]]
     count: int = 0
+    chunk_size: int | None = None
 
 
 _DEFAULTS: contextvars.ContextVar[_Defaults | None] = contextvars.ContextVar("attnflow_sweep_defaults", default=None)
@@ -418,7 +419,11 @@ _DEFAULTS: contextvars.ContextVar[_Defaults | None] = contextvars.ContextVar("at
 
 @contextlib.contextmanager
 def sweep_defaults(
-    out_dir: str | Path, *, shard: Shard | tuple[int, int] | str | None = None, meta: Mapping[str, Any] | None = None
+    out_dir: str | Path,
+    *,
+    shard: Shard | tuple[int, int] | str | None = None,
+    meta: Mapping[str, Any] | None = None,
+    chunk_size: int | None = None,
 ) -> Iterator[list[dict[str, Any]]]:
     """Checkpoint folders, and a shard, for every `sweep` that code called inside the block
     runs (an experiment, which calls `sweep` itself).
@@ -431,14 +436,21 @@ def sweep_defaults(
     grid), for the caller of the block to catch. Run the block again without ``shard`` (the
     merge) once every shard is done, or with it to share the next sweep. ``meta`` is merged
     into each sweep's ``meta`` and so recorded in its manifest: a folder saved under other
-    ``meta`` (the options of another run) is refused.
+    ``meta`` (the options of another run) is refused. ``chunk_size``: the chunk size of each
+    sweep that passes none itself (``None``: the sweep's default, or its folder's), so that a
+    sweep has more chunks than shards and an interrupted run loses at most a chunk.
 
     Yields a list that receives one dict per sweep run inside the block: ``sweep`` (k),
     ``out_dir``, ``n_chunks``, and chunk counts ``computed``, ``loaded`` and ``pending``.
     """
     if not isinstance(out_dir, (str, os.PathLike)):
         raise TypeError(f"sweep_defaults: out_dir must be a folder path, got {out_dir!r}")
+    if chunk_size is not None and (
+        isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1
+    ):
+        raise ValueError(f"sweep_defaults: chunk_size must be a positive integer, got {chunk_size!r:.60}")
     ctx = _Defaults(Path(out_dir), None if shard is None else _as_shard(shard), dict(meta or {}), [])
+    ctx.chunk_size = None if chunk_size is None else int(chunk_size)
     token = _DEFAULTS.set(ctx)
     try:
         yield ctx.log
@@ -706,6 +718,8 @@ def sweep(
             shard, shard_from_block = ctx.shard, True
         if ctx.meta:
             meta = {**ctx.meta, **dict(meta or {})}
+        if chunk_size is None and ctx.chunk_size is not None:
+            chunk_size = ctx.chunk_size
     shard = None if shard is None else _as_shard(shard)
     if shard is not None and out_dir is None:
         raise ValueError(
