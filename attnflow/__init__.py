@@ -40,6 +40,7 @@ from .finite_size import fit_finite_size as fit_finite_size
 from .finite_size import trajectory_gap as trajectory_gap
 from .ode import DivergenceError as DivergenceError
 from .ode import MaxStepsError as MaxStepsError
+from .ode import ObservableEvent as ObservableEvent
 from .ode import UnrolledTsit5 as UnrolledTsit5
 from .ode import as_data as as_data
 from .ode import enable_x64 as enable_x64
@@ -138,6 +139,7 @@ __all__ = [
     "growth_rate",
     "heatmap",
     "integrate",
+    "ObservableEvent",
     "jacobian",
     "label_by_path",
     "optim",

@@ -32,6 +32,8 @@ from .trajectory import Trajectory, flatten_names
 __all__ = [
     "UnrolledTsit5",
     "integrate",
+    "ObservableEvent",
+    "observable_event",
     "gradient_flow",
     "require_x64",
     "enable_x64",
@@ -201,6 +203,39 @@ class _EventFn(eqx.Module):
         return self.fn(t, y, args)
 
 
+class ObservableEvent(eqx.Module):
+    """A terminating event on a theory's observables: ``fn(t, obs) -> scalar`` with ``obs`` the
+    named observables (``observe(t, y, args)``, flattened to dotted names) at the state ``y``;
+    the solve stops where it first changes sign. What every theory package's ``solve(...,
+    event=fn)`` passes to `integrate`: ``event=lambda t, o: o["loss"] - 0.1`` stops where the
+    loss reaches 0.1. Observables the event does not read are not computed in the step loop
+    (XLA removes them). Equal when ``fn`` and ``observe`` are the same objects, so a repeated
+    solve reuses its compilation."""
+
+    fn: Callable = eqx.field(static=True)
+    observe: Callable = eqx.field(static=True)
+
+    def __call__(self, t, y, args):
+        return self.fn(t, _NamedObservables(_Observer(self.observe)(t, y, args)))
+
+
+class _NamedObservables(dict):
+    """Observables whose missing name is a ``KeyError`` listing the names there are."""
+
+    def __missing__(self, name):
+        raise KeyError(f"no observable {name!r}; the observables are {sorted(self)}")
+
+
+def observable_event(fn: Any, observe: Callable) -> ObservableEvent | None:
+    """``fn`` (or ``None``) as an `ObservableEvent` on ``observe``; ``ValueError`` if ``fn`` is
+    not callable."""
+    if fn is None:
+        return None
+    if not callable(fn):
+        raise ValueError(f"event must be callable (t, observables) -> scalar, got {fn!r:.80}")
+    return ObservableEvent(fn, observe)
+
+
 def _ok(result) -> jax.Array:
     return (result == diffrax.RESULTS.successful) | (result == diffrax.RESULTS.event_occurred)
 
@@ -323,6 +358,7 @@ def integrate(
     if isinstance(event, diffrax.Event) or event is None:
         ev = event
     elif callable(event):
+        _check_event(event, t0, y0, args)
         # A module wrapper (equal when the user function is the same object) rather than a fresh
         # lambda, so repeated calls with the same event hit the compilation cache.
         ev = diffrax.Event(cond_fn=_EventFn(event), root_finder=optx.Newton(rtol=1e-12, atol=1e-12))
@@ -383,6 +419,18 @@ class _Observer(eqx.Module):
         if not isinstance(out, Mapping):
             raise ValueError(f"observe must return a mapping name -> array, got {type(out).__name__}")
         return flatten_names(out)
+
+
+def _check_event(event, t0, y0, args) -> None:
+    """The event must give one real number: named error before any computing."""
+    dyn_args, static_args = eqx.partition(args, eqx.is_array)
+    try:
+        out = jax.eval_shape(lambda t, y, a: event(t, y, eqx.combine(a, static_args)), t0, y0, dyn_args)
+    except (TypeError, AttributeError, KeyError, IndexError) as err:
+        raise ValueError(f"event failed on the initial state: {type(err).__name__}: {err}") from None
+    shape = getattr(out, "shape", None)
+    if shape != () or not (jnp.issubdtype(out.dtype, jnp.floating) or out.dtype == jnp.bool_):
+        raise ValueError(f"event must return one real number (or a boolean), got {out}")
 
 
 def _check_observe(obs, t0, y0, args) -> None:

@@ -18,6 +18,8 @@ A grid gives times on ``[t0, t1]`` (`SaveGrid.times`, traceable) and integer ste
 from __future__ import annotations
 
 import abc
+import os
+import sys
 import warnings
 from typing import Any
 
@@ -60,9 +62,8 @@ class SaveGrid(eqx.Module):
         total = max(1, int(round(t1f / dtf)))
         if abs(total * dtf - t1f) > 1e-9 * t1f + 1e-6 * dtf:
             warnings.warn(
-                f"t1 = {t1f:g} is not a multiple of dt = {dtf:g}: the run ends at step {total}, "
-                f"t = {total * dtf:g}",
-                stacklevel=3,
+                f"t1 = {t1f:g} is not a multiple of dt = {dtf:g}: the run ends at step {total}, t = {total * dtf:g}",
+                stacklevel=_caller_outside_attnflow(),
             )
         if total > 2**31 - 1:
             raise ValueError(
@@ -72,6 +73,20 @@ class SaveGrid(eqx.Module):
 
     def _steps_in_time(self, total: int, dt: float) -> np.ndarray:
         return self.steps(total)
+
+
+def _caller_outside_attnflow() -> int:
+    """The ``stacklevel`` of the first caller outside attnflow and the JAX libraries that trace
+    it (a warning then names the user's line)."""
+    inside = tuple(
+        os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+        for m in (sys.modules[__package__], jax, eqx)
+        if m.__file__
+    )
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class LinearGrid(SaveGrid):

@@ -426,3 +426,43 @@ def test_solves_and_training_compile_without_host_callbacks():
 def test_learning_rates_must_be_scalars(make):
     with pytest.raises(ValueError, match=r"eta.* must be a scalar, got shape \(2,\)"):
         make()
+
+
+_EVENT_CASES = {
+    "deeplinear": ("attnflow.deeplinear", {}, 8.0, "loss"),
+    "qkov": ("attnflow.qkov", {}, 50.0, "loss"),
+    "focus": ("attnflow.focus", {}, 60.0, "loss"),
+    "heads": ("attnflow.heads", {}, 40.0, "error"),
+}
+
+
+@pytest.mark.parametrize(
+    "package",
+    [
+        "deeplinear",
+        "qkov",
+        pytest.param("focus", marks=pytest.mark.slow),  # about a minute on 2 busy cores
+        pytest.param("heads", marks=pytest.mark.slow),
+    ],
+)
+def test_every_solve_stops_at_an_event_on_its_observables(package):
+    """``solve(setup, T, event=lambda t, o: o[name] - target)`` stops where the observable
+    crosses the target: the crossing on a dense save grid (linear interpolation, 2000 points)
+    and the value at the event. The other protocol events (qkov ``loss_target``, heads
+    ``escape``, derive's ``event``, `focus.escape_time`) have their own tests."""
+    import importlib
+
+    module, kw, T, name = _EVENT_CASES[package]
+    P = importlib.import_module(module)
+    s = P.Setup(**kw)
+    dense = P.solve(s, T, save=af.LinearGrid(2000))  # the event solve below uses the same grid
+    y = np.asarray(dense[name])
+    target = 0.5 * (y[0] + y[-1])
+    t_cross = float(af.first_crossing(dense.ts, dense[name], target, above=False, interpolate=True))
+    ev = P.solve(s, T, save=af.LinearGrid(2000), event=lambda t, o: o[name] - target)
+    assert float(ev.t_event) == pytest.approx(t_cross, rel=2e-3)
+    assert float(ev.final()[name]) == pytest.approx(target, rel=1e-6)
+    never = P.solve(s, T, save=af.LinearGrid(2), event=lambda t, o: o[name] + 1.0)  # never crosses
+    assert np.isnan(float(never.t_event))
+    with pytest.raises(ValueError, match="no observable 'nope'"):
+        P.solve(s, T, event=lambda t, o: o["nope"])

@@ -16,12 +16,13 @@ origin is a saddle with eigenvalues ``+-s / tau``. Flow (1) conserves
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from ..ode import integrate
+from ..ode import integrate, observable_event
 from ..options import LinearGrid, SaveGrid, SolverOptions
 from ..trajectory import Trajectory
 
@@ -94,13 +95,25 @@ def _setup_observe(t: Any, u: jax.Array, setup: Any) -> dict:
     return mode_observables(u, setup.s)
 
 
-def solve(setup: Any, t1: Any, *, save: SaveGrid | None = None, solver: SolverOptions | None = None) -> Trajectory:
+def solve(
+    setup: Any,
+    t1: Any,
+    *,
+    save: SaveGrid | None = None,
+    solver: SolverOptions | None = None,
+    event: Callable[[Any, dict], Any] | None = None,
+) -> Trajectory:
     """The theory of ``setup``: the mode ODE (2), ``du_i/dt = 2 eta u_i (s_i - u_i)`` from
     ``u_i(0) = u0``, integrated to ``t1`` (the same clock as `attnflow.deeplinear.train`).
 
     Records `attnflow.deeplinear.OBSERVABLES` (``u`` of shape ``(T, k)``, ``loss`` of shape
     ``(T,)``). Default save grid `DEFAULT_SAVE`, solver `DEFAULT_SOLVER`. The closed form is
     `mode_strength` with ``tau = 1 / eta``.
+
+    ``event(t, obs) -> scalar`` on the observables ``obs`` (a dict of `attnflow.deeplinear.OBSERVABLES` at time
+    ``t``) stops the solve where it first changes sign, e.g. ``lambda t, o: o["loss"] - 0.1``;
+    ``traj.t_event`` is that time (NaN if it never does) and the save points after it hold the
+    event state; traceable under ``jit``, ``vmap`` and `attnflow.sweep` (`attnflow.ObservableEvent`).
     """
     from .setup import Setup
 
@@ -115,5 +128,6 @@ def solve(setup: Any, t1: Any, *, save: SaveGrid | None = None, solver: SolverOp
         save=save or DEFAULT_SAVE,
         solver=solver or DEFAULT_SOLVER,
         observe=_setup_observe,
+        event=observable_event(event, _setup_observe),
         meta={"theory": "deeplinear", "equation": "mode ODE (2)", "clock": "t; gradient flow dW/dt = -eta grad L"},
     )

@@ -27,14 +27,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .. import _validate as V
 from .._jit import filter_jit
-from ..ode import integrate
+from ..ode import integrate, observable_event
 from ..options import LogGrid, SaveGrid, SolverOptions
 from ..trajectory import Trajectory
 from .setup import Setup
@@ -226,16 +225,6 @@ DEFAULT_SOLVER = SolverOptions(rtol=1e-7, atol=1e-9, max_steps=100_000)
 """`solve`'s solver options when none are given."""
 
 
-class _StateEvent(eqx.Module):
-    """``event(t, y)`` as an `attnflow.integrate` event ``(t, y, args)`` (equal when the user
-    function is the same object, so a repeated solve reuses its compilation)."""
-
-    fn: Callable = eqx.field(static=True)
-
-    def __call__(self, t, y, args):
-        return self.fn(t, y)
-
-
 def solve(
     setup: Setup,
     t1: Any,
@@ -250,15 +239,15 @@ def solve(
 
     Records `attnflow.derive.OBSERVABLES`. Default save grid `DEFAULT_SAVE`, solver
     `DEFAULT_SOLVER`; ``rule`` overrides the quadrature nodes and weights (default `attnflow.derive.rule`).
-    ``event(t, y) -> scalar`` on the state ``y = {"R", "Q"[, "v"]}`` stops the solve where it
-    first crosses zero (e.g. ``lambda t, y: y["R"][0, 0] - 0.5``, the escape from a plateau);
+    ``event(t, obs) -> scalar`` on the observables ``obs`` (a dict of
+    `attnflow.derive.OBSERVABLES`: ``R``, ``Q``[, ``v``], ``error``) stops the solve where it
+    first changes sign (e.g. ``lambda t, o: o["R"][0, 0] - 0.5``, the escape from a plateau);
     ``traj.t_event`` is that time (NaN if it never does), traceable under ``jit``, ``vmap``
-    and `attnflow.sweep`.
+    and `attnflow.sweep` (`attnflow.ObservableEvent`; ``error``, a second quadrature, is
+    computed in the step loop only when the event reads it).
     """
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.derive.Setup, got {setup!r:.80}")
-    if event is not None and not callable(event):
-        raise ValueError(f"event must be callable (t, y) -> scalar with y = {{'R', 'Q'[, 'v']}}, got {event!r:.80}")
     rl = _rule_of(setup) if rule is None else rule
     return integrate(
         field,
@@ -268,7 +257,7 @@ def solve(
         save=save or DEFAULT_SAVE,
         solver=solver or DEFAULT_SOLVER,
         observe=_observe,
-        event=None if event is None else _StateEvent(event),
+        event=observable_event(event, _observe),
         meta={
             "theory": "derive",
             "equation": "derived order-parameter ODE (2)-(4)",

@@ -28,7 +28,7 @@ import optimistix as optx
 
 from .. import _validate as V
 from .._jit import filter_jit
-from ..ode import integrate
+from ..ode import integrate, observable_event
 from ..options import LogGrid, SaveGrid, SolverOptions
 from ..saddle import fixed_point, jacobian
 from ..stiff import AutoStiff
@@ -170,6 +170,7 @@ def solve(
     save: SaveGrid | None = None,
     solver: SolverOptions | None = None,
     observe: Callable[[dict, Setup], Mapping] | None = None,
+    event: Callable[[Any, dict], Any] | None = None,
 ) -> Trajectory:
     """The theory of ``setup``: the population gradient flow (P6) ``d theta/dt = -eta grad L``
     integrated from ``setup.theta0()`` (or the weights ``initial``, a dict like it) to ``t1``.
@@ -180,6 +181,13 @@ def solve(
     that `attnflow.focus.train` accepts. Compiled once per save-grid size, widths and
     ``observe`` function: new ``tau``, ``eta``, ``eps``, chains (``lam``, ``pi``) and ``t1``
     reuse it, and all of them may be traced (a sweep).
+
+    ``event(t, obs) -> scalar`` on the observables ``obs`` (a dict of `attnflow.focus.OBSERVABLES`
+    and those of ``observe`` at time ``t``) stops the solve where it first changes sign, e.g.
+    ``lambda t, o: o["loss"] - 1.0``; ``traj.t_event`` is that time (NaN if it never does) and
+    the save points after it hold the event state; traceable under ``jit``, ``vmap`` and
+    `attnflow.sweep` (`attnflow.ObservableEvent`).
+    `attnflow.focus.escape_time` is this event on the loss, with its own solver and threshold.
     """
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.focus.Setup, got {setup!r}")
@@ -195,6 +203,7 @@ def solve(
         save=save or DEFAULT_SAVE,
         solver=solver or DEFAULT_SOLVER,
         observe=_solve_observe,
+        event=observable_event(event, _solve_observe),
         meta={"theory": "focus", "equation": "population gradient flow (P6)", "clock": "t; d theta/dt = -eta grad L"},
     )
 

@@ -19,6 +19,7 @@ smooth deterministic function of the state.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
@@ -32,7 +33,7 @@ from .. import _validate as V
 from .._jit import filter_jit
 from ..analysis import first_crossing
 from ..expect import all_permutations, antithetic_copies, cyclic_permutations, permuted_copies, psd_sqrt
-from ..ode import DivergenceError, integrate
+from ..ode import DivergenceError, integrate, observable_event
 from ..options import LinearGrid, SaveGrid, SolverOptions
 from ..saddle import Spectrum, fixed_point, spectrum
 from ..trajectory import Trajectory
@@ -401,6 +402,7 @@ def solve(
     bank: BankOptions | None = None,
     form: DriftForm | None = None,
     escape: Any = None,
+    event: Callable[[Any, dict], Any] | None = None,
 ) -> Trajectory:
     """The order-parameter ODE (8) of ``setup`` from its initial condition, integrated to ``t1``
     on the clock ``t = steps / D`` of `attnflow.heads.train`.
@@ -414,6 +416,11 @@ def solve(
     ``|m_1 - m_2| / sqrt(2)`` for two heads and one feature; `ESCAPE_THRESHOLD` is the usual
     value): the solve stops when it is reached and ``traj.t_event`` is that time (NaN if never),
     a traceable array, so escape times can be the output of a `attnflow.sweep`.
+    ``event(t, obs) -> scalar`` on the observables ``obs`` (a dict of `attnflow.heads.OBSERVABLES` at time
+    ``t``) stops the solve where it first changes sign, e.g. ``lambda t, o: o["error"] - 0.2``;
+    ``traj.t_event`` is that time (NaN if it never does) and the save points after it hold the
+    event state; traceable under ``jit``, ``vmap`` and `attnflow.sweep` (`attnflow.ObservableEvent`).
+    ``escape=s`` is ``event=lambda t, o: o["specialisation"] - s``; give one of the two.
 
     Raises `attnflow.DivergenceError` when ``Q - M M^T`` loses positive semidefiniteness (beyond
     `PSD_TOLERANCE`) or a value is not finite. Compiled once per (setup structure, save grid,
@@ -426,6 +433,8 @@ def solve(
     check_overlaps("initial condition", y0["M"], y0["Q"], setup.H, setup.F)
     solver = DEFAULT_SOLVER if solver is None else solver
     dyn = Dynamics.build(setup, bank, form)
+    if escape is not None and event is not None:
+        raise ValueError("give escape or event, not both (escape=s is event=lambda t, o: o['specialisation'] - s)")
     if escape is not None:
         V.positive("escape (threshold of the specialisation)", escape)
     threshold = jnp.asarray(jnp.inf if escape is None else escape, dtype=float)
@@ -437,7 +446,7 @@ def solve(
         save=DEFAULT_SAVE if save is None else save,
         solver=solver,
         observe=_observe,
-        event=None if escape is None else _escape_event,
+        event=_escape_event if escape is not None else observable_event(event, _observe),
         meta={"theory": "heads", "clock": "t = steps / D", "bank": dyn.bank.size, "form": type(dyn.form).__name__},
     )
     if not V.any_traced((traj.ts, traj.ys)):

@@ -25,6 +25,7 @@ Time: `solve` integrates in ``t``, the clock of the gradient flow ``dW/dt = -eta
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -33,7 +34,7 @@ import numpy as np
 
 from .. import _validate as V
 from .._jit import filter_jit
-from ..ode import integrate
+from ..ode import integrate, observable_event
 from ..options import LogGrid, SaveGrid, SolverOptions
 from ..trajectory import Trajectory
 from .setup import PAPER_HORIZON_TAU, PAPER_LOSS_TARGET, Setup
@@ -253,6 +254,7 @@ def solve(
     initial: dict | None = None,
     save: SaveGrid | None = None,
     solver: SolverOptions | None = None,
+    event: Callable[[Any, dict], Any] | None = None,
 ) -> Trajectory:
     """The theory of ``setup``: the reduced ODE (3a)-(3b) integrated in time ``t`` from the
     setup's start (`Setup.initial_state`, or ``initial``) to ``t1``.
@@ -265,6 +267,11 @@ def solve(
     first time the loss reaches it (a terminating event): ``traj.t_event`` is that time
     (NaN if the loss stays above the target until ``t1``) and the save points after it hold
     the event state, so ``traj.final()`` is the state there.
+    ``event(t, obs) -> scalar`` on the observables ``obs`` (a dict of `attnflow.qkov.OBSERVABLES` at time
+    ``t``) stops the solve where it first changes sign, e.g. ``lambda t, o: o["alpha"] - 0.9``;
+    ``traj.t_event`` is that time (NaN if it never does) and the save points after it hold the
+    event state; traceable under ``jit``, ``vmap`` and `attnflow.sweep` (`attnflow.ObservableEvent`).
+    ``loss_target=L`` is ``event=lambda t, o: o["loss"] - L``; give one of the two.
 
     Records `attnflow.qkov.OBSERVABLES` (``mu_ov, mu_qk, alpha, loss``). Default save grid
     `DEFAULT_SAVE`, solver `DEFAULT_SOLVER`. New learning rates (``setup.replace(eta_qk=...)``)
@@ -275,12 +282,14 @@ def solve(
     init = setup.initial_state() if initial is None else initial
     y0 = {k: jnp.asarray(init[k], dtype) for k in ("mu_ov", "mu_qk")}
     args: dict[str, Any] = {"setup": setup}
-    event = None
+    if loss_target is not None and event is not None:
+        raise ValueError("give loss_target or event, not both (loss_target=L is event=lambda t, o: o['loss'] - L)")
+    stop: Callable[[Any, Any, Any], Any] | None = observable_event(event, _solve_observe)
     if loss_target is not None:
         if not V.any_traced(loss_target):
             V.positive("loss_target", loss_target)
         args["loss_target"] = jnp.asarray(loss_target, dtype)
-        event = _loss_event
+        stop = _loss_event
     return integrate(
         _solve_field,
         y0,
@@ -289,7 +298,7 @@ def solve(
         save=save or DEFAULT_SAVE,
         solver=solver or DEFAULT_SOLVER,
         observe=_solve_observe,
-        event=event,
+        event=stop,
         meta={
             "theory": "qkov",
             "equation": "reduced ODE (3)",
