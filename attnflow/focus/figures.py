@@ -43,7 +43,8 @@ def cycle_figure(
         a1.axhline(lev, color="C3", ls=ls, lw=1, label=lab)
     a1.set_xlabel("t")
     a1.set_ylabel("loss")
-    a1.legend(fontsize=7)
+    # the loss and its levels only, right of the drops, below log d; the stage markers are named on the entropy panel
+    a1.legend(fontsize=7, loc="center right")
     a1.set_title("Stepwise loss")
     if stage_times:
         for ax in (a1, a2):
@@ -54,8 +55,7 @@ def cycle_figure(
                 colors=["C4", "C1"],
                 theory_label="theory (R8)",
                 measured_label="flow",
-                legend=ax is a1,
-                legend_kw={"fontsize": 7, "loc": "lower left"},
+                legend=False,
             )
     a2.semilogx(ts, tr["entropy"], "C0-", label="pi-weighted token entropy")
     a2.set_xlabel("t")
@@ -81,26 +81,32 @@ def cycle_figure(
     M, q = np.asarray(tr["norm_M"]), np.asarray(tr["q_plus"])
     a4.semilogy(ts, M, "C0-", label="|M| = |W0 W1| (flow)")
     a4.semilogy(ts, q, "C2-", label="q+ = |a1^T (WQ + WK)|/sqrt2 (flow)")
-    tI = ts[ts < 12]
+    # predicted slopes as guides parallel to the measured curves, a decade above them (on them they would hide)
+    guide = 10.0
+    tI = np.linspace(0.0, 12.0, 50)
     a4.semilogy(
         tI,
-        M[0] * np.exp(2 * pred["sigma"] * tI),
+        guide * M[0] * np.exp(2 * pred["sigma"] * tI),
         "C0--",
-        lw=1,
-        label=f"predicted slope 2 sigma = {2 * pred['sigma']:.4f}",
+        lw=1.2,
+        label=f"predicted slope 2 sigma = {2 * pred['sigma']:.4f} (guide, x{guide:g})",
     )
     wa, wb = rates["window"]
     i0 = int(np.argmin(np.abs(ts - wa)))
-    tII = ts[(ts >= wa) & (ts <= wb)]
-    if tII.size:
+    if np.isfinite(wa) and np.isfinite(wb) and wb > wa:
+        tII = np.linspace(max(0.0, wa - 0.5 * (wb - wa)), wb + 1.5 * (wb - wa), 50)
         a4.semilogy(
-            tII, q[i0] * np.exp(pred["c"] * (tII - tII[0])), "C2--", lw=1, label=f"slope c(theta_c^1) = {pred['c']:.4f}"
+            tII,
+            guide * q[i0] * np.exp(pred["c"] * (tII - wa)),
+            "C2--",
+            lw=1.2,
+            label=f"predicted slope c(theta_c^1) = {pred['c']:.4f} (guide, x{guide:g})",
         )
     a4.set_xlabel("t")
     a4.set_ylabel("norm")
     a4.set_xlim(0, min(ts[-1], 250))
     a4.set_ylim(1e-7, 1e2)
-    a4.legend(fontsize=7)
+    a4.legend(fontsize=7, loc="lower right")
     a4.set_title(f"Rates (measured 2 sigma = {rates['two_sigma']:.4f}, c = {rates['c']:.4f})")
     fig.suptitle(title)
     return fig
@@ -116,17 +122,18 @@ def attention_snapshots(tr: Trajectory) -> Figure:
     i_min = int(np.argmin(ent))
     i_max = i_min + int(np.argmax(ent[i_min:]))
     picks = sorted({0, int(np.argmin(np.abs(ts - 20))), i_min, (i_min + i_max) // 2, i_max, len(ts) - 1})
-    fig = Figure(figsize=(2.6 * len(picks), 2.9), layout="constrained")
+    # square panels fill the width: a wider figure would leave a gap before the colour bar
+    fig = Figure(figsize=(2.2 * len(picks) + 0.9, 2.9), layout="constrained")
     axes = fig.subplots(1, len(picks))
     images = []
     for ax, i in zip(axes, picks, strict=True):
         images.append(ax.imshow(A[i], vmin=0, vmax=1, cmap="magma"))
-        ax.set_title(f"t = {ts[i]:.3g}\nentropy {ent[i]:.3f}", fontsize=8)
+        ax.set_title(f"t = {ts[i]:.3g}\nentropy {ent[i]:.3f}", fontsize=10)
         ax.set_xlabel("key token")
         ax.set_ylabel("query token")
         ax.set_xticks(range(d))
         ax.set_yticks(range(d))
-    fig.colorbar(images[-1], ax=list(axes), label="attention A_qk")
+    fig.colorbar(images[-1], ax=list(axes), label="attention A_qk", shrink=0.9, pad=0.01)
     return fig
 
 
@@ -140,8 +147,19 @@ def embedding_pca_figure(tr: Trajectory, pi: Sequence[float]) -> Figure:
     for k in range(pcs.shape[1]):
         ax.plot(pcs[:, k, 0], pcs[:, k, 1], "-", color=f"C{k}", lw=1, alpha=0.7)
         ax.scatter(pcs[:, k, 0], pcs[:, k, 1], c=color, cmap="viridis", vmin=color.min(), vmax=color.max(), s=8)
-        ax.annotate(f"token {k} (pi={float(pi[k]):.2f})", pcs[-1, k], fontsize=7)
-    fig.colorbar(ScalarMappable(Normalize(color.min(), color.max()), "viridis"), ax=ax, label="log10 t")
+    # labels at the end points, pointing into the plot (a label running past the edge pushes the colour bar away)
+    x_mid = 0.5 * (np.min(pcs[..., 0]) + np.max(pcs[..., 0]))
+    for k in range(pcs.shape[1]):
+        right = pcs[-1, k, 0] > x_mid
+        ax.annotate(
+            f"token {k} (pi={float(pi[k]):.2f})",
+            pcs[-1, k],
+            xytext=(-6 if right else 6, 4),
+            textcoords="offset points",
+            ha="right" if right else "left",
+            fontsize=8,
+        )
+    fig.colorbar(ScalarMappable(Normalize(color.min(), color.max()), "viridis"), ax=ax, label="log10 t", pad=0.02)
     ax.set_xlabel("PC1 of embedding rows")
     ax.set_ylabel("PC2 of embedding rows")
     ax.set_title("Embedding rows of W0 over time", fontsize=10)
