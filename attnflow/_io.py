@@ -15,10 +15,28 @@ from typing import IO, Any
 
 import numpy as np
 
-__all__ = ["atomic_write", "json_default", "strict_json", "data_path", "optional_import", "DATA_ENV"]
+__all__ = ["atomic_write", "json_default", "strict_json", "data_path", "optional_import", "DATA_ENV", "progress_bar"]
 
 DATA_ENV = "ATTNFLOW_DATA"
 """Environment variable naming the folder of data files (corpora) when no folder is given."""
+
+
+LOG_INTERVAL = 30.0
+"""Seconds between redraws of a progress bar written to a log file rather than a terminal."""
+
+
+def progress_bar(**kwargs: Any) -> Any:
+    """A tqdm bar on stderr (``kwargs`` as tqdm's). On a terminal it redraws as usual; written to
+    a log file (stderr not a terminal, as under Slurm) it redraws at most every `LOG_INTERVAL`
+    seconds, so a long run leaves a few lines rather than thousands of carriage returns."""
+    import sys
+
+    from tqdm.auto import tqdm
+
+    stream = sys.stderr
+    if not (hasattr(stream, "isatty") and stream.isatty()):
+        kwargs.setdefault("mininterval", LOG_INTERVAL)
+    return tqdm(file=stream, **kwargs)
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> Path:

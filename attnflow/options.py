@@ -20,6 +20,7 @@ from __future__ import annotations
 import abc
 import os
 import sys
+import types
 import warnings
 from typing import Any
 
@@ -83,7 +84,8 @@ def _caller_outside_attnflow() -> int:
         for m in (sys.modules[__package__], jax, eqx)
         if m.__file__
     )
-    frame, level = sys._getframe(1), 1
+    frame: types.FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(inside):
         frame, level = frame.f_back, level + 1
     return level
@@ -217,7 +219,8 @@ class SolverOptions(eqx.Module):
     adjoint:
         A Diffrax adjoint for gradients through the solve (``None``: Diffrax's default).
     progress:
-        Show Diffrax's tqdm progress meter.
+        Show the solve's progress on stderr: a bar labelled ``integrate`` on a terminal,
+        a few plain lines in a log file (see `attnflow.integrate`).
     """
 
     solver: diffrax.AbstractSolver | None = None

@@ -302,10 +302,10 @@ _BAR = None
 
 def _progress_tick(n):
     global _BAR
-    from tqdm.auto import tqdm
+    from ._io import progress_bar
 
     if _BAR is None:
-        _BAR = tqdm(desc="simulate", unit="step")
+        _BAR = progress_bar(desc="simulate", unit="step")
     _BAR.update(int(np.max(n)))
 
 

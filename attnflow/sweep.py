@@ -822,10 +822,10 @@ def sweep(
     devices_used = 0
     bar = None
     if progress and todo:
-        from tqdm.auto import tqdm
+        from ._io import progress_bar
 
         desc = "sweep" if shard is None else f"sweep, shard {shard}"
-        bar = tqdm(total=len(mine), initial=len(mine) - len(todo), desc=desc, unit="chunk")
+        bar = progress_bar(total=len(mine), initial=len(mine) - len(todo), desc=desc, unit="chunk")
     try:
         for i in todo:
             # host arrays go straight into the jitted call, which places them by its

@@ -189,9 +189,9 @@ def train_text(
     history = np.zeros((len(lanes), schedule.epochs))
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from .._io import progress_bar
 
-        bar = tqdm(total=schedule.epochs, desc=f"train {len(lanes)} lanes", unit="epoch")
+        bar = progress_bar(total=schedule.epochs, desc=f"train {len(lanes)} lanes", unit="epoch")
     try:
         for epoch in range(schedule.epochs):
             params, opt_state, loss = _epoch(
