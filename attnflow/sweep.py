@@ -57,7 +57,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ._errors import blank_failed, collecting, status_code
-from ._io import atomic_write
+from ._io import atomic_write, strict_json
 from ._jit import cpu_compiler_options
 from ._lanes import check_lanes, vmap_lanes
 
@@ -201,6 +201,55 @@ class SweepResult:
     def __repr__(self) -> str:
         return f"SweepResult(dims={self.dims}, shape={self.shape})"
 
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the whole result to ``path`` (``.npz``: every array) and ``path.json`` (axes,
+        statuses and failure messages, ``meta``, and the structure of ``values``), atomically;
+        `SweepResult.load` reads it back without ``fn``. ``values`` may nest dicts, lists,
+        tuples, `Trajectory` objects and arrays."""
+        from .trajectory import versions
+
+        path = Path(path)
+        if path.suffix != ".npz":
+            path = path.with_name(path.name + ".npz")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        arrays: dict[str, np.ndarray] = {"status": np.asarray(self.status)}
+        for j, d in enumerate(self.dims):
+            arrays[f"coord_{j}"] = np.asarray(self.coords[d])
+        spec = _encode_values(self.values, arrays)
+        info = {
+            "attnflow_sweep_result": 1,
+            "dims": list(self.dims),
+            "values": spec,
+            "messages": list(self.messages),
+            "meta": self.meta,
+            "versions": versions(),
+        }
+        atomic_write(path, lambda f: np.savez(f, **arrays))  # type: ignore[arg-type]
+        atomic_write(path.with_suffix(".json"), lambda f: f.write(strict_json(info).encode()))
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> SweepResult:
+        """A result written by `SweepResult.save` (``path`` with or without ``.npz``)."""
+        path = Path(path)
+        if path.suffix != ".npz":
+            path = path.with_name(path.name + ".npz")
+        meta_path = path.with_suffix(".json")
+        if not path.exists() or not meta_path.exists():
+            raise FileNotFoundError(f"no saved sweep result at {path} (and {meta_path.name})")
+        try:
+            info = json.loads(meta_path.read_text())
+            if not isinstance(info, dict) or info.get("attnflow_sweep_result") != 1:
+                raise ValueError("not a sweep result's metadata")
+            with np.load(path, allow_pickle=False) as data:
+                arrays = {k: data[k] for k in data.files}
+            dims = info["dims"]
+            coords = {d: arrays[f"coord_{j}"] for j, d in enumerate(dims)}
+            values = _decode_values(info["values"], arrays)
+        except (ValueError, KeyError, TypeError, OSError) as err:
+            raise ValueError(f"{path} is not a sweep result saved by attnflow ({type(err).__name__}: {err})") from None
+        return cls(dims, coords, values, info.get("meta"), arrays["status"], info.get("messages", ()))
+
     def to_xarray(self):
         """An ``xarray.Dataset`` on the grid dimensions ``dims`` with their ``coords``: one
         variable per leaf of ``values`` (named by its path: ``"loss"``, ``"[0]"``, ``"ts"``
@@ -255,6 +304,62 @@ class SweepResult:
 
         visit("", self.values)
         return xr.Dataset(data, coords=coords, attrs={"meta": json.dumps(self.meta, default=str)})
+
+
+def _encode_values(value: Any, arrays: dict[str, np.ndarray]) -> Any:
+    """The structure of ``value`` as JSON, its arrays stored in ``arrays`` (`SweepResult.save`)."""
+    from .trajectory import Trajectory
+
+    def put(x: Any) -> int:
+        i = sum(k.startswith("v_") for k in arrays)
+        arrays[f"v_{i}"] = np.asarray(x)
+        return i
+
+    if isinstance(value, Trajectory):
+        return {
+            "kind": "trajectory",
+            "ts": put(value.ts),
+            "ys": {k: put(v) for k, v in value.ys.items()},
+            "t_event": None if value.t_event is None else put(value.t_event),
+            "stats": {k: put(v) for k, v in value.stats.items()},
+            "meta": value.meta,
+        }
+    if isinstance(value, Mapping):
+        if not all(isinstance(k, str) for k in value):
+            raise ValueError(f"SweepResult.save: mapping keys must be strings, got {list(value)[:5]}")
+        return {"kind": "dict", "items": {k: _encode_values(v, arrays) for k, v in value.items()}}
+    if isinstance(value, tuple | list):
+        return {"kind": type(value).__name__, "items": [_encode_values(v, arrays) for v in value]}
+    if value is None:
+        return {"kind": "none"}
+    if isinstance(value, jax.Array | np.ndarray | np.generic | int | float | bool):
+        return {"kind": "array", "index": put(value)}
+    raise ValueError(f"SweepResult.save: cannot store a value of type {type(value).__name__}")
+
+
+def _decode_values(spec: Any, arrays: Mapping[str, np.ndarray]) -> Any:
+    """The inverse of `_encode_values`."""
+    from .trajectory import Trajectory
+
+    kind = spec["kind"]
+    if kind == "trajectory":
+        return Trajectory(
+            arrays[f"v_{spec['ts']}"],
+            {k: arrays[f"v_{i}"] for k, i in spec["ys"].items()},
+            spec.get("meta") or {},
+            None if spec["t_event"] is None else arrays[f"v_{spec['t_event']}"],
+            {k: arrays[f"v_{i}"] for k, i in spec["stats"].items()},
+        )
+    if kind == "dict":
+        return {k: _decode_values(v, arrays) for k, v in spec["items"].items()}
+    if kind in ("tuple", "list"):
+        items = [_decode_values(v, arrays) for v in spec["items"]]
+        return tuple(items) if kind == "tuple" else items
+    if kind == "none":
+        return None
+    if kind == "array":
+        return arrays[f"v_{spec['index']}"]
+    raise ValueError(f"unknown value kind {kind!r}")
 
 
 def use_cpu_cores(n: int | None = None) -> int:

@@ -386,3 +386,34 @@ def test_sel_refuses_values_off_the_grid_and_meta_changes_are_named(tmp_path):
     af.sweep(_times_scale, grid, out_dir=tmp_path, progress=False, meta={"options": {"taus": [1.0, 2.0], "n": 3}})
     with pytest.raises(ValueError, match=r"other settings: options.taus: \[1.0, 2.0\] vs \[1.0\]"):
         af.sweep(_times_scale, grid, out_dir=tmp_path, progress=False, meta={"options": {"taus": [1.0], "n": 3}})
+
+
+def test_sweep_result_saves_and_loads_whole(tmp_path):
+    from attnflow._errors import fail_if
+
+    ts = jnp.linspace(0.0, 1.0, 4)
+
+    def fn(a, seed):
+        traj = af.Trajectory(ts, {"y": a * ts + seed, "v": jnp.stack([ts, -ts], 1)}, {"model": "toy"})
+        bad = fail_if(a, a > 2.5, "a too large")  # the last grid point fails
+        return {"traj": traj, "pair": (bad, jnp.arange(3.0) * a), "none": None}
+
+    with pytest.warns(RuntimeWarning, match="2 of 6 grid points failed"):
+        res = af.sweep(fn, {"a": np.array([1.0, 2.0, 3.0]), "seed": np.arange(2)}, progress=False, meta={"run": 7})
+    path = res.save(tmp_path / "grid")
+    assert path.name == "grid.npz" and (tmp_path / "grid.json").exists()
+    back = af.SweepResult.load(tmp_path / "grid")
+    assert back.dims == ("a", "seed") and back.shape == (3, 2) and back.meta["run"] == 7
+    np.testing.assert_array_equal(back.coords["a"], [1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(back.status, res.status)
+    assert back.failures() == res.failures() and back.failures()[0][1] == "a too large"
+    assert isinstance(back.values["traj"], af.Trajectory) and back.values["traj"].meta["model"] == "toy"
+    np.testing.assert_array_equal(back.values["traj"]["y"], res.values["traj"]["y"])
+    assert isinstance(back.values["pair"], tuple) and back.values["none"] is None
+    np.testing.assert_array_equal(back.sel(a=2.0, seed=1)["pair"][1], [0.0, 2.0, 4.0])
+    np.testing.assert_allclose(back.values["traj"].mean(axis=1)["y"][0], ts + 0.5)  # failed row: NaN
+    with pytest.raises(FileNotFoundError, match="no saved sweep result"):
+        af.SweepResult.load(tmp_path / "nothing")
+    (tmp_path / "grid.json").write_text("[1]")
+    with pytest.raises(ValueError, match="is not a sweep result saved by attnflow"):
+        af.SweepResult.load(path)
