@@ -3,7 +3,8 @@
 One error boundary: every failure is one line on stderr naming what was wrong and what to
 do, with exit status 2 for bad input (options, paths, sizes) and 1 for a run that failed
 (a divergence, a solver that gave up) or whose checks failed; ``--debug`` shows the
-traceback instead. Ctrl-C prints one line and exits with status 130.
+traceback instead. Ctrl-C prints one line and exits with status 130; SIGTERM (what Slurm
+sends a preempted or timed-out job) takes the same path and exits with status 143.
 
 Results are written to a temporary folder beside ``--out`` and moved into place when the
 run is complete, so ``--out`` holds the previous complete run or the new one, never a mix
@@ -22,15 +23,28 @@ import argparse
 import contextlib
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from . import __version__
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C is: staging folders removed, finished sweep chunks kept."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated()
+
+
 SWEEPS = ".attnflow-sweeps"  # OUT/SWEEPS/NAME/sweep-k: the chunks of a run's sweeps, kept between runs
 PLAIN = ".plain-run"  # in OUT/SWEEPS/NAME: the folder was made by a plain run, which deletes it when done
 
@@ -226,24 +240,28 @@ def _one_line(err: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return _main(args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         kept = [d for d in _RESUME if _holds_chunks(d)]
         _cleanup()
+        what = "terminated (SIGTERM)" if isinstance(stop, _Terminated) else "interrupted"
         if kept:
             print(
-                f"attnflow: interrupted; --out is unchanged but for the finished sweep chunks kept in {kept[0]}: "
+                f"attnflow: {what}; --out is unchanged but for the finished sweep chunks kept in {kept[0]}: "
                 "run the same command again to go on from them",
                 file=sys.stderr,
                 flush=True,
             )
         else:
-            print("attnflow: interrupted; --out is unchanged", file=sys.stderr, flush=True)
+            print(f"attnflow: {what}; --out is unchanged", file=sys.stderr, flush=True)
         # skip interpreter finalisation: XLA's threads may still hold work (a segfault risk)
         sys.stderr.flush()
         sys.stdout.flush()
-        os._exit(EXIT_INTERRUPTED)
+        os._exit(EXIT_TERMINATED if isinstance(stop, _Terminated) else EXIT_INTERRUPTED)
     except Exception as err:  # the one error boundary of the command
         _cleanup()
         if getattr(args, "debug", False):
@@ -273,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
         message = str(err) if isinstance(err, UsageError) else _one_line(err)
         print(f"attnflow: {kind}: {message}{hint}", file=sys.stderr)
         return EXIT_FAILED if failed else EXIT_BAD_INPUT
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _cleanup() -> None:

@@ -193,7 +193,12 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_ctrl_c_exits_130_and_leaves_out_intact(tmp_path):
+@pytest.mark.parametrize(
+    "sig, code, what",
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated (SIGTERM)")],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_ctrl_c_exits_130_and_leaves_out_intact(tmp_path, sig, code, what):
     out = tmp_path / "out"
     quick = ["run", "deep-linear", "--set", "dts=[0.04, 0.02]", "--set", "t_end=6", "--out", str(out), "--quiet"]
     assert main(quick) == 0
@@ -224,9 +229,9 @@ def test_ctrl_c_exits_130_and_leaves_out_intact(tmp_path):
         time.sleep(0.2)
     time.sleep(2)
     assert proc.poll() is None, proc.communicate()
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
-    assert err.strip() == "attnflow: interrupted; --out is unchanged"
+    assert proc.returncode == code, err
+    assert err.strip() == f"attnflow: {what}; --out is unchanged"
     after = {p.name: p.read_bytes() for p in (out / "deep-linear").iterdir()}
     assert after == before and not list(out.glob(".attnflow-*"))
