@@ -35,7 +35,7 @@ from . import focus, heads, qkov
 from .citations import keys_for, references
 from .finite_size import FiniteSizeFit, fit_finite_size, trajectory_gap
 from .options import LinearGrid, TimeGrid
-from .report import Report, Timer, register
+from .report import Report, Timer, option, register
 from .sweep import Static, sweep
 from .trajectory import Trajectory
 
@@ -46,30 +46,30 @@ __all__ = ["FiniteSizeConfig", "finite_size"]
 class FiniteSizeConfig:
     """Options of ``finite-size`` (``attnflow show finite-size`` lists them)."""
 
-    seeds: int = 6  # SGD seeds per size (one vmapped sweep axis)
-    level: float = 0.95  # of the confidence interval of each exponent
-    n_save: int = 25  # save times per run (linear grid); the gap is the RMS over them
+    seeds: int = option(6, "SGD seeds per size (one vmapped sweep axis)")
+    level: float = option(0.95, "of the confidence interval of each exponent")
+    n_save: int = option(25, "save times per run (linear grid); the gap is the RMS over them")
     # heads: online SGD in dimension D vs the order-parameter ODE
     heads_Ds: tuple[int, ...] = (500, 1000, 2000, 4000)
     heads_t_end: float = 4.0
-    heads_init_D: int = 200  # the initial overlaps: one draw at this D, shared by the ODE and all SGD runs
-    heads_bank: int = 16384  # Monte Carlo bank of the ODE (its error stays below the smallest gap)
-    heads_dtype: str = "float32"  # of the SGD runs (the ODE is float64)
+    heads_init_D: int = option(200, "the initial overlaps: one draw at this D, shared by the ODE and all SGD runs")
+    heads_bank: int = option(16384, "Monte Carlo bank of the ODE (its error stays below the smallest gap)")
+    heads_dtype: str = option("float32", "of the SGD runs (the ODE is float64)")
     # qkov: |C| by population gradient flow; context length m + n (n = 10 m) by online SGD
     qkov_n_commons: tuple[int, ...] = (50, 100, 200, 400)
     qkov_ms: tuple[int, ...] = (1, 2, 4, 8)
-    qkov_n_common: int = 100  # |C| of the context-length runs
+    qkov_n_common: int = option(100, "|C| of the context-length runs")
     qkov_t_end: float = 600.0
     qkov_dt: float = 1.0
     qkov_batch: int = 16
     # focus: context length s (batch fixed) and batch B (context fixed), online SGD vs population flow
     focus_contexts: tuple[int, ...] = (8, 16, 32, 64)
     focus_context_batch: int = 32
-    focus_context_t_end: float = 40.0  # Stage I (condensation) and the start of the H(pi) plateau
+    focus_context_t_end: float = option(40.0, "Stage I (condensation) and the start of the H(pi) plateau")
     focus_context_dt: float = 0.02
     focus_batches: tuple[int, ...] = (1, 2, 4, 8)
     focus_batch_context: int = 256
-    focus_batch_t_end: float = 100.0  # into Stage II (focus): the attention moves, SGD noise shows
+    focus_batch_t_end: float = option(100.0, "into Stage II (focus): the attention moves, SGD noise shows")
     focus_batch_dt: float = 0.05
 
 

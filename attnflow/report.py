@@ -12,15 +12,11 @@ folder: ``*.npz`` + ``*.json`` trajectories, ``*.png`` figures, ``summary.json``
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import io
 import json
 import math
 import numbers
 import shlex
-import textwrap
 import time
-import tokenize
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -44,6 +40,7 @@ __all__ = [
     "parse_value",
     "format_value",
     "option_notes",
+    "option",
     "config_from",
     "Timer",
 ]
@@ -320,37 +317,15 @@ def format_value(v: Any) -> str:
     return str(v)
 
 
+def option(default: Any, help: str) -> Any:
+    """A field of an experiment's configuration with its default and its meaning, which
+    ``attnflow show NAME`` prints (``dataclasses.field(default=..., metadata={"help": ...})``)."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
 def option_notes(cls: type) -> dict[str, str]:
     """``{option: meaning}`` of the configuration dataclass ``cls`` (see `Experiment.option_notes`)."""
-    names = [f.name for f in dataclasses.fields(cls)]
-    notes = {f.name: str(f.metadata["help"]) for f in dataclasses.fields(cls) if "help" in f.metadata}
-    try:
-        source = textwrap.dedent(inspect.getsource(cls))
-        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
-    except (OSError, TypeError, SyntaxError, tokenize.TokenError, IndentationError):
-        return notes
-    # a field is a statement of the class body (depth 1) that starts with NAME ':'; its note is the
-    # comment on the last line of that statement
-    depth, start, current = 0, True, None
-    for i, tok in enumerate(tokens):
-        if tok.type == tokenize.INDENT:
-            depth += 1
-        elif tok.type == tokenize.DEDENT:
-            depth -= 1
-        elif tok.type == tokenize.NEWLINE:
-            start, current = True, None
-            continue
-        elif tok.type == tokenize.NAME and start and depth == 1:
-            nxt = tokens[i + 1] if i + 1 < len(tokens) else None
-            current = tok.string if nxt is not None and nxt.string == ":" and tok.string in names else None
-        elif tok.type == tokenize.COMMENT and current is not None and current not in notes:
-            text = tok.string.lstrip("#").strip()
-            last = tokens[i + 1].type == tokenize.NEWLINE  # a comment on the statement's last line
-            if last and text and not text.startswith(("noqa", "type:", "pragma", "fmt:")):
-                notes[current] = text
-        if tok.type not in (tokenize.INDENT, tokenize.DEDENT, tokenize.NL, tokenize.COMMENT):
-            start = False
-    return {k: notes[k] for k in names if k in notes}
+    return {f.name: str(f.metadata["help"]) for f in dataclasses.fields(cls) if "help" in f.metadata}
 
 
 def _type_name(tp: Any) -> str:

@@ -21,7 +21,7 @@ def test_version_and_list(capsys):
     assert "deep-linear" in capsys.readouterr().out
     assert main(["show", "deep-linear"]) == 0
     out = capsys.readouterr().out
-    # defaults written as --set reads them (JSON-like, shell-quoted), with the type and the field's comment
+    # defaults written as --set reads them (JSON-like, shell-quoted), with the type and the option's help
     assert "  --set 'dts=[0.04, 0.02, 0.01]'   list of float; gradient-descent time steps" in out
     assert "  --set u0=0.001                   float; initial strength of every mode" in out
     assert "  --set n_in=8                     int\n" in out

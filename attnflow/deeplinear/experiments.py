@@ -13,7 +13,7 @@ from ..analysis import first_crossing, fit_power_law
 from ..ode import integrate
 from ..options import LinearGrid, SolverOptions
 from ..plot import mark_times, overlay
-from ..report import Report, Timer, register
+from ..report import Report, Timer, option, register
 from ..saddle import spectrum
 from ..trajectory import compare
 from .model import TwoLayerLinear
@@ -26,13 +26,13 @@ from .train import train
 class DeepLinearConfig:
     """Options of ``deep-linear``."""
 
-    s: tuple[float, ...] = REFERENCE_MODES  # teacher mode strengths
+    s: tuple[float, ...] = option(REFERENCE_MODES, "teacher mode strengths")
     n_in: int = 8
     n_out: int = 6
-    u0: float = 1e-3  # initial strength of every mode
+    u0: float = option(1e-3, "initial strength of every mode")
     t_end: float = 14.0
-    dts: tuple[float, ...] = (0.04, 0.02, 0.01)  # gradient-descent time steps (learning rate = dt, eta = 1)
-    seed: int = TEACHER_SEED  # teacher frames; seed + 1 draws the random start of the matrix flow
+    dts: tuple[float, ...] = option((0.04, 0.02, 0.01), "gradient-descent time steps (learning rate = dt, eta = 1)")
+    seed: int = option(TEACHER_SEED, "teacher frames; seed + 1 draws the random start of the matrix flow")
 
     def __post_init__(self) -> None:
         if len(self.s) == 0 or min(self.s) <= 0:

@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 
 from ..analysis import first_crossing
 from ..options import LinearGrid, SolverOptions
-from ..report import Report, Timer, register
+from ..report import Report, Timer, option, register
 from ..saddle import fixed_point, spectrum
 from ..sweep import sweep
 from .setup import GaussHermite, Setup, soft_committee
@@ -27,18 +27,18 @@ class CommitteeConfig:
     ``T = I``, start ``R0 = r_sym + r0 I`` (every entry ``r_sym``, the diagonal ``r0`` more: ``r0``
     is the initial specialisation), ``Q0 = q0 I``."""
 
-    etas: tuple[float, ...] = (0.5, 1.0, 2.0)  # learning rates of the sweep
-    r0s: tuple[float, ...] = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)  # initial specialisations of the sweep
-    r_linear: float = 1e-3  # the escape slope is fitted over r0 <= r_linear (the linear regime)
+    etas: tuple[float, ...] = option((0.5, 1.0, 2.0), "learning rates of the sweep")
+    r0s: tuple[float, ...] = option((1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1), "initial specialisations of the sweep")
+    r_linear: float = option(1e-3, "the escape slope is fitted over r0 <= r_linear (the linear regime)")
     r_sym: float = 0.01
     q0: float = 0.2
-    t_end: float = 600.0  # every solve runs to t_end
-    points: int = 12  # Gauss-Hermite points per dimension (12^4 nodes)
-    D: int = 1000  # SGD input dimension
-    sgd_eta: float = 1.0  # the learning rate of the SGD runs (one per sgd_r0)
+    t_end: float = option(600.0, "every solve runs to t_end")
+    points: int = option(12, "Gauss-Hermite points per dimension (12^4 nodes)")
+    D: int = option(1000, "SGD input dimension")
+    sgd_eta: float = option(1.0, "the learning rate of the SGD runs (one per sgd_r0)")
     sgd_r0s: tuple[float, ...] = (1e-3, 1e-2, 1e-1)
     seed: int = 0
-    escape_fraction: float = 0.5  # escape: error below this fraction of the plateau's error
+    escape_fraction: float = option(0.5, "escape: error below this fraction of the plateau's error")
 
     def __post_init__(self) -> None:
         if not self.etas or min(self.etas) <= 0:

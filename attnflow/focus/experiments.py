@@ -17,7 +17,7 @@ from .. import _validate as V
 from ..analysis import detect_plateaus, first_crossing, growth_rate
 from ..options import LinearGrid, LogGrid, TimeGrid
 from ..plot import mark_times, overlay
-from ..report import Report, Timer, register
+from ..report import Report, Timer, option, register
 from ..sweep import sweep
 from ..trajectory import Trajectory
 from .data import (
@@ -144,8 +144,8 @@ class CycleConfig:
     mk: int = 16
     eps: float = 1e-3
     t_end: float = 5000.0
-    seed: int = INIT_SEED  # initial draw
-    n_save: int = 400  # log-spaced save points from t = 0.01
+    seed: int = option(INIT_SEED, "initial draw")
+    n_save: int = option(400, "log-spaced save points from t = 0.01")
     # AutoStiff's Rosenbrock-W steps late in the cycle are long: tolerances that keep the
     # conserved C_m, C_k within 1e-9 (at 1e-9 / 1e-12 they drift by 1.2e-7)
     rtol: float = 1e-12
@@ -301,9 +301,9 @@ class FiniteConfig:
     eps: float = 1e-3
     context: int = 256
     batch: int = 64
-    dt: float = 0.05  # time per SGD step = learning rate
+    dt: float = option(0.05, "time per SGD step = learning rate")
     t_end: float = 150.0
-    seeds: int = 4  # SGD seeds, one compiled call
+    seeds: int = option(4, "SGD seeds, one compiled call")
     n_save: int = 40
 
     def __post_init__(self) -> None:
@@ -507,7 +507,7 @@ class CorpusConfig:
     dt: float = 0.2
     t_end: float = 2500.0
     n_save: int = 40
-    seed: int = INIT_SEED  # initial draw; SGD draws from seed + 1
+    seed: int = option(INIT_SEED, "initial draw; SGD draws from seed + 1")
 
     def __post_init__(self) -> None:
         if len(self.corpora) == 0:
@@ -653,9 +653,9 @@ class SymmetryConfig:
     mk: int = 8
     eps: float = 1e-3
     t_end: float = 8000.0
-    n_save: int = 400  # t = 0, then log-spaced from t = 1
-    threshold: float = 10.0  # escape: sigma_2(W0) reaches threshold x its value at t = 50
-    stiff_solver: bool = True  # AutoStiff (the flows turn stiff late); false: Tsit5 alone
+    n_save: int = option(400, "t = 0, then log-spaced from t = 1")
+    threshold: float = option(10.0, "escape: sigma_2(W0) reaches threshold x its value at t = 50")
+    stiff_solver: bool = option(True, "AutoStiff (the flows turn stiff late); false: Tsit5 alone")
 
     def __post_init__(self) -> None:
         if not 0 < self.pi1 < 1:

@@ -16,7 +16,7 @@ from .. import _validate as V
 from ..analysis import first_crossing, fit_line, fit_power_law
 from ..options import LinearGrid, LogGrid
 from ..plot import mark_times
-from ..report import Report, Timer, register
+from ..report import Report, Timer, option, register
 from ..sweep import sweep
 from .data import AnisotropicGaussian, Discrete, FlippedSpike
 from .metrics import Greedy, bayes_risk, oracle_config, prune, softmax_floor
@@ -109,7 +109,7 @@ class OdeVsSgdConfig:
     """Options of ``heads-ode-vs-sgd``."""
 
     Ds: tuple[int, ...] = (500, 1000, 2000, 4000)
-    seeds: int = 4  # SGD runs per D, each from its own finite-D draw, which its ODE shares
+    seeds: int = option(4, "SGD runs per D, each from its own finite-D draw, which its ODE shares")
     L: int = 4
     H: int = 2
     s: float = 2.0
@@ -222,11 +222,11 @@ class SpecialisationTimeConfig:
     p: float = 0.5
     eta: float = 1.0
     sigma0: float = 0.45
-    threshold: float = 0.5  # of |(I - 11^T/H) M|_F
+    threshold: float = option(0.5, "of |(I - 11^T/H) M|_F")
     bank: int = 2048
     ode_Ds: tuple[float, ...] = (1e3, 1e4, 1e5, 1e6, 1e7)
     ode_seeds: int = 4
-    kappa: float = 2.0  # the deterministic seed kappa / sqrt(D) of part (b)
+    kappa: float = option(2.0, "the deterministic seed kappa / sqrt(D) of part (b)")
     sgd_Ds: tuple[int, ...] = (500, 1000, 2000, 4000, 8000)
     sgd_seeds: int = 3
     t_end: float = 40.0
@@ -418,12 +418,12 @@ class StagedConfig:
 
     L: int = 4
     H: int = 4
-    variances: tuple[float, ...] = (9.0, 4.0)  # of the zero-mean Gaussian prior, one per feature
+    variances: tuple[float, ...] = option((9.0, 4.0), "of the zero-mean Gaussian prior, one per feature")
     eta: float = 1.0
     sigma0: float = 0.4
     t_end: float = 300.0
     bank: int = 1024
-    D_init: int = 2000  # dimension of the initial draw shared by the ODE and SGD
+    D_init: int = option(2000, "dimension of the initial draw shared by the ODE and SGD")
     sgd_D: int = 1000
     threshold: float = 0.5
     seed: int = 1
@@ -536,8 +536,8 @@ class ExcursionConfig:
     L: int = 4
     s: float = 2.0
     eta: float = 1.0
-    m_init: tuple[float, ...] = (0.4, 0.3, 0.2, -0.3)  # initial overlaps m_h of the H heads (a 3:1 split)
-    noise_var: float = 0.16  # Q0 = m m^T + noise_var I
+    m_init: tuple[float, ...] = option((0.4, 0.3, 0.2, -0.3), "initial overlaps m_h of the H heads (a 3:1 split)")
+    noise_var: float = option(0.16, "Q0 = m m^T + noise_var I")
     t_end: float = 400.0
     bank: int = 1024
     sgd_D: int = 1000
@@ -820,14 +820,14 @@ class PruningConfig:
 
     L: int = 4
     H: int = 6
-    F: int = 3  # one-hot prior with F equally likely features of strength s
+    F: int = option(3, "one-hot prior with F equally likely features of strength s")
     s: float = 3.0
     eta: float = 1.0
     sigma0: float = 0.3
     t_end: float = 2000.0
     bank: int = 512
     D_init: int = 1000
-    softmax1_b0: float = 2.0  # per-head softmax-1 starts partly off: from (0, 1) it plateaus far longer
+    softmax1_b0: float = option(2.0, "per-head softmax-1 starts partly off: from (0, 1) it plateaus far longer")
     softmax1_c0: float = 3.0
     seed: int = 0
 

@@ -25,7 +25,7 @@ from .. import _validate as V
 from ..analysis import first_crossing, value_at
 from ..options import LinearGrid, LogGrid, TimeGrid
 from ..plot import family, heatmap, mark_times, overlay
-from ..report import Report, Timer, register
+from ..report import Report, Timer, option, register
 from ..sweep import sweep
 from ..trajectory import Trajectory, compare
 from .data import CodeGenerator
@@ -104,9 +104,9 @@ def _below_initial_loss(name: str, values: Sequence[float], cfg, mu0: float) -> 
 class ReducedConfig:
     """Options of ``qkov-reduced`` (defaults: the authors' reduced-ODE protocol)."""
 
-    ratios: tuple[float, ...] = PAPER_RATIOS  # r = eta_QK / eta_OV
+    ratios: tuple[float, ...] = option(PAPER_RATIOS, "r = eta_QK / eta_OV")
     loss_target: float = PAPER_LOSS_TARGET
-    n_thresholds: int = 50  # log-spaced loss thresholds from 1 to loss_target for the fixed-loss states
+    n_thresholds: int = option(50, "log-spaced loss thresholds from 1 to loss_target for the fixed-loss states")
     parametrisation: Parametrisation = "CACO"
     common_correction: bool = False
     m: int = 5
@@ -115,7 +115,7 @@ class ReducedConfig:
     M: int = 20
     n_common: int = 50
     eta_ov: float = 1.0
-    mu0: float = 1e-3  # start of factorised circuits
+    mu0: float = option(1e-3, "start of factorised circuits")
 
     def __post_init__(self) -> None:
         _positive_values("ratios", self.ratios)
@@ -323,14 +323,14 @@ class FlowConfig:
     n: int = 50
     b: int = 5
     M: int = 4
-    n_common: int = 1000  # |C| >> b: factorised QK (no common correction known) is then close
+    n_common: int = option(1000, "|C| >> b: factorised QK (no common correction known) is then close")
     eta_ov: float = 1.0
     ratio: float = 3.0
     t_end: float = 2000.0
-    mu0: float = 0.05  # start of factorised circuits
-    gd_step: float = 0.05  # gradient-descent time steps gd_step and gd_step / 2
+    mu0: float = option(0.05, "start of factorised circuits")
+    gd_step: float = option(0.05, "gradient-descent time steps gd_step and gd_step / 2")
     gd_t_end: float = 100.0
-    loss_thresholds: tuple[float, ...] = (1.0, 0.1, 0.03)  # times to these losses: reduced ODE vs full flow
+    loss_thresholds: tuple[float, ...] = option((1.0, 0.1, 0.03), "times to these losses: reduced ODE vs full flow")
 
     def __post_init__(self) -> None:
         for name in ("m", "n", "b", "n_common"):
@@ -702,7 +702,7 @@ def qkov_fixed_attention(cfg: FixedAttentionConfig, quiet: bool) -> Report:
 class RatioSweepConfig:
     """Options of ``qkov-ratio-sweep``."""
 
-    parametrisation: Parametrisation = "CACO"  # of the reduced ODE
+    parametrisation: Parametrisation = option("CACO", "of the reduced ODE")
     m: int = 5
     n: int = 50
     b: int = 50
@@ -877,15 +877,15 @@ class OptimalRatioConfig:
     n: int = 50
     b: int = 50
     M: int = 20
-    loss_target: float = 1e-2  # L*
-    eta_max: float = 1.0  # cap on the larger learning rate (eq. (13))
-    time_budget: float = 2e6  # time t allowed to reach L*
-    n_ratios: int = 101  # brute-force sweep, log-spaced in [ratio_min, ratio_max]
+    loss_target: float = option(1e-2, "L*")
+    eta_max: float = option(1.0, "cap on the larger learning rate (eq. (13))")
+    time_budget: float = option(2e6, "time t allowed to reach L*")
+    n_ratios: int = option(101, "brute-force sweep, log-spaced in [ratio_min, ratio_max]")
     ratio_min: float = 1e-2
     ratio_max: float = 1e2
-    slope_ratios: tuple[float, ...] = (0.1, 1.0, 10.0)  # where d alpha / d log r is checked
-    outer: int = 12  # augmented-Lagrangian rounds
-    inner: int = 25  # Adam steps per round
+    slope_ratios: tuple[float, ...] = option((0.1, 1.0, 10.0), "where d alpha / d log r is checked")
+    outer: int = option(12, "augmented-Lagrangian rounds")
+    inner: int = option(25, "Adam steps per round")
     learning_rate: float = 0.1
 
     def __post_init__(self) -> None:

@@ -25,7 +25,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ..plot import heatmap
-from ..report import Report, Timer, register
+from ..report import Report, Timer, option, register
 from . import realdata as RD
 from .metrics import DTAP_EDGES
 from .textmodel import SPECIALS, TextBatch, encode_text, make_text_model
@@ -314,9 +314,9 @@ class HateXplainConfig(_Common):
     warm-up, clip 1; the given file is split ``1 - eval_fraction`` / ``eval_fraction``
     (seeded) unless it is the full official data (then pass ``divisions``)."""
 
-    divisions: str | None = None  # HateXplain's post_id_divisions.json: train on "train", evaluate on "test"
+    divisions: str | None = option(None, 'HateXplain\'s post_id_divisions.json: train on "train", evaluate on "test"')
     epochs: int = 20
-    length: int = 48  # posts here: median 20.5 words, 95% at most 49, longest 70 (cut to length - 1)
+    length: int = option(48, "posts here: median 20.5 words, 95% at most 49, longest 70 (cut to length - 1)")
 
 
 @register(
@@ -357,7 +357,7 @@ class SquadConfig(_Common):
     question_length: int = 16
     max_questions: int = 2500
     epochs: int = 20
-    length: int = 57  # question_length + 1 + window
+    length: int = option(57, "question_length + 1 + window")
     mlp: int = 0
     tau_a: float = 0.1
 
@@ -401,15 +401,17 @@ class SvaConfig(_Common):
     loaders' determiner heuristic; a TSV gives it), and the verb position with
     ``verb_relevant``."""
 
-    length: int = 12  # BLiMP prefixes: at most 10 words
+    length: int = option(12, "BLiMP prefixes: at most 10 words")
     mlp: int = 0
     optimizer: str = "sgd"
     momentum: float = 0.9
     base_rate: float = 0.05
     weight_decay: float = 1e-5
     epochs: int = 30
-    tau_a: float = 0.5  # prefixes are short (median 4 words): "mostly on the subject"
-    verb_relevant: bool = False  # count the verb position as relevant too (the paper's full-sentence definition)
+    tau_a: float = option(0.5, 'prefixes are short (median 4 words): "mostly on the subject"')
+    verb_relevant: bool = option(
+        False, "count the verb position as relevant too (the paper's full-sentence definition)"
+    )
 
 
 @register(
