@@ -49,20 +49,14 @@ def fail_if(tree: Any, pred: Any, message: str) -> Any:
         # silently turned into NaN
         return eqx.error_if(tree, pred, message, on_error="raise")
     sink.append((pred, message))
-
-    def blank(x):
-        if isinstance(x, jax.Array | jnp.ndarray) and jnp.issubdtype(x.dtype, jnp.inexact):
-            return jnp.where(pred, jnp.asarray(jnp.nan, x.dtype), x)
-        return x
-
-    return jax.tree_util.tree_map(blank, tree)
+    return _blank(tree, pred)
 
 
 def check_traced(bad: Any, message: str) -> None:
     """Record the failure ``message`` where ``bad()`` (a traced boolean) holds, when traced
     inside `collecting` (a sweep point: the point is marked failed and its values become
-    NaN). Elsewhere nothing: a traced input checked here has no output to carry an error, so
-    it is let through, as before it was created."""
+    NaN). Elsewhere nothing: the check has no output to carry an error, so the value is let
+    through (checked where it was made)."""
     sink = _SINK.get()
     if sink is None or get_opaque_trace_state() != sink.trace:
         return
@@ -71,10 +65,15 @@ def check_traced(bad: Any, message: str) -> None:
 
 def blank_failed(tree: Any, code: Any) -> Any:
     """The inexact leaves of ``tree`` as NaN where the status ``code`` is nonzero."""
+    return _blank(tree, code > 0)
+
+
+def _blank(tree: Any, mask: Any) -> Any:
+    """The inexact leaves of ``tree`` as NaN where the boolean ``mask`` holds."""
 
     def blank(x):
         if isinstance(x, jax.Array | jnp.ndarray) and jnp.issubdtype(x.dtype, jnp.inexact):
-            return jnp.where(code > 0, jnp.asarray(jnp.nan, x.dtype), x)
+            return jnp.where(mask, jnp.asarray(jnp.nan, x.dtype), x)
         return x
 
     return jax.tree_util.tree_map(blank, tree)

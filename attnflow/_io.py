@@ -21,7 +21,7 @@ DATA_ENV = "ATTNFLOW_DATA"
 """Environment variable naming the folder of data files (corpora) when no folder is given."""
 
 
-LOG_INTERVAL = 30.0
+LOG_INTERVAL = 10.0
 """Seconds between redraws of a progress bar written to a log file rather than a terminal."""
 
 

@@ -76,6 +76,14 @@ def positive(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be finite and positive, got {show(value)}")
 
 
+def positive_values(name: str, values: Any) -> None:
+    """The list option ``name`` holds at least one value, all finite and > 0 (``ValueError``
+    naming it otherwise)."""
+    if len(values) == 0:
+        raise ValueError(f"{name} must hold at least one value, got []")
+    positive(name, values)
+
+
 def scalar(name: str, value: Any) -> None:
     """Raise ``ValueError`` unless ``value`` is a scalar (shape ``()``; traced values too: their
     shape is known)."""

@@ -246,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(args)
     except KeyboardInterrupt as stop:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
         kept = [d for d in _RESUME if _holds_chunks(d)]
         _cleanup()
         what = "terminated (SIGTERM)" if isinstance(stop, _Terminated) else "interrupted"
@@ -263,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         os._exit(EXIT_TERMINATED if isinstance(stop, _Terminated) else EXIT_INTERRUPTED)
     except Exception as err:  # the one error boundary of the command
+        kept_chunks = [d for d in _RESUME if _holds_chunks(d)]
         _cleanup()
         if getattr(args, "debug", False):
             raise
@@ -290,6 +293,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         message = str(err) if isinstance(err, UsageError) else _one_line(err)
         print(f"attnflow: {kind}: {message}{hint}", file=sys.stderr)
+        if failed and kept_chunks:
+            print(
+                f"attnflow: the finished sweep chunks are kept in {kept_chunks[0]}: the same command run again "
+                "goes on from them (delete that folder to start afresh)",
+                file=sys.stderr,
+            )
         return EXIT_FAILED if failed else EXIT_BAD_INPUT
     finally:
         if previous is not None:

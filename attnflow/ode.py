@@ -25,6 +25,7 @@ import optimistix as optx
 
 from . import _validate as V
 from ._errors import fail_if
+from ._io import LOG_INTERVAL
 from ._jit import filter_jit
 from .options import LinearGrid, SaveGrid, SolverOptions, TimeGrid
 from .trajectory import Trajectory, flatten_names
@@ -501,7 +502,7 @@ class _ProgressMeter(diffrax.TqdmProgressMeter):
     refresh_steps: int = 100
     LABEL: ClassVar[str] = "integrate"
     MIN_INTERVAL: ClassVar[float] = 0.5
-    LOG_SECONDS: ClassVar[float] = 10.0
+    LOG_SECONDS: ClassVar[float] = LOG_INTERVAL  # as every progress bar of attnflow in a log file
     LOG_STEP: ClassVar[float] = 0.1
 
     @staticmethod

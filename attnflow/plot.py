@@ -34,6 +34,11 @@ def _as_runs(simulations: Trajectory | Sequence[Trajectory] | None) -> list[Traj
     return list(simulations)
 
 
+def _failed(traj: Trajectory) -> bool:
+    """A failed run (a point of a sweep that failed: its times are NaN)."""
+    return bool(np.all(np.isnan(np.asarray(traj.ts, dtype=float))))
+
+
 def simulations_batch(traj: Trajectory, i: int) -> Trajectory:
     """The ``i``-th run of a batched trajectory, all batch axes flattened."""
     b = traj.ts.ndim - 1
@@ -68,6 +73,7 @@ def overlay(
     ``simulations`` may be one `Trajectory`, a batched one (leading seed axes) or a list.
     Observables with feature axes draw one colour per component (``component_labels``).
     At most ``max_markers`` simulation points are drawn per curve (evenly in save index).
+    Failed runs of a sweep (NaN times) are left out, and their number is in the legend.
     """
     if theory is not None and not isinstance(theory, Trajectory):
         raise ValueError(f"overlay: theory must be a Trajectory or None, got {type(theory).__name__}")
@@ -76,7 +82,14 @@ def overlay(
             f"overlay draws one theory curve, but theory has batch shape {theory.batch_shape} (a sweep?): "
             "pass theory.batch(i) or theory.mean(), or draw the family with attnflow.family"
         )
-    runs = _as_runs(simulations)
+    if theory is not None and _failed(theory):
+        raise ValueError("overlay: the theory is a failed run (its times are NaN)")
+    every = _as_runs(simulations)
+    runs = [r for r in every if not _failed(r)]  # failed sweep points are left out, and counted
+    if len(runs) < len(every):
+        simulation_label = f"{simulation_label} ({len(every) - len(runs)} failed runs left out)"
+    if every and not runs and theory is None:
+        raise ValueError(f"overlay: all {len(every)} simulation runs failed (their times are NaN)")
     if theory is None and not runs:
         raise ValueError("overlay needs a theory or at least one simulation")
     names = list(name_list(names, (theory if theory is not None else runs[0]).names))
@@ -156,10 +169,17 @@ def family(
 
     ``trajectories``: ``{label: Trajectory}``; or a `Trajectory` with one batch axis (one curve
     per run, labelled by index); or an `attnflow.SweepResult` over one axis whose values are a
-    `Trajectory` (labelled ``axis=value``)."""
-    trajectories = _family_members(trajectories)
+    `Trajectory` (labelled ``axis=value``). Failed runs of a sweep (NaN times) are left out and
+    named in the legend's title."""
+    members = _family_members(trajectories)
+    trajectories = {lab: tr for lab, tr in members.items() if not _failed(tr)}  # failed sweep points: left out
+    if members and not trajectories:
+        raise ValueError(f"family: all {len(members)} trajectories are failed runs (their times are NaN)")
     if not trajectories:
         raise ValueError("family needs at least one trajectory")
+    if len(trajectories) < len(members):
+        gone = [lab for lab in members if lab not in trajectories]
+        legend_title = f"{legend_title or ''} (failed, left out: {', '.join(gone[:4])})".strip()
     names = list(name_list(names, ()))
     for name in names:
         missing = [lab for lab, tr in trajectories.items() if name not in tr]

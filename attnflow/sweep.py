@@ -179,7 +179,8 @@ class SweepResult:
                 if c.dtype.kind in "fiu":
                     x = float(np.asarray(point[d], dtype=float))
                     lo, hi = float(np.min(c)), float(np.max(c))
-                    slack = 1e-9 * max(abs(lo), abs(hi), 1e-300)
+                    eps = np.finfo(c.dtype).eps if c.dtype.kind == "f" else 0.0  # float32 axes round
+                    slack = 16 * eps * max(abs(lo), abs(hi), 1e-300)
                     if not lo - slack <= x <= hi + slack:
                         raise ValueError(f"{d} = {x:g} is outside the sweep's axis {d} (from {lo:g} to {hi:g})")
                     idx.append(int(np.argmin(np.abs(c - x))))

@@ -13,6 +13,7 @@ Layout: ``ts`` has shape ``(..., T)`` and every observable ``ys[name]`` has shap
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from collections.abc import Iterable, Mapping
@@ -125,7 +126,7 @@ class Trajectory:
         if not isinstance(ts, jax.core.Tracer):
             t = np.asarray(ts, dtype=float)
             # a run whose times are all NaN is a failed point of a sweep (NaN-filled); others must be finite
-            failed = np.all(np.isnan(t), axis=-1, keepdims=True) if t.ndim > 1 else np.zeros(1, bool)
+            failed = np.all(np.isnan(t), axis=-1, keepdims=True)
             if not np.all(np.isfinite(t) | failed):
                 bad = np.argwhere(~(np.isfinite(t) | failed))[0]
                 raise ValueError(f"ts must be finite; entry {tuple(int(i) for i in bad)} is {float(t[tuple(bad)])}")
@@ -243,6 +244,11 @@ class Trajectory:
         from a few seeds."""
         if not isinstance(ddof, int | np.integer) or isinstance(ddof, bool) or ddof < 0:
             raise ValueError(f"std: ddof must be an integer >= 0, got {ddof!r}")
+        nb = len(self.batch_shape)
+        axes = range(nb) if axis is None else (axis,) if isinstance(axis, int) else axis
+        n = math.prod(self.batch_shape[a] for a in axes if isinstance(a, int) and -nb <= a < nb)
+        if nb and ddof >= n:
+            raise ValueError(f"std: ddof = {ddof} needs more than {ddof} runs, got {n}")
         return self._reduce(lambda v, axis: jnp.std(v, axis=axis, ddof=int(ddof)), axis, "std")
 
     def _reduce(self, fn: Any, axis: int | tuple[int, ...] | None, what: str) -> Trajectory:
@@ -471,7 +477,9 @@ def _check_within(reference: Trajectory, other: Trajectory) -> None:
         return
     lo, hi = np.nanmax(r[..., 0]), np.nanmin(r[..., -1])
     o_lo, o_hi = np.nanmin(o[..., 0]), np.nanmax(o[..., -1])
-    slack = 1e-9 * (1.0 + max(abs(lo), abs(hi)))
+    # rounding of the two time grids (dt * steps against linspace), float32 ones included
+    eps = max(np.finfo(np.asarray(reference.ts).dtype).eps, np.finfo(np.asarray(other.ts).dtype).eps)
+    slack = 16 * eps * (1.0 + max(abs(lo), abs(hi)))
     if o_lo < lo - slack or o_hi > hi + slack:
         raise ValueError(
             f"compare: other is saved on [{o_lo:.6g}, {o_hi:.6g}] but reference covers only "

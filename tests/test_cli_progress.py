@@ -33,6 +33,7 @@ def test_in_a_log_progress_is_a_few_plain_lines(monkeypatch):
 
 
 def test_in_a_log_a_short_solve_prints_nothing(monkeypatch):
+    monkeypatch.setattr(ode._ProgressMeter, "LOG_SECONDS", 3600.0)  # "short" whatever the load
     log = io.StringIO()
     monkeypatch.setattr(sys, "stderr", log)
     dl.solve(dl.Setup(), 8.0, solver=SOLVER)  # well under LOG_SECONDS

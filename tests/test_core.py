@@ -93,6 +93,11 @@ def test_failed_runs_keep_the_others_mean_and_std_takes_ddof():
     np.testing.assert_allclose(tr.std(axis=1, ddof=1)["u"][0], np.sqrt(2) * ts)
     with pytest.raises(ValueError, match="ddof must be an integer >= 0, got -1"):
         tr.std(ddof=-1)
+    with pytest.raises(ValueError, match=r"ddof = 2 needs more than 2 runs, got 2"):
+        tr.std(axis=1, ddof=2)
+    one = tr.batch((1, 0))  # one failed run on its own, and every axis reduced at once
+    assert one.batch_shape == () and bool(jnp.all(jnp.isnan(one.ts)))
+    assert bool(jnp.all(jnp.isnan(tr.mean().ts))) and bool(jnp.all(jnp.isnan(tr.mean()["u"])))
     with pytest.raises(ValueError, match=r"ts must be finite; entry \(1,\) is nan"):
         af.Trajectory(jnp.array([0.0, jnp.nan, 1.0]), {"u": jnp.zeros(3)})  # NaN inside a run that has times
 
@@ -108,6 +113,12 @@ def test_compare_log_time_names_and_span():
     assert set(theory.at([0.5], "v")) == {"v"}
     with pytest.raises(KeyError, match="reference has no observable 'w'"):
         af.compare(theory, sim.with_ys(w=t_sim), names=["w"])
+    # float32 grids that end at the same time up to rounding (dt * steps against linspace)
+    t32 = jnp.linspace(0.0, 0.09, 4, dtype=jnp.float32)
+    steps32 = jnp.arange(4, dtype=jnp.float32) * jnp.float32(0.03)
+    assert np.asarray(steps32)[-1] != np.asarray(t32)[-1]  # they differ in the last bit
+    assert np.asarray(t32)[-1] > np.asarray(steps32)[-1]
+    assert af.compare(af.Trajectory(steps32, {"u": steps32}), af.Trajectory(t32, {"u": t32}))["u"] < 1e-6
     later = af.Trajectory(jnp.array([0.0, 3.0]), {"u": jnp.zeros(2)})
     with pytest.raises(ValueError, match=r"other is saved on \[0, 3\] but reference covers only \[0, 2\]"):
         af.compare(theory, later)
@@ -570,6 +581,24 @@ def test_family_of_a_sweep_or_a_batched_trajectory():
         af.family([res.values], ["y"])
     with pytest.raises(KeyError, match="no observable 'z'"):
         af.family(res, ["z"])
+
+
+def test_plots_leave_failed_sweep_points_out():
+    from attnflow._errors import fail_if
+
+    ts = jnp.linspace(0, 1, 5)
+
+    def run(c):
+        return fail_if(af.Trajectory(ts, {"y": c * ts}), c > 1.5, "c too large")
+
+    with pytest.warns(RuntimeWarning, match="1 of 3 grid points failed"):
+        res = af.sweep(run, {"c": np.array([0.5, 1.0, 2.0])}, progress=False)
+    ax = next(a for a in af.family(res, "y").axes if a.get_visible())
+    assert ax.get_legend_handles_labels()[1] == ["c=0.5", "c=1"]
+    assert "failed, left out: c=2" in ax.get_legend().get_title().get_text()
+    ax = next(a for a in af.overlay(None, res.values, "y").axes if a.get_visible())
+    assert "(1 failed runs left out)" in ax.get_legend_handles_labels()[1][0]
+    np.testing.assert_allclose(res.values.mean(axis=0)["y"], np.full(5, np.nan))  # the group holds a failure
 
 
 # ----------------------------------------------------------------------------- rng

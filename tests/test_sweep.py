@@ -380,6 +380,8 @@ def test_a_value_a_setup_refuses_fails_its_sweep_point(tmp_path):
 def test_sel_refuses_values_off_the_grid_and_meta_changes_are_named(tmp_path):
     res = af.sweep(lambda a, b: a + b, {"a": np.array([0.5, 1.0]), "b": np.array([1.0, 2.0, 3.0])}, progress=False)
     assert float(res.sel(a=0.6, b=3.0)) == 3.5  # nearest inside the range
+    r32 = af.sweep(lambda eta: 2 * eta, {"eta": jnp.linspace(0.1, 0.7, 3)}, progress=False)  # float32 axis
+    assert float(r32.sel(eta=0.7)) == pytest.approx(1.4)
     with pytest.raises(ValueError, match=r"a = 100 is outside the sweep's axis a \(from 0.5 to 1\)"):
         res.sel(a=100.0)
     grid = {"eta": np.array([1.0, 2.0])}
@@ -411,7 +413,9 @@ def test_sweep_result_saves_and_loads_whole(tmp_path):
     np.testing.assert_array_equal(back.values["traj"]["y"], res.values["traj"]["y"])
     assert isinstance(back.values["pair"], tuple) and back.values["none"] is None
     np.testing.assert_array_equal(back.sel(a=2.0, seed=1)["pair"][1], [0.0, 2.0, 4.0])
-    np.testing.assert_allclose(back.values["traj"].mean(axis=1)["y"][0], ts + 0.5)  # failed row: NaN
+    mean = back.values["traj"].mean(axis=1)
+    np.testing.assert_allclose(mean["y"][0], ts + 0.5)
+    assert bool(np.all(np.isnan(mean["y"][2]))) and bool(np.all(np.isnan(mean.ts[2])))  # the failed row
     with pytest.raises(FileNotFoundError, match="no saved sweep result"):
         af.SweepResult.load(tmp_path / "nothing")
     (tmp_path / "grid.json").write_text("[1]")

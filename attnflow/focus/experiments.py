@@ -60,13 +60,6 @@ HELD_OUT_SEED = 999
 # it before any computing): a ``ValueError`` names the option as ``--set`` spells it.
 
 
-def _positive_values(name: str, values: Sequence[float]) -> None:
-    """The list option ``name`` holds at least one value, all finite and > 0."""
-    if len(values) == 0:
-        raise ValueError(f"{name} must hold at least one value, got []")
-    V.positive(name, values)
-
-
 def _check_model(cfg) -> None:
     """The options every focus experiment shares: widths ``m``, ``mk`` >= 1, ``eps`` in (0, 1), and
     ``tau`` > 0 where it is one."""
@@ -401,7 +394,7 @@ class RatesConfig:
             )
         if max(self.pi) == min(self.pi):
             raise ValueError(f"pi must not be uniform (the focus rate c vanishes), got {list(self.pi)}")
-        _positive_values("taus", self.taus)
+        V.positive_values("taus", self.taus)
         _check_model(self)
         V.positive_int("n_save", self.n_save, minimum=2)
 

@@ -62,13 +62,6 @@ def make_activation(name: str, H: int) -> Activation:
 # it before any computing): a ``ValueError`` names the option as ``--set`` spells it.
 
 
-def _positive_values(name: str, values: Sequence[float]) -> None:
-    """The list option ``name`` holds at least one value, all finite and > 0."""
-    if len(values) == 0:
-        raise ValueError(f"{name} must hold at least one value, got []")
-    V.positive(name, values)
-
-
 def _dimensions(name: str, values: Sequence[float], minimum: int, why: str, *, distinct: int = 1) -> None:
     """The list option ``name`` holds at least ``distinct`` distinct dimensions ``D``, each ``>= minimum``."""
     if len(set(values)) < distinct:
@@ -430,7 +423,7 @@ class StagedConfig:
 
     def __post_init__(self) -> None:
         V.positive_int("H", self.H, minimum=2)
-        _positive_values("variances", self.variances)
+        V.positive_values("variances", self.variances)
         _check_common(self)
         V.positive("t_end", self.t_end)
         F = len(self.variances)
@@ -669,7 +662,7 @@ class ActivationsConfig:
                 f"on -s), got {self.H}"
             )
         _check_common(self)
-        _positive_values("signals", self.signals)
+        V.positive_values("signals", self.signals)
         _check_probability("p", self.p, open_ends=True)
         if not self.t_end > 0.1:
             raise ValueError(f"t_end must exceed 0.1 (the save grid is log-spaced from t = 0.1), got {self.t_end:g}")

@@ -429,12 +429,12 @@ def solve(
     """
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.heads.Setup, got {setup!r}")
+    if escape is not None and event is not None:
+        raise ValueError("give escape or event, not both (escape=s is event=lambda t, o: o['specialisation'] - s)")
     y0 = initial_state(setup)
     check_overlaps("initial condition", y0["M"], y0["Q"], setup.H, setup.F)
     solver = DEFAULT_SOLVER if solver is None else solver
     dyn = Dynamics.build(setup, bank, form)
-    if escape is not None and event is not None:
-        raise ValueError("give escape or event, not both (escape=s is event=lambda t, o: o['specialisation'] - s)")
     if escape is not None:
         V.positive("escape (threshold of the specialisation)", escape)
     threshold = jnp.asarray(jnp.inf if escape is None else escape, dtype=float)

@@ -63,13 +63,6 @@ def _log1p10(t):
 # it before any computing): a ``ValueError`` names the option as ``--set`` spells it.
 
 
-def _positive_values(name: str, values: Sequence[float]) -> None:
-    """The list option ``name`` holds at least one value, all finite and > 0."""
-    if len(values) == 0:
-        raise ValueError(f"{name} must hold at least one value, got []")
-    V.positive(name, values)
-
-
 def _check_task(cfg) -> None:
     """The reduced task's options: ``parametrisation``, sizes ``m, n, b`` (``n_common``) >= 1, ``M`` >= 2."""
     allowed = typing.get_args(Parametrisation)
@@ -89,7 +82,7 @@ def _initial_loss(cfg, mu0: float) -> float:
 
 def _below_initial_loss(name: str, values: Sequence[float], cfg, mu0: float) -> None:
     """Every loss in ``values`` (option ``name``) is positive and below the initial loss ``L(0)``."""
-    _positive_values(name, values)
+    V.positive_values(name, values)
     L0 = _initial_loss(cfg, mu0)
     if max(values) >= L0:
         shown = V.show(values) if len(values) > 1 else f"{values[0]:g}"
@@ -118,7 +111,7 @@ class ReducedConfig:
     mu0: float = option(1e-3, "start of factorised circuits")
 
     def __post_init__(self) -> None:
-        _positive_values("ratios", self.ratios)
+        V.positive_values("ratios", self.ratios)
         _check_task(self)
         V.positive("eta_ov", self.eta_ov)
         V.positive("mu0", self.mu0)
@@ -342,7 +335,7 @@ class FlowConfig:
             raise ValueError(f"t_end must exceed 1 (the save grid is log-spaced from t = 1), got {self.t_end:g}")
         if not self.gd_step < self.gd_t_end:
             raise ValueError(f"gd_step must be below gd_t_end = {self.gd_t_end:g}, got {self.gd_step:g}")
-        _positive_values("loss_thresholds", self.loss_thresholds)
+        V.positive_values("loss_thresholds", self.loss_thresholds)
 
 
 @register(
@@ -896,7 +889,7 @@ class OptimalRatioConfig:
         V.positive_int("n_ratios", self.n_ratios, minimum=2)
         if not self.ratio_max > self.ratio_min:
             raise ValueError(f"ratio_max must exceed ratio_min = {self.ratio_min:g}, got {self.ratio_max:g}")
-        _positive_values("slope_ratios", self.slope_ratios)
+        V.positive_values("slope_ratios", self.slope_ratios)
         V.positive_int("outer", self.outer)
         V.positive_int("inner", self.inner)
 
