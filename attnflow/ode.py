@@ -536,6 +536,15 @@ class _ProgressMeter(diffrax.TqdmProgressMeter):
         bar.close()
 
 
+def _progress_meter() -> diffrax.AbstractProgressMeter:
+    """`_ProgressMeter`, which fills in private hooks of Diffrax's tqdm meter (``_init_bar``,
+    ``_step_bar``, ``_close_bar``); Diffrax's own meter where a Diffrax version lacks them."""
+    hooks = ("_init_bar", "_step_bar", "_close_bar")
+    if all(callable(getattr(diffrax.TqdmProgressMeter, h, None)) for h in hooks):
+        return _ProgressMeter()
+    return diffrax.TqdmProgressMeter()
+
+
 @filter_jit
 def _solve(
     field, y0, args, t0, t1, ts, observe, solver, controller, dt0, max_steps, event, progress, adjoint, endpoints=False
@@ -564,7 +573,7 @@ def _solve(
         max_steps=max_steps,
         event=event,
         throw=False,
-        progress_meter=_ProgressMeter() if progress else diffrax.NoProgressMeter(),
+        progress_meter=_progress_meter() if progress else diffrax.NoProgressMeter(),
         **kw,
     )
     (save_ts, t_end), (save_ys, y_end) = sol.ts, sol.ys
