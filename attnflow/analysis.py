@@ -19,13 +19,14 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Real
 
 from . import _validate as V
+from .trajectory import Trajectory
 
 __all__ = ["first_crossing", "value_at", "growth_rate", "detect_plateaus", "fit_line", "fit_power_law", "LineFit"]
 
 
 def first_crossing(
-    ts: Real[ArrayLike, "*batch T"],
-    y: Real[ArrayLike, "*batch T"],
+    ts: Real[ArrayLike, "*batch T"] | Trajectory,
+    y: Real[ArrayLike, "*batch T"] | str,
     threshold: Real[ArrayLike, "*threshold_shape"],
     *,
     above: bool = True,
@@ -38,7 +39,22 @@ def first_crossing(
 
     ``interpolate=True`` places the crossing between the two save times around it, linearly
     in ``y``; otherwise it is the first save time at or past the threshold. Traceable.
+
+    ``first_crossing(traj, "loss", 0.1)`` reads the times and a scalar observable of a
+    `Trajectory` (batched too).
     """
+    if isinstance(ts, Trajectory):
+        if not isinstance(y, str):
+            raise ValueError(f"first_crossing(traj, name, threshold): name must be an observable name, got {y!r:.60}")
+        traj, y = ts, ts[y]
+        if y.shape != traj.ts.shape:
+            raise ValueError(
+                f"first_crossing: observable has shape {y.shape}, not one value per save time {traj.ts.shape}; "
+                "pass first_crossing(traj.ts, traj[name][..., i], threshold) for one component"
+            )
+        ts = traj.ts
+    elif isinstance(y, str):
+        raise ValueError("first_crossing: an observable name needs a Trajectory as first argument")
     ts, y = jnp.asarray(ts), jnp.asarray(y)
     if ts.shape != y.shape:
         raise ValueError(f"ts and y must have the same shape, got {ts.shape} and {y.shape}")

@@ -163,6 +163,13 @@ def test_crossings_and_values_are_traceable():
     np.testing.assert_allclose(per_run, np.log([5.0, 10.0]) / 0.3, atol=3e-3)
     with pytest.raises(ValueError, match="threshold"):
         af.first_crossing(ts2, ts2, jnp.ones(101))
+    # a Trajectory and an observable name, batched too
+    runs = af.Trajectory(ts2, {"y": jnp.exp(0.3 * ts2), "v": jnp.zeros((2, 101, 3))})
+    np.testing.assert_allclose(af.first_crossing(runs, "y", jnp.array([5.0, 10.0]), interpolate=True), per_run)
+    with pytest.raises(ValueError, match=r"observable has shape \(2, 101, 3\)"):
+        af.first_crossing(runs, "v", 1.0)
+    with pytest.raises(ValueError, match="needs a Trajectory"):
+        af.first_crossing(ts, "y", 1.0)
     loss = jnp.exp(-ts)
     a = af.value_at(loss, ts**2, jnp.exp(-2.5), log=True)  # value of t^2 where the loss first reaches e^-2.5
     assert float(a) == pytest.approx(6.25, rel=1e-2)
