@@ -84,6 +84,23 @@ def positive_values(name: str, values: Any) -> None:
     positive(name, values)
 
 
+def covariance(name: str, cov: Any) -> None:
+    """Raise ``ValueError`` unless the concrete matrix ``cov`` is square, symmetric and positive
+    semidefinite, up to rounding (``1e-8`` of its largest entry); traced values pass."""
+    if _is_traced(cov):
+        return
+    c = reals(name, cov)
+    if c.ndim != 2 or c.shape[0] != c.shape[1]:
+        raise ValueError(f"{name} must be a square matrix, got shape {c.shape}")
+    scale = 1e-8 * max(float(np.max(np.abs(c))), 1e-300)
+    asym = float(np.max(np.abs(c - c.T)))
+    if asym > scale:
+        raise ValueError(f"{name} must be symmetric, but |cov - cov^T| reaches {asym:.3g}")
+    low = float(np.min(np.linalg.eigvalsh(c))) if np.all(np.isfinite(c)) else float("nan")
+    if not low >= -scale:
+        raise ValueError(f"{name} must be positive semidefinite, but its smallest eigenvalue is {low:.3g}")
+
+
 def scalar(name: str, value: Any) -> None:
     """Raise ``ValueError`` unless ``value`` is a scalar (shape ``()``; traced values too: their
     shape is known)."""

@@ -144,6 +144,14 @@ class GaussianBank(eqx.Module):
     def samples(self, mean: Any = None, cov: Any = None, sqrt_cov: Any = None) -> jax.Array:
         """``x = mean + S z`` for every bank draw, ``S`` the symmetric root of ``cov``."""
         x = self.z
+        if cov is not None:
+            shape = jnp.shape(cov)
+            if shape[-2:] != (self.dim, self.dim):
+                raise ValueError(f"cov must have shape ({self.dim}, {self.dim}) for this bank, got {shape}")
+            if len(shape) == 2:
+                V.covariance("cov", cov)
+        if mean is not None and jnp.shape(mean)[-1:] != (self.dim,):
+            raise ValueError(f"mean must have {self.dim} entries for this bank, got shape {jnp.shape(mean)}")
         if sqrt_cov is None and cov is not None:
             sqrt_cov = psd_sqrt(jnp.asarray(cov))
         if sqrt_cov is not None:
@@ -194,6 +202,7 @@ def gauss_hermite(f: Callable[[jax.Array], Any], n_points: int, mean: Any, cov: 
     cov = jnp.atleast_2d(jnp.asarray(cov, dtype=mean.dtype))
     if cov.shape != (mean.shape[0], mean.shape[0]):
         raise ValueError(f"cov must have shape {(mean.shape[0],) * 2}, got {cov.shape}")
+    V.covariance("cov", cov)
     nodes, weights = hermite_rule(n_points, mean.shape[0])
     x = mean + jnp.asarray(nodes, mean.dtype) @ psd_sqrt(cov).T
     vals = jax.vmap(f)(x)

@@ -322,6 +322,18 @@ def integrate(
     y0 = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype=dtype), y0)
     args = as_data(args, dtype)
     t0, t1 = jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)
+    # Traced inputs cannot be refused here: they are checked in the program (below), and bad ones
+    # replaced by harmless stand-ins so that the solve runs and the point fails with its reason
+    # (a point of a sweep; an error under a user's jit) rather than with a solver's complaint.
+    input_failures: list[tuple[Any, str]] = []
+    if V.any_traced((t0, t1)):
+        bad_span = ~(t1 > t0)
+        input_failures.append((bad_span, "integrate: t1 must be greater than t0"))
+        t1 = jnp.where(bad_span, t0 + 1, t1)
+    if V.any_traced(y0):
+        bad_y0 = ~jnp.all(jnp.array([jnp.all(jnp.isfinite(v)) for v in jax.tree_util.tree_leaves(y0)]))
+        input_failures.append((bad_y0, "integrate: the initial state y0 is not finite (NaN/Inf)"))
+        y0 = jax.tree_util.tree_map(lambda v: jnp.where(bad_y0, jnp.zeros_like(v), v), y0)
     # Shape check: the field must return the state's structure and shapes. The traced field
     # also gives its size, which picks the default solver below.
     # trace with the arrays of args as inputs and everything else (functions, strings) closed over
@@ -345,6 +357,15 @@ def integrate(
         lo, hi = float(ts[0]), float(ts[-1])
         if lo < float(t0) or hi > float(t1):
             raise ValueError(f"save times must lie in [t0, t1] = [{float(t0):g}, {float(t1):g}], got {lo:g} .. {hi:g}")
+    elif V.any_traced((ts, t0, t1)):
+        bad_ts = ~(jnp.all(jnp.isfinite(ts)) & (ts[0] >= t0) & (ts[-1] <= t1) & jnp.all(jnp.diff(ts) >= 0))
+        input_failures.append(
+            (
+                bad_ts,
+                "integrate: save times must rise within [t0, t1] (a TimeGrid past t1? LogGrid t_min past t1 - t0?)",
+            )
+        )
+        ts = jnp.where(bad_ts, jnp.linspace(t0, t1, ts.shape[0]), ts)
     method = solver.solver
     if method is None:
         # Same steps and results either way (to 1e-12); unrolling pays on small fields and
@@ -384,6 +405,8 @@ def integrate(
         solver.adjoint,
         endpoints,
     )
+    for bad, message in input_failures:  # first, so that a point fails with its input's reason
+        out_ts, out_ys = fail_if((out_ts, out_ys), bad, message)
     if traced:
         # Inside jit/vmap the time cannot be formatted into the message; fail loudly anyway.
         # Attach the checks to every output so none is dead-code-eliminated away.
@@ -622,8 +645,8 @@ def _check_solution(field, args, result, t_end, y_end, out_ts, out_ys, max_steps
         raise MaxStepsError(
             f"integrate: max_steps={max_steps} reached at t = {t_end:.6g} before t1 = {float(t1):.6g} "
             f"(largest state entry there: {size:.3g}; a huge value means the ODE blows up). "
-            "Increase max_steps, loosen rtol/atol, shorten t1, or try an implicit solver "
-            "(diffrax.Kvaerno5()) if the problem is stiff."
+            "Increase max_steps, loosen rtol/atol, shorten t1, or, if the problem is stiff, let "
+            "SolverOptions(solver=af.AutoStiff()) switch to an implicit step."
         )
     raise RuntimeError(f"integrate: solver stopped at t = {t_end:.6g} with result {result}")
 

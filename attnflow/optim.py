@@ -47,6 +47,8 @@ def per_circuit(
     labels: Any,
     rates: Mapping[str, Any],
     base: Callable[..., optax.GradientTransformation] = optax.sgd,
+    *,
+    allow_unused: bool = False,
     **base_kwargs: Any,
 ) -> optax.GradientTransformation:
     """One optimizer per circuit label, each with its own (array) learning rate.
@@ -62,6 +64,9 @@ def per_circuit(
         are zero, ``optax.set_to_zero``).
     base:
         Optax optimizer constructor taking ``learning_rate`` (default ``optax.sgd``).
+    allow_unused:
+        ``False`` (default): a rate for a circuit that no parameter has (a typo) is an error.
+        ``True`` for a rule shared by models of which some lack a circuit.
     """
     if not rates:
         raise ValueError("rates must name at least one circuit")
@@ -74,6 +79,9 @@ def per_circuit(
         missing = used - set(rates)
         if missing:
             raise ValueError(f"no learning rate given for circuit(s) {sorted(missing)}; rates has {sorted(rates)}")
+        unknown = set(rates) - used
+        if unknown and not allow_unused:
+            raise ValueError(f"rates names circuit(s) {sorted(unknown)} that no parameter has; labels: {sorted(used)}")
     transforms = {
         name: optax.set_to_zero()
         if lr is None

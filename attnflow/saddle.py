@@ -50,6 +50,9 @@ def fixed_point(
     from .ode import as_data
 
     V.finite_tree("y_guess", y_guess)
+    if not callable(field):
+        raise ValueError(f"field must be callable (t, y, args) -> dy/dt, got {field!r:.80}")
+    _check_field_shape("fixed_point", field, y_guess, args, t)
     solver = solver if solver is not None else optx.Newton(rtol=rtol, atol=atol)
     if not isinstance(solver, (optx.AbstractRootFinder, optx.AbstractLeastSquaresSolver)):
         raise ValueError(f"solver must be an Optimistix root finder or least-squares solver, got {solver!r}")
@@ -82,8 +85,19 @@ class _Residual(eqx.Module):
         return self.field(t, y, args)
 
 
+def _check_field_shape(who: str, field: Callable, y: Any, args: Any, t: Any) -> None:
+    """``ValueError`` unless ``field(t, y, args)`` has the structure and shapes of ``y``."""
+    out = jax.eval_shape(lambda y, a: field(t, y, a), y, args)
+    have = jax.eval_shape(lambda y: y, y)
+    if jax.tree_util.tree_structure(out) != jax.tree_util.tree_structure(have) or any(  # type: ignore[operator]
+        a.shape != b.shape for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(have))
+    ):
+        raise ValueError(f"{who}: field returns {out}, which does not match the state {have}")
+
+
 def jacobian(field: Callable[[Any, Any, Any], Any], y: Any, args: Any = None, t: Any = 0.0) -> jax.Array:
     """Jacobian of the field at ``y`` as an ``(n, n)`` matrix on ``ravel_pytree(y)``."""
+    _check_field_shape("jacobian", field, y, args, t)
     flat, unravel = ravel_pytree(y)
 
     def f(x):
@@ -138,9 +152,17 @@ def spectrum(
     if B is not None:
         if B.ndim != 2 or B.shape[0] != J.shape[0]:
             raise ValueError(f"basis must have shape ({J.shape[0]}, k) for this state, got {B.shape}")
+        if not V.any_traced(B):
+            off = float(jnp.max(jnp.abs(B.T @ B - jnp.eye(B.shape[1], dtype=B.dtype))))
+            if off > 1e-8:
+                raise ValueError(f"basis must have orthonormal columns, but |B^T B - I| reaches {off:.3g}")
         J = B.T @ J @ B
+    is_symmetric = bool(jnp.allclose(J, J.T, rtol=1e-10, atol=1e-12 * (1 + float(jnp.max(jnp.abs(J))))))
     if symmetric is None:
-        symmetric = bool(jnp.allclose(J, J.T, rtol=1e-10, atol=1e-12 * (1 + float(jnp.max(jnp.abs(J))))))
+        symmetric = is_symmetric
+    elif symmetric and not is_symmetric:
+        asym = float(jnp.max(jnp.abs(J - J.T)))
+        raise ValueError(f"symmetric=True, but the Jacobian is not symmetric (|J - J^T| reaches {asym:.3g})")
     if symmetric:
         w, v = jnp.linalg.eigh(0.5 * (J + J.T))
     else:
@@ -173,4 +195,6 @@ def escape_time(lam: Any, eps: Any, r: Any = 1.0) -> jax.Array:
     V.positive("lam (unstable rate)", lam)
     V.positive("eps", eps)
     V.positive("r", r)
+    if not V.any_traced((eps, r)) and np.any(np.asarray(eps) >= np.asarray(r)):
+        raise ValueError(f"eps = {V.show(eps)} must be below r = {V.show(r)}: the escape starts inside the distance r")
     return jnp.log(jnp.asarray(r) / jnp.asarray(eps)) / jnp.asarray(lam)

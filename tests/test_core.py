@@ -448,6 +448,9 @@ def test_per_circuit_rates_vmap_compiles_once():
 
     out = jax.jit(jax.vmap(run))(jnp.array([0.5, 1.0, 2.0]))
     assert len(traces) == 1
+    with pytest.raises(ValueError, match=r"rates names circuit\(s\) \['ot'\] that no parameter has"):
+        af.per_circuit(labels, {"in": 0.01, "out": 0.01, "ot": 0.02})  # a typo
+    af.per_circuit(labels, {"in": 0.01, "out": 0.01, "ot": 0.02}, allow_unused=True)
     # one step by hand: W1 moves with eta_in, W2 with eta_out
     g = jax.grad(lambda m: loss(m, None))(model)
     single = af.simulate(
@@ -632,3 +635,26 @@ def test_save_grids_and_horizons_refuse_what_they_cannot_honour():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a multiple up to rounding: no warning
         assert af.LinearGrid(3).steps_for(100.0, 0.02)[0] == 5000
+
+
+def test_saddle_and_expectation_tools_refuse_what_they_cannot_do():
+    with pytest.raises(ValueError, match=r"fixed_point: field returns .*shape=\(1,\).* does not match the state"):
+        af.fixed_point(lambda t, y, a: y[:1] - 1.0, jnp.array([0.3, 0.3]), None)
+    with pytest.raises(ValueError, match="symmetric=True, but the Jacobian is not symmetric"):
+        af.spectrum(lambda t, y, a: jnp.array([y[1], -y[0]]), jnp.zeros(2), symmetric=True)
+    rotation = af.spectrum(lambda t, y, a: jnp.array([y[1], -y[0]]), jnp.zeros(2))  # detected: eig
+    np.testing.assert_allclose(sorted(np.imag(np.asarray(rotation.values))), [-1.0, 1.0], atol=1e-12)
+    with pytest.raises(ValueError, match=r"basis must have orthonormal columns, but \|B\^T B - I\| reaches 1"):
+        af.spectrum(lambda t, y, a: -y, jnp.zeros(2), basis=[[1.0], [1.0]])
+    with pytest.raises(ValueError, match="cov must be positive semidefinite, but its smallest eigenvalue is -1"):
+        af.gauss_hermite(lambda x: x[0] ** 2, 5, jnp.zeros(2), jnp.array([[1.0, 2.0], [2.0, 1.0]]))
+    with pytest.raises(ValueError, match="cov must be symmetric"):
+        af.gauss_hermite(lambda x: x[0] * x[1], 5, jnp.zeros(2), jnp.array([[1.0, 0.9], [0.0, 1.0]]))
+    bank = af.GaussianBank(0, 256, 2)
+    with pytest.raises(ValueError, match=r"cov must have shape \(2, 2\) for this bank, got \(3, 3\)"):
+        bank.expect(lambda x: x[0], cov=jnp.eye(3))
+    with pytest.raises(ValueError, match="eps = 2.0 must be below r = 1.0"):
+        af.escape_time(1.0, 2.0)
+    assert float(af.gauss_hermite(lambda x: x[0] ** 2, 5, jnp.zeros(2), jnp.array([[2.0, 0.5], [0.5, 1.0]]))) == (
+        pytest.approx(2.0, rel=1e-12)
+    )

@@ -421,3 +421,34 @@ def test_sweep_result_saves_and_loads_whole(tmp_path):
     (tmp_path / "grid.json").write_text("[1]")
     with pytest.raises(ValueError, match="is not a sweep result saved by attnflow"):
         af.SweepResult.load(path)
+
+
+def test_a_sweep_point_with_bad_solve_inputs_fails_alone():
+    """Traced t1 <= t0, save times past t1 and a NaN start fail their own point, named, while
+    the others run (integrate checks traced inputs in the program)."""
+
+    def decay(t, y, a):
+        return -y
+
+    def to(t1):
+        return af.integrate(decay, 1.0, t1, save=af.LinearGrid(3))["y"][-1]
+
+    def saved(t1):
+        return af.integrate(decay, 1.0, t1, save=af.TimeGrid([0.0, 1.0, 2.0]))["y"][-1]
+
+    def start(k):
+        return af.integrate(decay, jnp.sqrt(k), 1.0, save=af.LinearGrid(2))["y"][-1]
+
+    cases = [
+        (to, {"t1": np.array([1.0, -1.0])}, "t1 must be greater than t0"),
+        (saved, {"t1": np.array([3.0, 1.5])}, "save times must rise within"),
+        (start, {"k": np.array([1.0, -1.0])}, "the initial state y0 is not finite"),
+    ]
+    for fn, axes, message in cases:
+        with pytest.warns(RuntimeWarning, match="1 of 2 grid points failed"):
+            res = af.sweep(fn, axes, progress=False)
+        ((point, why),) = res.failures()
+        ((name, values),) = axes.items()
+        assert message in why and point == {name: float(values[1])}
+        assert np.isnan(res.values[1]) and np.isfinite(res.values[0])
+    np.testing.assert_allclose(af.sweep(to, {"t1": np.array([1.0])}, progress=False).values, [np.exp(-1.0)], rtol=1e-7)

@@ -137,7 +137,7 @@ def _train(setup, M0, Q0, key, D, total, steps, eval_samples, dtype, progress):
     )
     model = MultiHead(K, activation)
     labels = label_by_path(model, _label(activation.learned))
-    optimizer = per_circuit(labels, {"keys": setup.eta, "act": setup.rate_b / D, "frozen": None})
+    optimizer = per_circuit(labels, {"keys": setup.eta, "act": setup.rate_b / D, "frozen": None}, allow_unused=True)
     target, decay = setup.target, setup.weight_decay / D
 
     def loss(m, batch):

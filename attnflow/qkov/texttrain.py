@@ -80,10 +80,21 @@ class TextSchedule:
         unit = self.unit_schedule(total_steps)
         scheduled = {g: (lambda step, r=r: r * unit(step)) for g, r in rates.items()}
         if self.optimizer == "adamw":
-            opt = per_circuit(text_circuit_labels(model), scheduled, base=optax.adamw, weight_decay=self.weight_decay)
+            opt = per_circuit(
+                text_circuit_labels(model),
+                scheduled,
+                base=optax.adamw,
+                allow_unused=True,
+                weight_decay=self.weight_decay,
+            )
         else:
             opt = per_circuit(
-                text_circuit_labels(model), scheduled, base=_sgdw, momentum=self.momentum, wd=self.weight_decay
+                text_circuit_labels(model),
+                scheduled,
+                base=_sgdw,
+                allow_unused=True,
+                momentum=self.momentum,
+                wd=self.weight_decay,
             )
         return opt if self.clip is None else optax.chain(optax.clip_by_global_norm(self.clip), opt)
 

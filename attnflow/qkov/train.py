@@ -187,7 +187,7 @@ def train(
 def _descend(setup, key, initial, total, steps, dt, batch, conserved, progress, meta):
     task = setup.task
     model = make_aligned(task, setup.parametrisation, initial["mu_ov"], initial["mu_qk"], score_scale=setup.score_scale)
-    opt = per_circuit(circuit_labels(model), {k: v * dt for k, v in _rates(setup).items()})
+    opt = per_circuit(circuit_labels(model), {k: v * dt for k, v in _rates(setup).items()}, allow_unused=True)
     if batch is None:
         mode = FullBatch()
 
@@ -333,7 +333,7 @@ def _generator_run(
 ):
     model = code_model(parametrisation, init=init, key=jax.random.PRNGKey(seed), vocab=generator.vocab)
     rate_qk = eta_qk if qk_ramp is None else linear_ramp(eta_qk, qk_ramp, steps)
-    opt = per_circuit(circuit_labels(model), {"qk": rate_qk, "ov": eta_ov})
+    opt = per_circuit(circuit_labels(model), {"qk": rate_qk, "ov": eta_ov}, allow_unused=True)
     return simulate(
         cross_entropy,
         model,
