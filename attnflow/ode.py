@@ -338,9 +338,12 @@ def integrate(
     # also gives its size, which picks the default solver below.
     # trace with the arrays of args as inputs and everything else (functions, strings) closed over
     dyn_args, static_args = eqx.partition(args, eqx.is_array)
-    field_jaxpr, out_struct = jax.make_jaxpr(
-        lambda t, y, a: field(t, y, eqx.combine(a, static_args)), return_shape=True
-    )(t0, y0, dyn_args)
+    try:
+        field_jaxpr, out_struct = jax.make_jaxpr(
+            lambda t, y, a: field(t, y, eqx.combine(a, static_args)), return_shape=True
+        )(t0, y0, dyn_args)
+    except (TypeError, AttributeError, KeyError, IndexError) as err:
+        raise ValueError(f"field(t, y, args) failed on the initial state: {type(err).__name__}: {err}") from None
     in_struct = jax.eval_shape(lambda y: y, y0)
     if jax.tree_util.tree_structure(out_struct) != jax.tree_util.tree_structure(in_struct) or any(  # type: ignore[operator]
         a.shape != b.shape for a, b in zip(jax.tree_util.tree_leaves(out_struct), jax.tree_util.tree_leaves(in_struct))

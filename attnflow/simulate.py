@@ -166,6 +166,7 @@ def simulate(
     key = V.prng_key(key)  # an integer seed (possibly traced, for vmap over seeds) or a key
     params, static = eqx.partition(model, filter_spec)
     V.finite_tree("model", params)
+    _check_loss(loss, params, static, mode, key)
     traced = V.any_traced((params, key, clock, mode, optimizer))
 
     out_params, ys, bad = _run(
@@ -298,6 +299,19 @@ def _run(loss, params, static, optimizer, mode, key, observe, s_save, progress):
 
 
 _BAR = None
+
+
+def _check_loss(loss: Any, params: Any, static: Any, mode: TrainingMode, key: jax.Array) -> None:
+    """``loss(model, batch)`` must be callable and give one real number: named error before
+    any computing (traced abstractly, on a batch of the mode)."""
+    if not callable(loss):
+        raise ValueError(f"loss must be callable (model, batch) -> scalar, got {loss!r:.80}")
+    try:
+        out = jax.eval_shape(lambda p, k: loss(eqx.combine(p, static), mode.batch(k)), params, key)
+    except (TypeError, AttributeError, KeyError, IndexError) as err:
+        raise ValueError(f"loss(model, batch) failed on the initial model: {type(err).__name__}: {err}") from None
+    if getattr(out, "shape", None) != () or not jnp.issubdtype(out.dtype, jnp.floating):
+        raise ValueError(f"loss(model, batch) must return one real number, got {out}")
 
 
 def _progress_tick(n):

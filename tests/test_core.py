@@ -658,3 +658,16 @@ def test_saddle_and_expectation_tools_refuse_what_they_cannot_do():
     assert float(af.gauss_hermite(lambda x: x[0] ** 2, 5, jnp.zeros(2), jnp.array([[2.0, 0.5], [0.5, 1.0]]))) == (
         pytest.approx(2.0, rel=1e-12)
     )
+
+
+def test_simulate_and_integrate_name_a_bad_loss_or_field_before_computing():
+    teacher = Teacher([3.0, 2.0], n_in=4, n_out=3)
+    model = TwoLayerLinear.aligned(teacher, 0.1)
+    with pytest.raises(ValueError, match="loss must be callable"):
+        af.simulate(3, model, optax.sgd(0.01), 10)
+    with pytest.raises(ValueError, match=r"loss\(model, batch\) failed on the initial model: TypeError"):
+        af.simulate(lambda m: population_loss(m.W1, m.W2, teacher.A), model, optax.sgd(0.01), 10)
+    with pytest.raises(ValueError, match=r"must return one real number, got ShapeDtypeStruct\(shape=\(2, 4\)"):
+        af.simulate(lambda m, b: m.W1, model, optax.sgd(0.01), 10)
+    with pytest.raises(ValueError, match=r"field\(t, y, args\) failed on the initial state: TypeError"):
+        af.integrate(lambda t, y: -y, 1.0, 1.0)
