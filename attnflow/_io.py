@@ -15,7 +15,16 @@ from typing import IO, Any
 
 import numpy as np
 
-__all__ = ["atomic_write", "json_default", "strict_json", "data_path", "optional_import", "DATA_ENV", "progress_bar"]
+__all__ = [
+    "atomic_write",
+    "json_default",
+    "strict_json",
+    "data_path",
+    "optional_import",
+    "DATA_ENV",
+    "progress_bar",
+    "save_arrays",
+]
 
 DATA_ENV = "ATTNFLOW_DATA"
 """Environment variable naming the folder of data files (corpora) when no folder is given."""
@@ -37,6 +46,16 @@ def progress_bar(**kwargs: Any) -> Any:
     if not (hasattr(stream, "isatty") and stream.isatty()):
         kwargs.setdefault("mininterval", LOG_INTERVAL)
     return tqdm(file=stream, **kwargs)
+
+
+def save_arrays(path: Path, arrays: dict[str, np.ndarray], meta: Any) -> Path:
+    """Write ``arrays`` to ``path`` (``.npz``) and ``meta`` to ``path`` with suffix ``.json``, each
+    atomically (`atomic_write`); ``path``'s folder is created. The format of `Trajectory.save`
+    and `SweepResult.save`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda f: np.savez(f, **arrays))  # type: ignore[arg-type]
+    atomic_write(path.with_suffix(".json"), lambda f: f.write(strict_json(meta).encode()))
+    return path
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> Path:

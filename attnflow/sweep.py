@@ -57,7 +57,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ._errors import blank_failed, collecting, status_code
-from ._io import atomic_write, strict_json
+from ._io import atomic_write, save_arrays
 from ._jit import cpu_compiler_options
 from ._lanes import check_lanes, vmap_lanes
 
@@ -212,7 +212,6 @@ class SweepResult:
         path = Path(path)
         if path.suffix != ".npz":
             path = path.with_name(path.name + ".npz")
-        path.parent.mkdir(parents=True, exist_ok=True)
         arrays: dict[str, np.ndarray] = {"status": np.asarray(self.status)}
         for j, d in enumerate(self.dims):
             arrays[f"coord_{j}"] = np.asarray(self.coords[d])
@@ -225,9 +224,7 @@ class SweepResult:
             "meta": self.meta,
             "versions": versions(),
         }
-        atomic_write(path, lambda f: np.savez(f, **arrays))  # type: ignore[arg-type]
-        atomic_write(path.with_suffix(".json"), lambda f: f.write(strict_json(info).encode()))
-        return path
+        return save_arrays(path, arrays, info)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> SweepResult:

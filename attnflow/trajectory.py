@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._io import atomic_write, json_default, optional_import, strict_json
+from ._io import json_default, optional_import, save_arrays
 
 __all__ = ["Trajectory", "compare", "versions", "flatten_names", "name_list"]
 
@@ -373,7 +373,6 @@ class Trajectory:
         path = Path(path)
         if path.suffix != ".npz":
             path = path.with_suffix(path.suffix + ".npz") if path.suffix else path.with_suffix(".npz")
-        path.parent.mkdir(parents=True, exist_ok=True)
         arrays = {"__ts__": np.asarray(self.ts)}
         for k, v in self.ys.items():
             arrays[f"y:{k}"] = np.asarray(v)
@@ -382,9 +381,7 @@ class Trajectory:
         for k, v in self.stats.items():
             arrays[f"stat:{k}"] = np.asarray(v)
         meta = {"attnflow_trajectory": 1, "names": list(self.ys), "meta": self.meta, "versions": versions()}
-        atomic_write(path, lambda f: np.savez(f, **arrays))  # type: ignore[arg-type]
-        atomic_write(path.with_suffix(".json"), lambda f: f.write(strict_json(meta).encode()))
-        return path
+        return save_arrays(path, arrays, meta)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Trajectory:

@@ -60,6 +60,16 @@ HELD_OUT_SEED = 999
 # it before any computing): a ``ValueError`` names the option as ``--set`` spells it.
 
 
+def _check_sgd(cfg) -> None:
+    """The options of an experiment's SGD runs: ``context`` and ``batch`` >= 1, ``dt`` > 0 and a
+    horizon ``t_end`` of at least one step."""
+    V.positive_int("context", cfg.context)
+    V.positive_int("batch", cfg.batch)
+    V.positive("dt", cfg.dt)
+    if not cfg.t_end >= cfg.dt:
+        raise ValueError(f"t_end must be at least dt = {cfg.dt:g} (one SGD step), got {cfg.t_end:g}")
+
+
 def _check_model(cfg) -> None:
     """The options every focus experiment shares: widths ``m``, ``mk`` >= 1, ``eps`` in (0, 1), and
     ``tau`` > 0 where it is one."""
@@ -302,11 +312,7 @@ class FiniteConfig:
     def __post_init__(self) -> None:
         _check_lazy(self.pi, "lam", (self.lam,))
         _check_model(self)
-        V.positive_int("context", self.context)
-        V.positive_int("batch", self.batch)
-        V.positive("dt", self.dt)
-        if not self.t_end >= self.dt:
-            raise ValueError(f"t_end must be at least dt = {self.dt:g} (one SGD step), got {self.t_end:g}")
+        _check_sgd(self)
         V.positive_int("seeds", self.seeds)
         V.positive_int("n_save", self.n_save, minimum=2)
 
@@ -512,11 +518,7 @@ class CorpusConfig:
         V.positive_int("top_k", self.top_k)
         V.positive_int("max_chars", self.max_chars)
         _check_model(self)
-        V.positive_int("context", self.context)
-        V.positive_int("batch", self.batch)
-        V.positive("dt", self.dt)
-        if not self.t_end >= self.dt:
-            raise ValueError(f"t_end must be at least dt = {self.dt:g} (one SGD step), got {self.t_end:g}")
+        _check_sgd(self)
         V.positive_int("n_save", self.n_save, minimum=2)
         V.positive_int("seed", self.seed, minimum=0)
 
