@@ -10,7 +10,10 @@ import math
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+
+from ._errors import check_traced
 
 
 def _is_traced(x: Any) -> bool:
@@ -47,8 +50,6 @@ def reals(name: str, value: Any) -> np.ndarray:
 def floats(name: str, value: Any, dtype: Any = None) -> Any:
     """``value`` as a JAX array of ``dtype`` (default: JAX's float); traced values pass through
     converted; anything that is not an array of reals raises ``ValueError`` naming ``name``."""
-    import jax.numpy as jnp
-
     kind = jnp.result_type(float) if dtype is None else dtype
     if _is_traced(value):
         return jnp.asarray(value, dtype=kind)
@@ -63,10 +64,6 @@ def positive(name: str, value: Any) -> None:
     (checked at the edge where they were created).
     """
     if _is_traced(value):
-        import jax.numpy as jnp
-
-        from ._errors import check_traced
-
         check_traced(
             lambda: ~(jnp.all(jnp.isfinite(value)) & jnp.all(value > 0)), f"{name} must be finite and positive"
         )
@@ -112,10 +109,6 @@ def scalar(name: str, value: Any) -> None:
 def nonnegative(name: str, value: Any) -> None:
     """Raise ``ValueError`` unless every entry of ``value`` is finite and >= 0 (traced: as `positive`)."""
     if _is_traced(value):
-        import jax.numpy as jnp
-
-        from ._errors import check_traced
-
         check_traced(
             lambda: ~(jnp.all(jnp.isfinite(value)) & jnp.all(value >= 0)), f"{name} must be finite and non-negative"
         )
@@ -176,8 +169,6 @@ def finite_scalar(name: str, value: Any) -> float:
 def prng_key(key: Any) -> Any:
     """A PRNG key from an integer seed (possibly traced, for vmap over seeds) or a key (returned
     as is); anything else raises ``ValueError`` naming ``key``."""
-    import jax.numpy as jnp
-
     if _is_traced(key):
         return jax.random.PRNGKey(key) if jnp.ndim(key) == 0 and jnp.issubdtype(key.dtype, jnp.integer) else key
     if isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
