@@ -429,7 +429,9 @@ def integrate(
     if ev is not None:
         t_event = jnp.where(result == diffrax.RESULTS.event_occurred, t_end, jnp.nan)
     m = {"integrator": type(method).__name__, "max_steps": solver.max_steps}
-    if not V.any_traced((rtol, atol)) and np.ndim(rtol) == 0 and np.ndim(atol) == 0:
+    if isinstance(solver.stepsize_controller, diffrax.ConstantStepSize):
+        m.update(controller="ConstantStepSize")  # rtol and atol play no part
+    elif not V.any_traced((rtol, atol)) and np.ndim(rtol) == 0 and np.ndim(atol) == 0:
         m.update(rtol=float(rtol), atol=float(atol))
     m.update(meta or {})
     return Trajectory(out_ts, out_ys, m, t_event=t_event, stats=stats)

@@ -289,6 +289,8 @@ def test_integrate_divergence_is_an_error():
     import diffrax
 
     euler = af.SolverOptions(diffrax.Euler(), dt0=0.1, stepsize_controller=diffrax.ConstantStepSize(), max_steps=100)
+    fixed = af.integrate(lambda t, y, a: -y, jnp.ones(1), 1.0, solver=euler)
+    assert fixed.meta["controller"] == "ConstantStepSize" and "rtol" not in fixed.meta  # tolerances unused
     # fixed steps: the NaN propagates and is reported with its time
     with pytest.raises(af.DivergenceError, match="non-finite at t = "):
         af.integrate(lambda t, y, a: y**2, jnp.ones(1), 3.0, save=af.LinearGrid(31), solver=euler)
