@@ -244,14 +244,9 @@ class Trajectory:
         from a few seeds."""
         if not isinstance(ddof, int | np.integer) or isinstance(ddof, bool) or ddof < 0:
             raise ValueError(f"std: ddof must be an integer >= 0, got {ddof!r}")
-        nb = len(self.batch_shape)
-        axes = range(nb) if axis is None else (axis,) if isinstance(axis, int) else axis
-        n = math.prod(self.batch_shape[a] for a in axes if isinstance(a, int) and -nb <= a < nb)
-        if nb and ddof >= n:
-            raise ValueError(f"std: ddof = {ddof} needs more than {ddof} runs, got {n}")
-        return self._reduce(lambda v, axis: jnp.std(v, axis=axis, ddof=int(ddof)), axis, "std")
+        return self._reduce(lambda v, axis: jnp.std(v, axis=axis, ddof=int(ddof)), axis, "std", min_runs=ddof + 1)
 
-    def _reduce(self, fn: Any, axis: int | tuple[int, ...] | None, what: str) -> Trajectory:
+    def _reduce(self, fn: Any, axis: int | tuple[int, ...] | None, what: str, min_runs: int = 1) -> Trajectory:
         nb = len(self.batch_shape)
         if nb == 0:
             raise ValueError(f"{what}: this trajectory has no batch axes to reduce")
@@ -259,6 +254,9 @@ class Trajectory:
         if not all(isinstance(a, int) and -nb <= a < nb for a in axes):
             raise ValueError(f"{what}: axis must be batch axes in [{-nb}, {nb}), got {axis!r}")
         axes = tuple(sorted({a % nb for a in axes}))
+        n = math.prod(self.batch_shape[a] for a in axes)
+        if n < min_runs:
+            raise ValueError(f"{what}: ddof = {min_runs - 1} needs more than {min_runs - 1} runs, got {n}")
         ts = self.ts[tuple(0 if i in axes else slice(None) for i in range(nb))]
         ys = {k: fn(v, axis=axes) for k, v in self.ys.items()}
         if not isinstance(self.ts, jax.core.Tracer):
