@@ -98,6 +98,34 @@ def covariance(name: str, cov: Any) -> None:
         raise ValueError(f"{name} must be positive semidefinite, but its smallest eigenvalue is {low:.3g}")
 
 
+def abstract_call(failure: str, fn: Any, *args: Any) -> Any:
+    """``jax.eval_shape(fn, *args)``: the shapes ``fn`` gives, computing nothing; a call that
+    fails (a wrong number of arguments, a missing key) raises ``ValueError`` starting with
+    ``failure``."""
+    try:
+        return jax.eval_shape(fn, *args)
+    except (TypeError, AttributeError, KeyError, IndexError) as err:
+        raise ValueError(f"{failure}: {type(err).__name__}: {err}") from None
+
+
+def one_number(what: str, out: Any, allow_bool: bool = False) -> None:
+    """``ValueError`` unless the shape ``out`` (from `abstract_call`) is one real number (or a
+    boolean, with ``allow_bool``)."""
+    kinds = (jnp.floating, jnp.bool_) if allow_bool else (jnp.floating,)
+    if getattr(out, "shape", None) != () or not any(jnp.issubdtype(out.dtype, k) for k in kinds):
+        raise ValueError(f"{what} must return one real number{' (or a boolean)' if allow_bool else ''}, got {out}")
+
+
+def matches_state(who: str, out: Any, state: Any) -> None:
+    """``ValueError`` unless the shapes ``out`` have the pytree structure and leaf shapes of
+    ``state`` (what a vector field ``dy/dt`` must return)."""
+    have = jax.eval_shape(lambda y: y, state)
+    if jax.tree_util.tree_structure(out) != jax.tree_util.tree_structure(have) or any(  # type: ignore[operator]
+        a.shape != b.shape for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(have))
+    ):
+        raise ValueError(f"{who}field returns {out}, which does not match the state {have}")
+
+
 def scalar(name: str, value: Any) -> None:
     """Raise ``ValueError`` unless ``value`` is a scalar (shape ``()``; traced values too: their
     shape is known)."""

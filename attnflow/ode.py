@@ -344,11 +344,7 @@ def integrate(
         )(t0, y0, dyn_args)
     except (TypeError, AttributeError, KeyError, IndexError) as err:
         raise ValueError(f"field(t, y, args) failed on the initial state: {type(err).__name__}: {err}") from None
-    in_struct = jax.eval_shape(lambda y: y, y0)
-    if jax.tree_util.tree_structure(out_struct) != jax.tree_util.tree_structure(in_struct) or any(  # type: ignore[operator]
-        a.shape != b.shape for a, b in zip(jax.tree_util.tree_leaves(out_struct), jax.tree_util.tree_leaves(in_struct))
-    ):
-        raise ValueError(f"field returns {out_struct}, which does not match the state {in_struct}")
+    V.matches_state("", out_struct, y0)
     obs = _Observer(observe or _default_observe)
     _check_observe(obs, t0, y0, args)
 
@@ -453,13 +449,14 @@ class _Observer(eqx.Module):
 def _check_event(event, t0, y0, args) -> None:
     """The event must give one real number: named error before any computing."""
     dyn_args, static_args = eqx.partition(args, eqx.is_array)
-    try:
-        out = jax.eval_shape(lambda t, y, a: event(t, y, eqx.combine(a, static_args)), t0, y0, dyn_args)
-    except (TypeError, AttributeError, KeyError, IndexError) as err:
-        raise ValueError(f"event failed on the initial state: {type(err).__name__}: {err}") from None
-    shape = getattr(out, "shape", None)
-    if shape != () or not (jnp.issubdtype(out.dtype, jnp.floating) or out.dtype == jnp.bool_):
-        raise ValueError(f"event must return one real number (or a boolean), got {out}")
+    out = V.abstract_call(
+        "event failed on the initial state",
+        lambda t, y, a: event(t, y, eqx.combine(a, static_args)),
+        t0,
+        y0,
+        dyn_args,
+    )
+    V.one_number("event", out, allow_bool=True)
 
 
 def _check_observe(obs, t0, y0, args) -> None:

@@ -87,12 +87,8 @@ class _Residual(eqx.Module):
 
 def _check_field_shape(who: str, field: Callable, y: Any, args: Any, t: Any) -> None:
     """``ValueError`` unless ``field(t, y, args)`` has the structure and shapes of ``y``."""
-    out = jax.eval_shape(lambda y, a: field(t, y, a), y, args)
-    have = jax.eval_shape(lambda y: y, y)
-    if jax.tree_util.tree_structure(out) != jax.tree_util.tree_structure(have) or any(  # type: ignore[operator]
-        a.shape != b.shape for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(have))
-    ):
-        raise ValueError(f"{who}: field returns {out}, which does not match the state {have}")
+    out = V.abstract_call(f"{who}: field(t, y, args) failed at y", lambda y, a: field(t, y, a), y, args)
+    V.matches_state(f"{who}: ", out, y)
 
 
 def jacobian(field: Callable[[Any, Any, Any], Any], y: Any, args: Any = None, t: Any = 0.0) -> jax.Array:

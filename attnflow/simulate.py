@@ -306,12 +306,13 @@ def _check_loss(loss: Any, params: Any, static: Any, mode: TrainingMode, key: ja
     any computing (traced abstractly, on a batch of the mode)."""
     if not callable(loss):
         raise ValueError(f"loss must be callable (model, batch) -> scalar, got {loss!r:.80}")
-    try:
-        out = jax.eval_shape(lambda p, k: loss(eqx.combine(p, static), mode.batch(k)), params, key)
-    except (TypeError, AttributeError, KeyError, IndexError) as err:
-        raise ValueError(f"loss(model, batch) failed on the initial model: {type(err).__name__}: {err}") from None
-    if getattr(out, "shape", None) != () or not jnp.issubdtype(out.dtype, jnp.floating):
-        raise ValueError(f"loss(model, batch) must return one real number, got {out}")
+    out = V.abstract_call(
+        "loss(model, batch) failed on the initial model",
+        lambda p, k: loss(eqx.combine(p, static), mode.batch(k)),
+        params,
+        key,
+    )
+    V.one_number("loss(model, batch)", out)
 
 
 def _progress_tick(n):
