@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as stop:
         if previous is not None:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
-        kept = [d for d in _RESUME if _holds_chunks(d)]
+        kept = _kept_chunks()
         _cleanup()
         what = "terminated (SIGTERM)" if isinstance(stop, _Terminated) else "interrupted"
         if kept:
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         os._exit(EXIT_TERMINATED if isinstance(stop, _Terminated) else EXIT_INTERRUPTED)
     except Exception as err:  # the one error boundary of the command
-        kept_chunks = [d for d in _RESUME if _holds_chunks(d)]
+        kept_chunks = _kept_chunks()
         _cleanup()
         if getattr(args, "debug", False):
             raise
@@ -316,6 +316,11 @@ def _cleanup() -> None:
         with contextlib.suppress(OSError):
             folder.rmdir()
     _CREATED.clear()
+
+
+def _kept_chunks() -> list[Path]:
+    """The sweep folders of this run that hold finished chunks (kept for a rerun)."""
+    return [d for d in _RESUME if _holds_chunks(d)]
 
 
 def _holds_chunks(folder: Path) -> bool:
