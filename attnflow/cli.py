@@ -45,6 +45,33 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise _Terminated()
 
 
+_STOPPING = threading.Event()  # set once main has caught the interrupt: no more re-delivery
+
+
+def _redeliver_swallowed_interrupts(previous: Any) -> Any:
+    """A ``sys.unraisablehook`` that sends a swallowed Ctrl-C or SIGTERM again.
+
+    Python runs a signal's handler in whatever Python code the main thread is in. When that is a
+    callback whose exceptions Python ignores (JAX's garbage-collection callback, a ``__del__``),
+    the ``KeyboardInterrupt`` is printed as "Exception ignored" and the run goes on as if no
+    signal had come. The hook sends the signal again from a short-lived thread, so the handler
+    runs anew once the callback has returned (the hook itself must return cleanly: an exception
+    raised inside it is swallowed too).
+    """
+
+    def hook(unraisable: Any) -> None:
+        stop = unraisable.exc_value
+        if not isinstance(stop, KeyboardInterrupt):
+            previous(unraisable)
+            return
+        if _STOPPING.is_set():
+            return
+        signum = signal.SIGTERM if isinstance(stop, _Terminated) else signal.SIGINT
+        threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
+
+    return hook
+
+
 SWEEPS = ".attnflow-sweeps"  # OUT/SWEEPS/NAME/sweep-k: the chunks of a run's sweeps, kept between runs
 PLAIN = ".plain-run"  # in OUT/SWEEPS/NAME: the folder was made by a plain run, which deletes it when done
 
@@ -241,11 +268,15 @@ def _one_line(err: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     previous = None
+    unraisablehook = sys.unraisablehook
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        _STOPPING.clear()
+        sys.unraisablehook = _redeliver_swallowed_interrupts(unraisablehook)
     try:
         return _main(args)
     except KeyboardInterrupt as stop:
+        _STOPPING.set()
         if previous is not None:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
         kept = _kept_chunks()
@@ -303,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+            sys.unraisablehook = unraisablehook
 
 
 def _cleanup() -> None:

@@ -193,6 +193,39 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+_SWALLOWED_SCRIPT = """
+import os, signal, sys, time
+from attnflow.cli import _on_sigterm, _redeliver_swallowed_interrupts
+
+class Collected:
+    # stands for JAX's garbage-collection callback: Python ignores what it raises
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIG{name})
+        time.sleep(0.5)  # the handler runs here, inside __del__, and its exception is swallowed
+
+signal.signal(signal.SIGTERM, _on_sigterm)
+sys.unraisablehook = _redeliver_swallowed_interrupts(sys.unraisablehook)
+try:
+    Collected()
+    time.sleep(10)
+    print("lost")
+except KeyboardInterrupt as stop:
+    print("delivered", type(stop).__name__)
+"""
+
+
+@pytest.mark.parametrize("name, kind", [("INT", "KeyboardInterrupt"), ("TERM", "_Terminated")])
+def test_an_interrupt_swallowed_by_a_callback_is_delivered_again(name, kind):
+    proc = subprocess.run(
+        [sys.executable, "-c", _SWALLOWED_SCRIPT.replace("{name}", name)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.stdout.strip() == f"delivered {kind}", proc.stderr
+    assert "Exception ignored" not in proc.stderr
+
+
 @pytest.mark.parametrize(
     "sig, code, what",
     [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated (SIGTERM)")],
