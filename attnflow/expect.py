@@ -197,7 +197,12 @@ def gauss_hermite(f: Callable[[jax.Array], Any], n_points: int, mean: Any, cov: 
     """``E f(x)`` for ``x ~ N(mean, cov)`` by tensor-product Gauss-Hermite quadrature.
 
     Exact for polynomials of degree ``< 2 n_points`` in each coordinate; for low ``dim``.
+    A scalar ``mean`` (and scalar variance ``cov``) is one Gaussian variable: ``f`` then takes a
+    scalar, as ``gauss_hermite(lambda x: x**2, 10, 0.0, 1.0)`` = 1.
     """
+    scalar = jnp.ndim(mean) == 0
+    if scalar and jnp.ndim(cov) not in (0, 2):
+        raise ValueError(f"cov of a scalar mean must be a variance (a number), got shape {jnp.shape(cov)}")
     mean = jnp.atleast_1d(jnp.asarray(mean, dtype=jnp.result_type(float)))
     cov = jnp.atleast_2d(jnp.asarray(cov, dtype=mean.dtype))
     if cov.shape != (mean.shape[0], mean.shape[0]):
@@ -205,6 +210,6 @@ def gauss_hermite(f: Callable[[jax.Array], Any], n_points: int, mean: Any, cov: 
     V.covariance("cov", cov)
     nodes, weights = hermite_rule(n_points, mean.shape[0])
     x = mean + jnp.asarray(nodes, mean.dtype) @ psd_sqrt(cov).T
-    vals = jax.vmap(f)(x)
+    vals = jax.vmap((lambda xi: f(xi[0])) if scalar else f)(x)
     w = jnp.asarray(weights, mean.dtype)
     return jax.tree_util.tree_map(lambda v: jnp.tensordot(w, v, axes=1), vals)

@@ -208,7 +208,8 @@ class SolverOptions(eqx.Module):
         A Diffrax solver; ``None`` picks Tsit5 (`attnflow.UnrolledTsit5` for small fields,
         ``diffrax.Tsit5`` for large ones: the same steps, see `attnflow.integrate`).
     rtol, atol:
-        Tolerances of the default PID controller; arrays allowed (a sweep axis).
+        Tolerances of the default PID controller; arrays allowed (a sweep axis). Either may
+        be 0 (a purely absolute or purely relative error control), not both.
     dt0:
         Initial step (``None``: chosen by Diffrax); required for a constant step size.
     max_steps:
@@ -234,8 +235,9 @@ class SolverOptions(eqx.Module):
 
     def __check_init__(self):
         V.positive_int("max_steps", self.max_steps)
-        V.positive("rtol", self.rtol)
-        V.positive("atol", self.atol)
+        V.nonnegative("rtol", self.rtol)
+        V.nonnegative("atol", self.atol)
+        V.not_both_zero(("rtol", self.rtol), ("atol", self.atol))
         if self.dt0 is not None:
             V.positive("dt0", self.dt0)
         if self.solver is not None and not isinstance(self.solver, diffrax.AbstractSolver):

@@ -529,10 +529,15 @@ def test_gauss_hermite_exact_for_closed_forms():
     a = jnp.array([0.4, -0.7])
     val = af.gauss_hermite(lambda x: jnp.exp(a @ x), 30, mean, A)
     assert float(val) == pytest.approx(float(jnp.exp(a @ mean + 0.5 * a @ A @ a)), rel=1e-12)
-    # fourth moment of a scalar Gaussian: 3 sigma^4, exact with 3 nodes
-    assert float(af.gauss_hermite(lambda x: x[0] ** 4, 3, 0.0, 2.0)) == pytest.approx(12.0, rel=1e-13)
+    # fourth moment of a scalar Gaussian: 3 sigma^4, exact with 3 nodes; a scalar mean gives f a scalar
+    fourth = af.gauss_hermite(lambda x: x**4, 3, 0.0, 2.0)
+    assert fourth.shape == () and float(fourth) == pytest.approx(12.0, rel=1e-13)
+    # the same variable as a vector of one: f gets shape (1,), the result keeps it
+    assert af.gauss_hermite(lambda x: x**4, 3, jnp.zeros(1), 2.0 * jnp.eye(1)).shape == (1,)
     # E[sigmoid-like] of N(0,1) symmetric function identity: E tanh(x) = 0
-    assert abs(float(af.gauss_hermite(lambda x: jnp.tanh(x[0]), 40, 0.0, 1.0))) < 1e-15
+    assert abs(float(af.gauss_hermite(jnp.tanh, 40, 0.0, 1.0))) < 1e-15
+    with pytest.raises(ValueError, match="cov of a scalar mean must be a variance"):
+        af.gauss_hermite(jnp.tanh, 5, 0.0, jnp.ones(3))
     with pytest.raises(ValueError, match="cov must have shape"):
         af.gauss_hermite(lambda x: x, 5, jnp.zeros(2), jnp.eye(3))
 
