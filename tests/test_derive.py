@@ -138,6 +138,24 @@ def test_field_with_trained_readout_and_noise_matches_closed_form():
     assert _max_diff(derive.vector_field(s, R, Q, v), ref) < 1e-5
 
 
+def test_readout_rate_follows_eta_unless_given():
+    R, Q = 0.2 * jnp.eye(2), 0.5 * jnp.eye(2)
+    v = jnp.array([0.8, -0.4])
+
+    def student(lam, v):
+        return v @ derive.erf_activation(lam)
+
+    s = derive.Setup(student, derive.soft_committee, R, Q, v0=v, eta=0.7, quadrature=derive.GaussHermite(8))
+    assert s.eta_v is None and float(s.rate_v) == 0.7
+    faster = s.replace(eta=2.1)  # eta_v = None follows eta: the readout's field triples
+    assert float(faster.rate_v) == pytest.approx(2.1)
+    np.testing.assert_allclose(derive.vector_field(faster, R, Q, v)["v"], 3 * derive.vector_field(s, R, Q, v)["v"])
+    fixed = s.replace(eta_v=0.3).replace(eta=2.1)  # a given eta_v stays
+    assert float(fixed.rate_v) == pytest.approx(0.3)
+    base = derive.vector_field(s, R, Q, v)["v"]
+    np.testing.assert_allclose(derive.vector_field(fixed, R, Q, v)["v"], 0.3 / 0.7 * base)
+
+
 def test_K3_M3_quadrature_cost_bound():
     # K = M = 3: d = 6, so n Gauss-Hermite points per dimension cost n^6 nodes. Measured max errors
     # of the field: n = 6: 6.5e-3, 7: 2.7e-3, 8: 1.4e-3, 10: 3.3e-4 (1e6 nodes); Monte Carlo 2^16:

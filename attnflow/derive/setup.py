@@ -234,7 +234,8 @@ class Setup(AbstractSetup):
     - ``v0``: the initial readout (any shape), or ``None`` for a student without trained readout;
     - ``eta``: learning rate of ``W`` (SGD step ``W <- W - eta grad_W loss``);
     - ``eta_v``: learning rate of the readout on the ``t = steps / D`` clock (SGD step
-      ``v <- v - (eta_v / D) grad_v loss``; default ``eta``);
+      ``v <- v - (eta_v / D) grad_v loss``; ``None``, the default: ``eta``, which it then follows
+      through ``replace(eta=...)``; `rate_v` is the rate in use);
     - ``noise``: label-noise standard deviation ``sigma``, or ``None`` for none (a number, even 0,
       adds the noise variable ``xi`` to the quadrature);
     - ``data``: the data model, `GaussianInputs` (default) or `SingleLocation` (the token model
@@ -255,7 +256,7 @@ class Setup(AbstractSetup):
     T: jax.Array
     v0: Any
     eta: jax.Array
-    eta_v: jax.Array
+    eta_v: jax.Array | None
     noise: Any
     loss: Callable = eqx.field(static=True)
     data: DataModel
@@ -286,7 +287,8 @@ class Setup(AbstractSetup):
         self.T = jnp.eye(M) if T is None else V.floats("T (teacher-teacher overlap)", T)
         self.v0 = None if v0 is None else V.floats("v0 (initial readout)", v0)
         self.eta = V.floats("eta (learning rate of W)", eta)
-        self.eta_v = self.eta if eta_v is None else V.floats("eta_v (learning rate of the readout)", eta_v)
+        # kept None: the readout then follows eta, also through replace(eta=...) and sweeps over eta
+        self.eta_v = None if eta_v is None else V.floats("eta_v (learning rate of the readout)", eta_v)
         self.noise = None if noise is None else V.floats("noise (label-noise std)", noise)
         data = GaussianInputs() if data is None else data
         if not isinstance(data, DataModel):
@@ -297,6 +299,11 @@ class Setup(AbstractSetup):
         if not isinstance(quadrature, Quadrature):
             raise ValueError(f"quadrature must be GaussHermite(...) or MonteCarlo(...), got {quadrature!r:.80}")
         self.quadrature = quadrature
+
+    @property
+    def rate_v(self) -> jax.Array:
+        """The learning rate of the readout: ``eta_v``, or ``eta`` when ``eta_v`` is ``None``."""
+        return self.eta if self.eta_v is None else self.eta_v
 
     @property
     def K(self) -> int:
@@ -359,9 +366,10 @@ class Setup(AbstractSetup):
         if self.noise is not None and isinstance(self.data, SingleLocation):
             raise ValueError("noise (label noise) is not available with data=SingleLocation(...); use noise=None")
         V.scalar("eta (learning rate of W)", self.eta)
-        V.scalar("eta_v (learning rate of the readout)", self.eta_v)
         V.positive("eta (learning rate of W)", self.eta)
-        V.positive("eta_v (learning rate of the readout)", self.eta_v)
+        if self.eta_v is not None:
+            V.scalar("eta_v (learning rate of the readout)", self.eta_v)
+            V.positive("eta_v (learning rate of the readout)", self.eta_v)
         if self.noise is not None:
             V.nonnegative("noise (label-noise std)", self.noise)
         if self.v0 is not None:

@@ -152,7 +152,7 @@ def _rates(setup: Setup, E: dict) -> dict[str, Any]:
     dQ = eta * (E["delta_lam"] + E["delta_lam"].T) + eta**2 * E["delta_delta"]
     out = {"R": eta * E["delta_nu"], "Q": dQ}
     if E["grad_v"] is not None:
-        out["v"] = -setup.eta_v * E["grad_v"]
+        out["v"] = -setup.rate_v * E["grad_v"]
     return out
 
 

@@ -95,7 +95,7 @@ def _train(setup, key, rl, total, steps, D, progress):
     params = {"W": W0}
     if setup.v0 is not None:
         params["v"] = setup.v0
-        opt = per_circuit({"W": "W", "v": "v"}, {"W": setup.eta, "v": setup.eta_v / D})
+        opt = per_circuit({"W": "W", "v": "v"}, {"W": setup.eta, "v": setup.rate_v / D})
     else:
         opt = optax.sgd(setup.eta)
     noisy = setup.noise is not None
