@@ -358,6 +358,19 @@ def test_minibatch_and_weight_decay_follow_the_ode():
     assert gap["Q"] < 0.005 < 0.02 < gap_b1["Q"] and gap["M"] < 0.02, (gap, gap_b1)
 
 
+def test_train_runs_in_the_dimension_of_the_initial_draw():
+    s = Setup(prior=FlippedSpike(2.0), init=FiniteDDraw(D=300.0, seed=4))
+    grid = af.LinearGrid(3)
+    tr = train(s, 0.02, key=0, save=grid, eval_samples=0)
+    assert tr.meta["D"] == 300 and tr.meta["steps"] == 6  # t = steps / D
+    # at another D the keys still start with the draw's overlaps, where solve starts
+    big = train(s, 0.02, key=0, D=400, save=grid, eval_samples=0)
+    assert big.meta["D"] == 400
+    M0, Q0 = s.initial_overlaps()
+    np.testing.assert_allclose(big["M"][0], M0, atol=1e-12)
+    np.testing.assert_allclose(big["Q"][0], Q0, atol=1e-12)
+
+
 def test_sgd_learns_only_learned_parameters():
     s = Setup(prior=FlippedSpike(2.0), activation=Softmax1(0.0, 1.0, learn_b=True, learn_c=False, per_head=2))
     tr = train(s, 3.0, key=3, D=300, save=af.LinearGrid(4), eval_samples=0)

@@ -73,22 +73,34 @@ def keys_from_overlaps(M: Any, Q: Any, spikes: Any, key: Any = 0) -> jax.Array:
     return jnp.sqrt(D) * (M @ U.T + psd_sqrt(Q - M @ M.T) @ Z.T)
 
 
+def _default_D(setup: Setup) -> int:
+    """The dimension `train` uses when given none: the ``D`` of ``setup.init`` when it has a
+    concrete one (`FiniteDDraw`, `SymmetricSeed`), else `attnflow.heads.REFERENCE_D`."""
+    D = getattr(setup.init, "D", None)
+    if D is None or V.any_traced(D):
+        return REFERENCE_D
+    return int(round(float(D)))
+
+
 def train(
     setup: Setup,
     t1: float,
     *,
     key: Any = 0,
-    D: int = REFERENCE_D,
+    D: int | None = None,
     save: SaveGrid | None = None,
     eval_samples: int = EVAL_SAMPLES,
     dtype: Any = None,
     progress: bool = False,
 ) -> Trajectory:
-    """Online SGD of ``setup``'s model in dimension ``D`` (default `attnflow.heads.REFERENCE_D`) to
-    time ``t1`` on the clock ``t = steps / D`` of `attnflow.heads.solve`.
+    """Online SGD of ``setup``'s model in dimension ``D`` to time ``t1`` on the clock
+    ``t = steps / D`` of `attnflow.heads.solve`. ``D = None`` (the default) is the ``D`` of
+    ``setup.init`` (`FiniteDDraw`, `SymmetricSeed`) when it has a concrete one, else
+    `attnflow.heads.REFERENCE_D`.
 
     The keys start with exactly the overlaps ``(M0, Q0)`` of ``setup.init``
-    (`keys_from_overlaps`), so SGD and the ODE start at the same point; ``key`` seeds the key frame
+    (`keys_from_overlaps`), so SGD and the ODE start at the same point (a ``D`` other than the
+    draw's keeps the draw's overlaps: every size starts where the theory does); ``key`` seeds the key frame
     and the samples (one fresh batch of ``setup.minibatch`` per step; may be traced, a sweep over
     seeds). Keys move at ``eta``, learned activation parameters at ``eta_b / D``, with weight decay
     ``-eta gamma k / D`` per step. Records `attnflow.heads.OBSERVABLES` at ``save`` (default
@@ -103,7 +115,7 @@ def train(
     """
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.heads.Setup, got {setup!r}")
-    D = V.positive_int("D", D, minimum=setup.F + setup.H)
+    D = V.positive_int("D", _default_D(setup) if D is None else D, minimum=setup.F + setup.H)
     eval_samples = V.positive_int("eval_samples", eval_samples, minimum=0)
     dtype = jnp.result_type(float) if dtype is None else jnp.dtype(dtype)
     if not jnp.issubdtype(dtype, jnp.floating):
