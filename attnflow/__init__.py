@@ -57,6 +57,7 @@ from .plot import family as family
 from .plot import heatmap as heatmap
 from .plot import overlay as overlay
 from .plot import save_figure as save_figure
+from .prior import Prior as Prior
 from .report import Report as Report
 from .saddle import Spectrum as Spectrum
 from .saddle import escape_time as escape_time
@@ -103,6 +104,7 @@ __all__ = [
     "MaxStepsError",
     "Minibatch",
     "OnlineSGD",
+    "Prior",
     "Report",
     "SaveGrid",
     "Sensitivity",

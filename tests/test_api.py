@@ -480,3 +480,31 @@ def test_every_solve_stops_at_an_event_on_its_observables(package):
     assert np.isnan(float(never.t_event))
     with pytest.raises(ValueError, match="no observable 'nope'"):
         P.solve(s, T, event=lambda t, o: o["nope"])
+
+
+# ----------------------------------------------------------------------------- the protocol
+def test_every_setup_has_the_initial_state_solve_starts_from():
+    from attnflow import derive, focus, heads, qkov
+
+    s = dl.Setup(s=(2.0, 1.0, 0.5), u0=0.03)
+    np.testing.assert_array_equal(s.initial_state(), [0.03, 0.03, 0.03])
+    q = qkov.Setup()
+    assert set(q.initial_state()) == {"mu_ov", "mu_qk"}
+    h = heads.Setup()
+    M0, Q0 = h.initial_overlaps()
+    y = h.initial_state()
+    assert set(y) == {"M", "Q", "act"}
+    np.testing.assert_array_equal(y["M"], M0)
+    np.testing.assert_array_equal(y["Q"], Q0)
+    R, Q = 0.1 * jnp.eye(2), 0.5 * jnp.eye(2)
+    d = derive.Setup(derive.soft_committee, derive.soft_committee, R, Q, v0=jnp.ones(2))
+    assert set(d.initial_state()) == {"R", "Q", "v"}
+    np.testing.assert_array_equal(d.initial_state()["R"], R)
+    f = focus.Setup(m=4, mk=4)
+    theta = f.initial_state()
+    assert jax.tree_util.tree_all(jax.tree_util.tree_map(jnp.array_equal, theta, f.theta0()))
+    assert f.initial_state(theta) == theta  # a start of one's own, checked and kept
+    with pytest.raises(ValueError, match="initial must be a dict with keys"):
+        f.initial_state({"W0": theta["W0"]})
+    with pytest.raises(ValueError, match=r"initial\['W0'\] must have shape \(4, m\)"):
+        f.initial_state({**theta, "W0": theta["W0"][:3]})

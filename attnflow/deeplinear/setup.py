@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 
 from .. import _validate as V
 from ..setup import AbstractSetup, array_field
@@ -54,6 +55,10 @@ class Setup(AbstractSetup):
             f"a teacher of n_out x n_in = {self.n_out} x {self.n_in} with {k} modes",
             8 * 6 * (self.n_out * self.n_in + k * (self.n_in + self.n_out)),
         )
+
+    def initial_state(self) -> jax.Array:
+        """The start of `attnflow.deeplinear.solve`: every mode strength at ``u0`` (shape of ``s``)."""
+        return jnp.broadcast_to(self.u0, self.s.shape)
 
     @property
     def teacher(self) -> Teacher:

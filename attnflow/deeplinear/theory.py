@@ -119,10 +119,9 @@ def solve(
 
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.deeplinear.Setup, got {setup!r}")
-    u0 = jnp.broadcast_to(setup.u0, setup.s.shape)
     return integrate(
         _setup_mode_field,
-        u0,
+        setup.initial_state(),
         t1,
         args=setup,
         save=save or DEFAULT_SAVE,

@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import _validate as V
 from ..expect import psd_sqrt
-from ..heads.data import Prior
+from ..prior import Prior
 
 __all__ = ["DataModel", "GaussianInputs", "SingleLocation", "signal_token"]
 

@@ -300,6 +300,13 @@ class Setup(AbstractSetup):
             raise ValueError(f"quadrature must be GaussHermite(...) or MonteCarlo(...), got {quadrature!r:.80}")
         self.quadrature = quadrature
 
+    def initial_state(self) -> dict[str, Any]:
+        """The start of `attnflow.derive.solve`: ``{"R": R0, "Q": Q0[, "v": v0]}``."""
+        y = {"R": self.R0, "Q": self.Q0}
+        if self.v0 is not None:
+            y["v"] = self.v0
+        return y
+
     @property
     def rate_v(self) -> jax.Array:
         """The learning rate of the readout: ``eta_v``, or ``eta`` when ``eta_v`` is ``None``."""

@@ -197,11 +197,8 @@ def _error(setup, R, Q, v, rl):
 
 
 def initial_state(setup: Setup) -> dict[str, Any]:
-    """The ODE state at ``t = 0``: ``{"R": R0, "Q": Q0[, "v": v0]}``."""
-    y = {"R": setup.R0, "Q": setup.Q0}
-    if setup.v0 is not None:
-        y["v"] = setup.v0
-    return y
+    """The ODE state at ``t = 0``: ``{"R": R0, "Q": Q0[, "v": v0]}`` (`Setup.initial_state`)."""
+    return setup.initial_state()
 
 
 def field(t: Any, y: dict, args: tuple[Setup, Rule]) -> dict:

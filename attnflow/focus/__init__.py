@@ -26,6 +26,8 @@ from .data import CorpusChain as CorpusChain
 from .data import MarkovChain as MarkovChain
 from .data import Tokenizer as Tokenizer
 from .data import Words as Words
+from .data import check_pi as check_pi
+from .data import lazy_lam_min as lazy_lam_min
 from .data import perturbed_pi as perturbed_pi
 from .data import random_windows as random_windows
 from .metrics import condensation as condensation
@@ -146,6 +148,8 @@ __all__ = [
     "model_observables",
     "next_token_loss",
     "participation_ratio",
+    "check_pi",
+    "lazy_lam_min",
     "perturbed_pi",
     "population_grads",
     "population_loss",

@@ -33,6 +33,8 @@ __all__ = [
     "MarkovChain",
     "Tokenizer",
     "Words",
+    "check_pi",
+    "lazy_lam_min",
     "perturbed_pi",
     "random_windows",
 ]
@@ -61,7 +63,11 @@ def _precision(tol: float, d: int) -> float:
     return max(tol, 10.0 * d * float(jnp.finfo(jnp.result_type(float)).eps))
 
 
-def _check_pi(pi: np.ndarray, tol: float) -> None:
+def check_pi(pi: Any, tol: float = CHAIN_TOL) -> None:
+    """Raise ``ValueError`` naming the entry unless ``pi`` is a 1-D probability vector of length
+    ``>= 2`` with positive entries summing to 1 within ``tol`` (or the rounding of JAX's default
+    float, when coarser)."""
+    pi = np.asarray(pi, dtype=float)
     tol = _precision(tol, pi.size)
     if pi.ndim != 1 or pi.size < 2:
         raise ValueError(f"pi must be a 1-D probability vector of length >= 2, got shape {pi.shape}")
@@ -72,7 +78,7 @@ def _check_pi(pi: np.ndarray, tol: float) -> None:
         raise ValueError(f"pi must sum to 1, got sum {float(pi.sum()):.15g} (pi = {pi.tolist()})")
 
 
-def _lazy_lam_min(pi: np.ndarray) -> float:
+def lazy_lam_min(pi: Any) -> float:
     """The smallest ``lam`` of a lazy chain on ``pi`` (`MarkovChain.lazy`): ``-min_k pi_k / (1 - pi_k)``,
     where a diagonal entry of ``P`` reaches 0."""
     pi = np.asarray(pi, dtype=float)
@@ -80,7 +86,7 @@ def _lazy_lam_min(pi: np.ndarray) -> float:
 
 
 def _check_chain(pi: np.ndarray, P: np.ndarray, tol: float) -> None:
-    _check_pi(pi, tol)
+    check_pi(pi, tol)
     d = pi.size
     tol = _precision(tol, d)
     if P.shape != (d, d):
@@ -137,8 +143,8 @@ class MarkovChain(eqx.Module):
         """
         if not V.any_traced((pi, lam)):
             pi_np = np.asarray(pi, dtype=float)
-            _check_pi(pi_np, CHAIN_TOL)
-            lo = _lazy_lam_min(pi_np)
+            check_pi(pi_np, CHAIN_TOL)
+            lo = lazy_lam_min(pi_np)
             lam_f = V.finite_scalar("lam", lam)
             if not (lo <= lam_f <= 1.0):
                 raise ValueError(f"lam must lie in [{lo:.6g}, 1] for this pi, got {lam_f:g}")
@@ -157,7 +163,7 @@ class MarkovChain(eqx.Module):
         (a sweep over random chains)."""
         iterations = V.positive_int("iterations", iterations)
         if not V.any_traced(pi):
-            _check_pi(np.asarray(pi, dtype=float), CHAIN_TOL)
+            check_pi(np.asarray(pi, dtype=float), CHAIN_TOL)
         pi = _floats(pi)
         B = jax.random.uniform(V.prng_key(key), (pi.shape[0], pi.shape[0]), dtype=pi.dtype)
         K = B + B.T

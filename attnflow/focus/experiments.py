@@ -27,8 +27,8 @@ from .data import (
     CorpusChain,
     MarkovChain,
     Words,
-    _check_pi,
-    _lazy_lam_min,
+    check_pi,
+    lazy_lam_min,
     perturbed_pi,
 )
 from .figures import attention_snapshots, cycle_figure, embedding_pca_figure, rates_figure, symmetry_figure
@@ -84,8 +84,8 @@ def _check_model(cfg) -> None:
 def _check_lazy(pi: Sequence[float], name: str, lams: Sequence[float]) -> None:
     """``pi`` is a probability vector and every ``lam`` of the option ``name`` gives a lazy chain on it."""
     pi_np = np.asarray(pi, dtype=float)
-    _check_pi(pi_np, CHAIN_TOL)
-    lo = _lazy_lam_min(pi_np)
+    check_pi(pi_np, CHAIN_TOL)
+    lo = lazy_lam_min(pi_np)
     if not all(lo <= lam <= 1.0 for lam in lams):
         got = f"{lams[0]:g}" if name == "lam" else V.show(lams)
         shown = [float(f"{p:.6g}") for p in pi_np]
@@ -393,7 +393,7 @@ class RatesConfig:
     def __post_init__(self) -> None:
         if len(self.lams) == 0:
             raise ValueError("lams must hold at least one value, got []")
-        _check_pi(np.asarray(self.pi, dtype=float), CHAIN_TOL)
+        check_pi(np.asarray(self.pi, dtype=float), CHAIN_TOL)
         if not all(0 < lam <= 1 for lam in self.lams):  # (0, 1] lies within every lazy chain's range
             raise ValueError(
                 f"lams must lie in (0, 1] (the focus rate c is proportional to lam), got {V.show(self.lams)}"

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import equinox as eqx
 import jax
 
 from .. import _validate as V
 from ..setup import AbstractSetup, array_field
 from .data import SYNTHETIC_PI, MarkovChain
-from .model import init_theta
+from .model import PARAMETERS, init_theta
 
 __all__ = ["INIT_SEED", "REFERENCE_LAM", "Setup"]
 
@@ -69,3 +72,16 @@ class Setup(AbstractSetup):
         """The initial weights: `attnflow.focus.init_theta` with ``init_seed``, the widths and
         ``eps``."""
         return init_theta(self.init_seed, self.d, self.m, self.mk, self.eps)
+
+    def initial_state(self, initial: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The weights `attnflow.focus.solve` and `attnflow.focus.train` start from: `theta0`, or
+        ``initial`` (a dict with the keys `attnflow.focus.PARAMETERS`, ``W0`` of shape
+        ``(d, m)``) checked against this setup, ``ValueError`` naming what is wrong."""
+        if initial is None:
+            return self.theta0()
+        if not isinstance(initial, Mapping) or set(initial) != set(PARAMETERS):
+            raise ValueError(f"initial must be a dict with keys {PARAMETERS} (as setup.theta0()), got {initial!r:.200}")
+        W0 = jax.numpy.shape(initial["W0"])
+        if len(W0) != 2 or W0[0] != self.d:
+            raise ValueError(f"initial['W0'] must have shape ({self.d}, m) for this chain, got {W0}")
+        return dict(initial)

@@ -150,18 +150,6 @@ def _solve_observe(t: Any, theta: dict, args: _SolveArgs) -> dict:
     return record(theta, args.setup, eqx.combine(args.observe_arrays, args.observe_static))
 
 
-def _check_initial(theta: Any, setup: Setup) -> dict:
-    """The starting weights ``initial`` of `solve` and `attnflow.focus.train` as a dict, or
-    ``ValueError`` naming what is wrong."""
-    if not isinstance(theta, Mapping) or set(theta) != set(PARAMETERS):
-        raise ValueError(f"initial must be a dict with keys {PARAMETERS} (as setup.theta0()), got {theta!r:.200}")
-    d = setup.d
-    W0 = jnp.shape(theta["W0"])
-    if len(W0) != 2 or W0[0] != d:
-        raise ValueError(f"initial['W0'] must have shape ({d}, m) for this chain, got {W0}")
-    return dict(theta)
-
-
 def solve(
     setup: Setup,
     t1: Any,
@@ -193,7 +181,7 @@ def solve(
         raise ValueError(f"setup must be an attnflow.focus.Setup, got {setup!r}")
     if observe is not None and not callable(observe):
         raise ValueError(f"observe must be callable (theta, setup) -> {{name: array}}, got {observe!r}")
-    y0 = setup.theta0() if initial is None else _check_initial(initial, setup)
+    y0 = setup.initial_state(initial)
     arrays, static = eqx.partition(observe, eqx.is_array)
     return integrate(
         _solve_field,

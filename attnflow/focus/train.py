@@ -20,7 +20,6 @@ from .data import MarkovChain, random_windows
 from .model import OneLayerAttention, next_token_loss
 from .observe import record
 from .setup import Setup
-from .theory import _check_initial
 
 __all__ = [
     "DEFAULT_BATCH",
@@ -114,7 +113,7 @@ def train(
     V.positive("dt", dt)
     if observe is not None and not callable(observe):
         raise ValueError(f"observe must be callable (theta, setup) -> {{name: array}}, got {observe!r}")
-    theta0 = setup.theta0() if initial is None else _check_initial(initial, setup)
+    theta0 = setup.initial_state(initial)
     if tokens is not None:
         tokens = np.asarray(tokens) if not V.any_traced(tokens) else tokens
         if tokens.ndim != 1 or tokens.shape[0] <= context + 1:

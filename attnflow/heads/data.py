@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _validate as V
+from ..prior import Prior
 from ..rng import normal
 
 __all__ = [
@@ -37,36 +38,6 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- priors
-class Prior(eqx.Module):
-    """A prior ``P_theta`` on the signal amplitudes ``theta`` in ``R^F`` (abstract).
-
-    Concrete priors: `FlippedSpike`, `AnisotropicGaussian`, `Discrete` (and `PointMass`).
-    """
-
-    @property
-    @abc.abstractmethod
-    def F(self) -> int:
-        """Number of latent features (spikes)."""
-
-    @property
-    @abc.abstractmethod
-    def sign_symmetric(self) -> bool:
-        """Whether ``theta`` and ``-theta`` have the same law (decided at construction; a prior made
-        from traced parameters counts as not symmetric)."""
-
-    @abc.abstractmethod
-    def support(self) -> tuple[jax.Array, jax.Array] | None:
-        """``(points (J, F), weights (J,))`` for a prior with finite support, else ``None``."""
-
-    @abc.abstractmethod
-    def sample(self, key: jax.Array, n: int) -> jax.Array:
-        """``n`` draws of ``theta``, shape ``(n, F)``."""
-
-    @abc.abstractmethod
-    def log_Z(self, u: jax.Array) -> jax.Array:
-        """``log E_theta exp(theta . u - |theta|^2 / 2)`` for ``u (..., F)``, shape ``(...)``."""
-
-
 class FlippedSpike(Prior):
     """``F = 1``; ``theta = +s`` with probability ``p``, ``-s`` otherwise (sign-symmetric at ``p = 1/2``)."""
 

@@ -294,3 +294,9 @@ class Setup(AbstractSetup):
     def initial_overlaps(self) -> tuple[jax.Array, jax.Array]:
         """``(M0, Q0)`` of the initial condition."""
         return self.init.overlaps(self.H, self.F)
+
+    def initial_state(self) -> dict[str, Any]:
+        """The start of `attnflow.heads.solve`: ``{"M": M0, "Q": Q0, "act": ...}``, the overlaps of
+        the initial condition and the activation's initial learned parameters."""
+        M, Q = self.initial_overlaps()
+        return {"M": jnp.asarray(M, dtype=float), "Q": jnp.asarray(Q, dtype=float), "act": self.activation.params()}

@@ -373,7 +373,7 @@ def initial_state(setup: Setup, M: Any = None, Q: Any = None) -> dict:
     """The ODE state ``{"M", "Q", "act"}``: the overlaps ``(M, Q)`` (default: the setup's initial
     condition) and the activation's initial learned parameters."""
     if M is None or Q is None:
-        M, Q = setup.initial_overlaps()
+        return setup.initial_state()
     return {"M": jnp.asarray(M, dtype=float), "Q": jnp.asarray(Q, dtype=float), "act": setup.activation.params()}
 
 
