@@ -257,3 +257,65 @@ def fits_in_memory(what: str, n_bytes: float, fraction: float = 0.5) -> None:
             f"{what} needs about {n_bytes / 2**30:.3g} GiB, more than {fraction:.0%} of the "
             f"{avail / 2**30:.3g} GiB available; reduce the sizes"
         )
+
+
+_CALLS = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "remat", "checkpoint")
+
+
+def clamped_index(fn: Any, *args: Any) -> str | None:
+    """Where ``fn(*args)`` indexes past the end of an array, or ``None``.
+
+    JAX clamps an out-of-range index (``nu[1]`` of an array of length 1 reads ``nu[0]``), so a
+    model written for more fields than it is given runs and silently computes something else.
+    An index known when tracing becomes a ``dynamic_slice`` whose start is computed from
+    constants: ``fn`` is traced on ``args`` (zeros of the shapes it will get) and its program is
+    evaluated, checking the start of every such slice. Best effort: a program this walk cannot
+    evaluate gives ``None``.
+    """
+    import jax.extend.core as jc
+
+    def run(jaxpr: Any, consts: list, inputs: list) -> list | None:
+        env: dict = {}
+
+        def read(v: Any) -> Any:
+            return v.val if isinstance(v, jc.Literal) else env[v]
+
+        for var, value in zip(jaxpr.constvars, consts, strict=True):
+            env[var] = value
+        for var, value in zip(jaxpr.invars, inputs, strict=True):
+            env[var] = value
+        for eqn in jaxpr.eqns:
+            vals = [read(v) for v in eqn.invars]
+            name = eqn.primitive.name
+            if name == "dynamic_slice":
+                shape = np.shape(vals[0])
+                for axis, (start, size) in enumerate(zip(vals[1:], eqn.params["slice_sizes"], strict=False)):
+                    start = int(np.asarray(start))
+                    if start < 0 or start + size > shape[axis]:
+                        raise _Clamped(f"index {start} on axis {axis} of an array of shape {shape}")
+            sub = next((eqn.params[k] for k in ("jaxpr", "call_jaxpr", "fun_jaxpr") if k in eqn.params), None)
+            if name in _CALLS and sub is not None:
+                closed = sub if hasattr(sub, "consts") else None
+                out = run(closed.jaxpr if closed else sub, list(closed.consts) if closed else [], vals)
+                if out is None:
+                    return None
+            else:
+                out = eqn.primitive.bind(*vals, **eqn.params)
+                out = list(out) if eqn.primitive.multiple_results else [out]
+            for var, value in zip(eqn.outvars, out, strict=True):
+                env[var] = value
+        return [read(v) for v in jaxpr.outvars]
+
+    try:
+        with jax.ensure_compile_time_eval():
+            closed = jax.make_jaxpr(fn)(*args)
+            run(closed.jaxpr, list(closed.consts), jax.tree_util.tree_leaves(args))
+    except _Clamped as err:
+        return str(err)
+    except Exception:  # a program the walk cannot evaluate: no verdict
+        return None
+    return None
+
+
+class _Clamped(Exception):
+    pass

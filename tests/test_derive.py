@@ -156,6 +156,22 @@ def test_readout_rate_follows_eta_unless_given():
     np.testing.assert_allclose(derive.vector_field(fixed, R, Q, v)["v"], 0.3 / 0.7 * base)
 
 
+def test_replace_lets_the_defaults_follow_the_sizes():
+    f = derive.soft_committee
+    s = derive.Setup(f, f, 0.1 * jnp.eye(2), 0.5 * jnp.eye(2))
+    assert s.quadrature == derive.default_quadrature(4)
+    noisy = s.replace(noise=0.1)  # one more Gaussian variable: the default rule of d = 5
+    assert noisy.dim == 5 and noisy.quadrature == derive.default_quadrature(5) != s.quadrature
+    three = s.replace(R0=0.1 * jnp.eye(3), Q0=0.5 * jnp.eye(3))  # T stays the identity, of M = 3
+    np.testing.assert_array_equal(three.T, jnp.eye(3))
+    given = derive.Setup(f, f, 0.1 * jnp.eye(2), 0.5 * jnp.eye(2), T=2 * jnp.eye(2), quadrature=derive.GaussHermite(6))
+    kept = given.replace(noise=0.1)  # what was given stays
+    assert kept.quadrature == derive.GaussHermite(6)
+    np.testing.assert_array_equal(kept.T, 2 * jnp.eye(2))
+    with pytest.raises(ValueError, match="no field"):
+        s.replace(etta=1.0)
+
+
 def test_K3_M3_quadrature_cost_bound():
     # K = M = 3: d = 6, so n Gauss-Hermite points per dimension cost n^6 nodes. Measured max errors
     # of the field: n = 6: 6.5e-3, 7: 2.7e-3, 8: 1.4e-3, 10: 3.3e-4 (1e6 nodes); Monte Carlo 2^16:
@@ -391,6 +407,15 @@ def test_bad_input_names_the_argument():
             r"output has shape \(2,\) and the teacher's \(\)",
         ),
         (dict(student=f, teacher=lambda nu, e: nu[0], R0=R, Q0=Q), r"teacher\(nu\) with nu of shape \(2,\) failed"),
+        # a model written for more fields than R0 gives: JAX would clamp nu[1] to nu[0]
+        (
+            dict(student=f, teacher=lambda nu: jnp.tanh(nu[0]) + jnp.tanh(nu[1]), R0=R[:, :1], Q0=Q),
+            r"teacher\(nu\) with nu of shape \(1,\) reads past the end .*index 1 on axis 0.* M = 1",
+        ),
+        (
+            dict(student=lambda lam, v: lam[0] + lam[2], teacher=f, R0=R, Q0=Q),
+            r"student\(lam, v\) with lam of shape \(2,\).* reads past the end .*K = 2",
+        ),
     ]
     for kw, name in cases:
         with pytest.raises(ValueError, match=name):

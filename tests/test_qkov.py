@@ -514,6 +514,16 @@ def test_bad_input_names_the_value():
         solve({"eta_qk": 1.0}, 10.0)
     with pytest.raises(ValueError, match=r"loss_target.*-0.1"):
         solve(Setup(), 10.0, loss_target=-0.1)
+    # a target the flow cannot reach is refused, as state_at_loss refuses it (a NaN t_event would
+    # read as "not reached by t1")
+    with pytest.raises(ValueError, match=r"loss_target = 2.0 must lie below the initial loss L\(0\) = 1.386"):
+        solve(Setup(), 10.0, loss_target=2.0)
+    with pytest.raises(
+        ValueError, match=r"initial must be a dict with the keys \['mu_ov', 'mu_qk'\], got \['mu_ov', 'muqk'\]"
+    ):
+        solve(Setup(), 1.0, initial={"mu_ov": 0.1, "muqk": 0.0})
+    with pytest.raises(ValueError, match=r"got \['beta', 'mu_ov', 'mu_qk'\]"):
+        train(Setup(), 1.0, initial={"mu_ov": 0.1, "mu_qk": 0.1, "beta": 1.0})
     with pytest.raises(ValueError, match="needs a time step dt"):
         train(Setup(), 10.0, batch=8)
     with pytest.raises(ValueError, match="unknown parametrisation 'XYZ'"):

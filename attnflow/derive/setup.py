@@ -227,7 +227,8 @@ class Setup(AbstractSetup):
       the readout parameters (``None`` when ``v0`` is ``None``); the output is a scalar or an
       array of the teacher's output shape;
     - ``teacher`` (static): ``teacher(nu) -> output``, ``nu`` the ``M`` teacher fields (fixed);
-    - ``loss`` (static): ``loss(y_hat, y) -> scalar`` (default `squared_loss`);
+    - ``loss`` (static): ``loss(y_hat, y)``, a scalar, or an array of per-entry losses whose
+      entries are summed (default `squared_loss`, entry by entry);
     - ``R0`` ``(K, M)``, ``Q0`` ``(K, K)``: the initial overlaps ``W W*^T / D`` and ``W W^T / D``
       (``Q0 - R0 T^{-1} R0^T`` must be positive semidefinite);
     - ``T`` ``(M, M)``: the teacher overlap ``W* W*^T / D`` (default the identity);
@@ -241,7 +242,7 @@ class Setup(AbstractSetup):
     - ``data``: the data model, `GaussianInputs` (default) or `SingleLocation` (the token model
       of `attnflow.heads`: ``student(lam (K, L), v)``, ``teacher(nu (M, L), e (L,))``, ``M`` the
       prior's ``F``; no label noise);
-    - ``quadrature`` (static): `GaussHermite` or `MonteCarlo` (default: `default_quadrature` of
+    - ``quadrature`` (static): `GaussHermite`, `SparseGaussHermite` or `MonteCarlo` (default: `default_quadrature` of
       the dimension `dim`).
 
     On construction student, teacher and loss are called once on abstract arguments of these
@@ -261,6 +262,9 @@ class Setup(AbstractSetup):
     loss: Callable = eqx.field(static=True)
     data: DataModel
     quadrature: Quadrature = eqx.field(static=True)
+    # whether T and the quadrature were left to their defaults, which follow the sizes in replace
+    _default_T: bool = eqx.field(static=True, repr=False)
+    _default_quadrature: bool = eqx.field(static=True, repr=False)
 
     def __init__(
         self,
@@ -284,6 +288,7 @@ class Setup(AbstractSetup):
         self.R0 = V.floats("R0 (initial student-teacher overlap)", R0)
         self.Q0 = V.floats("Q0 (initial student-student overlap)", Q0)
         M = self.R0.shape[-1] if self.R0.ndim == 2 else 1
+        self._default_T = T is None
         self.T = jnp.eye(M) if T is None else V.floats("T (teacher-teacher overlap)", T)
         self.v0 = None if v0 is None else V.floats("v0 (initial readout)", v0)
         self.eta = V.floats("eta (learning rate of W)", eta)
@@ -294,11 +299,32 @@ class Setup(AbstractSetup):
         if not isinstance(data, DataModel):
             raise ValueError(f"data must be GaussianInputs() or SingleLocation(...), got {data!r:.80}")
         self.data = data
+        self._default_quadrature = quadrature is None
         if quadrature is None:
             quadrature = default_quadrature(self.dim) if self.R0.ndim == 2 else GaussHermite()
         if not isinstance(quadrature, Quadrature):
-            raise ValueError(f"quadrature must be GaussHermite(...) or MonteCarlo(...), got {quadrature!r:.80}")
+            raise ValueError(
+                "quadrature must be GaussHermite(...), SparseGaussHermite(...) or MonteCarlo(...), "
+                f"got {quadrature!r:.80}"
+            )
         self.quadrature = quadrature
+
+    def replace(self, **changes: Any) -> Setup:
+        """A copy with the named fields replaced, validated (as every package's ``Setup.replace``;
+        values may be traced). A ``T`` or ``quadrature`` left to its default follows the new
+        sizes: ``T`` stays the identity of the new ``M``, the quadrature is `default_quadrature`
+        of the new `dim` (with ``noise`` added, say)."""
+        fields = [f for f in self.__dataclass_fields__ if not f.startswith("_")]
+        unknown = sorted(set(changes) - set(fields))
+        if unknown:
+            raise ValueError(f"Setup has no field {unknown}; fields: {sorted(fields)}")
+        given = {name: getattr(self, name) for name in fields}
+        if self._default_T:
+            given["T"] = None
+        if self._default_quadrature:
+            given["quadrature"] = None
+        given.update(changes)
+        return Setup(**given)
 
     def initial_state(self) -> dict[str, Any]:
         """The start of `attnflow.derive.solve`: ``{"R": R0, "Q": Q0[, "v": v0]}``."""
@@ -351,8 +377,23 @@ class Setup(AbstractSetup):
             except Exception as err:
                 raise ValueError(f"{what} failed: {type(err).__name__}: {err}") from err
 
-        y_hat = call(f"student(lam, v) with lam of shape {lam.shape} and v {v_text}", self.student, lam, v)
+        student_call = f"student(lam, v) with lam of shape {lam.shape} and v {v_text}"
+        y_hat = call(student_call, self.student, lam, v)
         y = call(teacher_call, lambda nu, c: self.data.label(self.teacher, nu, c), nu, ctx)
+        # JAX clamps an index past the end (nu[1] with M = 1 reads nu[0]): a model written for other
+        # sizes would run and derive the ODE of another model
+        zeros = [None if a is None else jnp.zeros(a.shape, a.dtype) for a in (lam, v, nu, ctx)]
+        for what, fn, args in (
+            (student_call, self.student, zeros[:2]),
+            (teacher_call, lambda nu, c: self.data.label(self.teacher, nu, c), zeros[2:]),
+        ):
+            clamped = V.clamped_index(fn, *args)
+            if clamped is not None:
+                raise ValueError(
+                    f"{what} reads past the end of an array ({clamped}); JAX would clamp it to the last "
+                    f"entry and derive another model's ODE: check K = {K} (rows of R0) and M = {M} "
+                    "(columns of R0) against the model"
+                )
         shapes = [jnp.shape(a) for a in (y_hat, y)]
         if shapes[0] != shapes[1]:
             raise ValueError(

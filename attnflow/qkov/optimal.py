@@ -140,7 +140,7 @@ def fixed_loss_slope(setup: Setup, loss_target: Any, *, initial: dict | None = N
     """
     _check_setup(setup)
     _check_loss(loss_target)
-    init = setup.initial_state() if initial is None else initial
+    init = setup.initial_state(initial)
     st = state_at_loss(setup, loss_target, initial=init)
     ell = loss_to_margin(loss_target, setup.M)
 

@@ -148,15 +148,33 @@ class Setup(AbstractSetup):
         """The data model as a `TheoryTask` (for the full matrices of `train`)."""
         return TheoryTask(m=self.m, n=self.n, b=self.b, M=self.M, n_common=self.n_common, query_mode=self.query_mode)
 
-    def initial_state(self) -> dict[str, jax.Array]:
-        """The start of `solve` and `train`: ``mu0`` on factorised circuits, 0 on collapsed ones."""
-        zero = jnp.zeros_like(self.mu0)
-        return {"mu_ov": self.mu0 if self.factorised_ov else zero, "mu_qk": self.mu0 if self.factorised_qk else zero}
+    def initial_state(self, initial: dict[str, Any] | None = None) -> dict[str, jax.Array]:
+        """The start of `solve` and `train`: ``mu0`` on factorised circuits, 0 on collapsed ones;
+        or ``initial``, a dict with the keys ``mu_ov`` and ``mu_qk`` (a state of `solve` or
+        `state_at_loss`, whose ``alpha`` and ``loss`` are left out; other keys raise ``ValueError``
+        naming them), as arrays of JAX's default float."""
+        if initial is None:
+            zero = jnp.zeros_like(self.mu0)
+            return {
+                "mu_ov": self.mu0 if self.factorised_ov else zero,
+                "mu_qk": self.mu0 if self.factorised_qk else zero,
+            }
+        # a state of solve or state_at_loss may come back as a start: its alpha and loss follow from mu
+        if not isinstance(initial, dict) or not {"mu_ov", "mu_qk"} <= set(initial) <= {
+            "mu_ov",
+            "mu_qk",
+            "alpha",
+            "loss",
+        }:
+            got = sorted(initial) if isinstance(initial, dict) else repr(initial)[:80]
+            raise ValueError(f"initial must be a dict with the keys ['mu_ov', 'mu_qk'], got {got}")
+        dtype = jnp.result_type(float)
+        return {k: jnp.asarray(V.floats(f"initial['{k}']", initial[k]), dtype) for k in ("mu_ov", "mu_qk")}
 
     def model(self, initial: dict[str, Any] | None = None) -> QKOVModel:
         """The full matrices of the theory task on the invariant manifold at ``initial``
         (default `initial_state`): the start of `attnflow.qkov.train`."""
-        st = self.initial_state() if initial is None else initial
+        st = self.initial_state(initial)
         return make_aligned(self.task, self.parametrisation, st["mu_ov"], st["mu_qk"], score_scale=self.score_scale)
 
 

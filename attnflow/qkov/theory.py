@@ -149,8 +149,7 @@ def first_integral(state: dict, setup: Setup, initial: dict | None = None) -> ja
 
     For CACO from 0 this is ``mu_QK + (m/n)(e^{mu_QK} - 1) - K mu_OV^2 / 2``.
     """
-    initial = setup.initial_state() if initial is None else initial
-    return invariant(state, setup) - invariant(initial, setup)
+    return invariant(state, setup) - invariant(setup.initial_state(initial), setup)
 
 
 def state_at_loss(setup: Setup, loss_target: Any, *, initial: dict | None = None, iterations: int = 200) -> dict:
@@ -170,16 +169,21 @@ def state_at_loss(setup: Setup, loss_target: Any, *, initial: dict | None = None
     iterations = V.positive_int("iterations", iterations)
     V.positive("loss_target", loss_target)
     dtype = jnp.result_type(float)
-    init = setup.initial_state() if initial is None else initial
-    init = {k: jnp.asarray(init[k], dtype) for k in ("mu_ov", "mu_qk")}
-    if not V.any_traced((setup, loss_target, init)):
-        L0 = np.asarray(loss(init, setup))
-        if np.any(np.asarray(loss_target) >= L0):
-            raise ValueError(
-                f"loss_target = {V.show(loss_target)} must lie below the initial loss L(0) = {V.show(L0)}: "
-                "the flow only decreases the loss"
-            )
+    init = setup.initial_state(initial)
+    _check_below_initial_loss(setup, loss_target, init)
     return _state_at_loss(setup, jnp.asarray(loss_target, dtype), init, iterations)
+
+
+def _check_below_initial_loss(setup: Setup, loss_target: Any, init: dict) -> None:
+    """``ValueError`` unless a concrete ``loss_target`` lies below the loss at ``init``."""
+    if V.any_traced((setup, loss_target, init)):
+        return
+    L0 = np.asarray(loss(init, setup))
+    if np.any(np.asarray(loss_target) >= L0):
+        raise ValueError(
+            f"loss_target = {V.show(loss_target)} must lie below the initial loss L(0) = {V.show(L0)}: "
+            "the flow only decreases the loss"
+        )
 
 
 @filter_jit
@@ -279,8 +283,7 @@ def solve(
     """
     _check_setup(setup)
     dtype = jnp.result_type(float)
-    init = setup.initial_state() if initial is None else initial
-    y0 = {k: jnp.asarray(init[k], dtype) for k in ("mu_ov", "mu_qk")}
+    y0 = setup.initial_state(initial)
     args: dict[str, Any] = {"setup": setup}
     if loss_target is not None and event is not None:
         raise ValueError("give loss_target or event, not both (loss_target=L is event=lambda t, o: o['loss'] - L)")
@@ -288,6 +291,7 @@ def solve(
     if loss_target is not None:
         if not V.any_traced(loss_target):
             V.positive("loss_target", loss_target)
+        _check_below_initial_loss(setup, loss_target, y0)
         args["loss_target"] = jnp.asarray(loss_target, dtype)
         stop = _loss_event
     return integrate(
@@ -356,8 +360,8 @@ def authors_rk4(
     V.positive("horizon_tau", horizon_tau)
     max_steps = int(np.ceil(horizon_tau / d_tau))
     steps = (save or AUTHORS_SAVE).steps(max_steps)
-    init = setup.initial_state() if initial is None else initial
-    y0 = jnp.stack([jnp.asarray(init["mu_ov"], dtype), jnp.asarray(init["mu_qk"], dtype)])
+    init = setup.initial_state(initial)
+    y0 = jnp.stack([init["mu_ov"], init["mu_qk"]])
     tau, ys, k_end, hit = _rk4(
         setup,
         y0,

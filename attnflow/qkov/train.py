@@ -142,7 +142,7 @@ def train(
         if dt is None:
             raise ValueError(f"online SGD (batch={batch}) needs a time step dt")
     save = save or DEFAULT_TRAIN_SAVE
-    st = setup.initial_state() if initial is None else initial
+    st = setup.initial_state(initial)
     meta = {
         "theory": "qkov",
         "parametrisation": setup.parametrisation,
