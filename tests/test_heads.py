@@ -100,6 +100,8 @@ def test_setup_validation_names_the_value():
         solve(object(), 1.0)
     with pytest.raises(ValueError, match="D must be an integer >= 3"):
         train(Setup(), 1.0, D=2)
+    with pytest.raises(ValueError, match="sgd_noise=False is the gradient flow of the theory"):
+        train(Setup(sgd_noise=False), 1.0)
 
 
 def test_bayes_softmax_at_oracle_equals_bayes_posterior():
@@ -312,6 +314,13 @@ def test_pruning_rules():
     )
     with pytest.raises(ValueError, match="distinct head indices"):
         prune(M2, M2 @ M2.T, BayesSoftmax(b2), bank, [0, 0])
+    # an activation for another number of heads (JAX would clamp the head index) and a string order
+    with pytest.raises(ValueError, match="BayesSoftmax.b has 2 biases for H = 4 heads"):
+        prune(M2, M2 @ M2.T, BayesSoftmax(b), bank)
+    with pytest.raises(ValueError, match="Softmax1.b has 3 per-head values for H = 4 heads"):
+        prune(M2, M2 @ M2.T, act, bank)
+    with pytest.raises(ValueError, match="order must be Greedy\\(\\), ByMass\\(\\).*got 'greedy'"):
+        prune(M2, M2 @ M2.T, BayesSoftmax(b2), bank, "greedy")
 
 
 def test_sgd_held_out_error_matches_theory_error():

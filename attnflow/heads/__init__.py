@@ -6,7 +6,7 @@ import attnflow as af
 from attnflow import heads
 
 af.enable_x64()
-s = heads.Setup()                       # softmax, H = 2, L = 4, flipped spike s = 2, eta = 0.5
+s = heads.Setup()                       # softmax, H = 2, L = 4, flipped spike s = 3, eta = 1
 th = heads.solve(s, 8.0)                # the order-parameter ODE from the overlaps of a D = 1000 draw
 sim = heads.train(s, 8.0, key=0)        # online SGD at D = 1000 from exactly those overlaps
 af.compare(th, sim)                     # max |theory - SGD| per observable

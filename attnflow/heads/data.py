@@ -138,9 +138,9 @@ class Discrete(Prior):
             w = np.asarray(weights)
             bad = np.flatnonzero(~np.isfinite(w) | (w < 0))
             if bad.size:
-                raise ValueError(f"weights must be nonnegative; weight {int(bad[0])} is {w[bad[0]]!r}")
+                raise ValueError(f"weights must be nonnegative; weight {int(bad[0])} is {float(w[bad[0]]):g}")
             if abs(w.sum() - 1.0) > 1e-12:
-                raise ValueError(f"weights must sum to 1, got {w.sum()!r}")
+                raise ValueError(f"weights must sum to 1, got sum {float(w.sum()):.15g}")
         self.points, self.weights = points, weights
         self.symmetric = not V.any_traced((points, weights)) and _mirror_symmetric(
             np.asarray(points), np.asarray(weights)

@@ -4,6 +4,7 @@ softmax floor, and pruning of trained heads (equations (12) to (14) and (16) of 
 from __future__ import annotations
 
 import abc
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -140,6 +141,15 @@ class GivenOrder(PruneOrder):
         return self.heads[step] if step < len(self.heads) else None
 
 
+def _is_sequence(x: Any) -> bool:
+    """Whether ``x`` is a sequence of integer head indices."""
+    try:
+        [operator.index(h) for h in x]
+    except TypeError:
+        return False
+    return True
+
+
 def prune(
     M: Any,
     Q: Any,
@@ -162,7 +172,13 @@ def prune(
     check_overlaps("prune", M, Q, H, M.shape[1] if M.ndim == 2 else 0)
     if not isinstance(activation, Activation):
         raise ValueError(f"activation must be Softmax(), Softmax1(...) or BayesSoftmax(...), got {activation!r}")
+    activation.check_heads(H)
     order = Greedy() if order is None else order
+    if isinstance(order, (str, bytes)) or not (isinstance(order, PruneOrder) or _is_sequence(order)):
+        raise ValueError(
+            "order must be Greedy(), ByMass(), RandomOrder(seed), GivenOrder(heads) or a sequence of head "
+            f"indices, got {order!r:.80}"
+        )
     if not isinstance(order, PruneOrder):
         order = GivenOrder(order)
 

@@ -258,7 +258,9 @@ class FieldBank(eqx.Module):
 
 def half_risk(M: jax.Array, Q: jax.Array, activation: Activation, bank: FieldBank) -> jax.Array:
     """Half-risk ``R(M, Q) = E |e_1 - a(chi)|^2 / 2`` on the bank (equation (7)); the generalisation
-    error is ``E = 2 R`` (`generalisation_error`)."""
+    error is ``E = 2 R`` (`generalisation_error`). An activation whose per-head parameters do
+    not fit the ``H`` rows of ``M`` raises ``ValueError`` (JAX would clamp the head index)."""
+    activation.check_heads(jnp.shape(M)[0])
     chi, _ = bank.fields(M, Q)
     return bank.mean(jax.vmap(lambda c: half_loss(activation, c))(chi))
 

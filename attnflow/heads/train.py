@@ -115,6 +115,11 @@ def train(
     """
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.heads.Setup, got {setup!r}")
+    if not setup.sgd_noise:
+        raise ValueError(
+            "sgd_noise=False is the gradient flow of the theory (no eta^2 term); train runs online SGD, whose "
+            "noise is always there: train the setup with sgd_noise=True, and compare with solve of either"
+        )
     D = V.positive_int("D", _default_D(setup) if D is None else D, minimum=setup.F + setup.H)
     eval_samples = V.positive_int("eval_samples", eval_samples, minimum=0)
     dtype = jnp.result_type(float) if dtype is None else jnp.dtype(dtype)
