@@ -166,6 +166,8 @@ def family(
 ) -> Figure:
     """A family of curves (one per labelled trajectory, e.g. one per learning-rate ratio),
     one panel per observable. ``time_transform`` maps the time axis (e.g. ``log10(1 + t)``).
+    An observable with feature axes (a matrix ``M``, ``Q`` or ``A``) draws every entry, each in
+    its trajectory's colour.
 
     ``trajectories``: ``{label: Trajectory}``; or a `Trajectory` with one batch axis (one curve
     per run, labelled by index); or an `attnflow.SweepResult` over one axis whose values are a
@@ -193,7 +195,16 @@ def family(
             t = np.asarray(tr.ts)
             if time_transform is not None:
                 t = time_transform(t)
-            ax.plot(t, np.asarray(tr[name]), styles.get(lab, "-"), color=_COLORS[j % 10], lw=1.6, label=lab)
+            y = _columns(np.asarray(tr[name]))  # a matrix observable: every entry, in the member's colour
+            for k in range(y.shape[1]):
+                ax.plot(
+                    t,
+                    y[:, k],
+                    styles.get(lab, "-"),
+                    color=_COLORS[j % 10],
+                    lw=1.6 if y.shape[1] == 1 else 1.0,
+                    label=lab if k == 0 else None,
+                )
         _style_panel(ax, name, log_time, log_y, time_label, labels)
     axes[0].legend(fontsize=7, title=legend_title, title_fontsize=7)
     return _finish(fig, axes, len(names), title)

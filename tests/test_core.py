@@ -591,6 +591,12 @@ def test_family_of_a_sweep_or_a_batched_trajectory():
         af.family([res.values], ["y"])
     with pytest.raises(KeyError, match="no observable 'z'"):
         af.family(res, ["z"])
+    # a matrix observable: every entry, in its member's colour, one legend entry per member
+    mats = {f"c={c}": af.Trajectory(ts, {"M": c * ts[:, None, None] * jnp.ones((5, 2, 3))}) for c in (1.0, 3.0)}
+    ax = next(a for a in af.family(mats, "M").axes if a.get_visible())
+    assert len(ax.lines) == 12 and ax.get_legend_handles_labels()[1] == ["c=1.0", "c=3.0"]
+    assert {ln.get_color() for ln in ax.lines[:6]} != {ln.get_color() for ln in ax.lines[6:]}
+    np.testing.assert_allclose(ax.lines[11].get_ydata(), 3 * ts)
 
 
 def test_plots_leave_failed_sweep_points_out():
