@@ -508,3 +508,5 @@ def test_every_setup_has_the_initial_state_solve_starts_from():
         f.initial_state({"W0": theta["W0"]})
     with pytest.raises(ValueError, match=r"initial\['W0'\] must have shape \(4, m\)"):
         f.initial_state({**theta, "W0": theta["W0"][:3]})
+    with pytest.raises(ValueError, match=r"initial\['WQ'\] must have shape \(4, 4\) for d = 4, m = 4, mk = 4"):
+        f.initial_state({**theta, "WQ": theta["WQ"][:, :3]})

@@ -368,6 +368,9 @@ def test_degenerate_point_and_transverse_rate(delta):
     mu = float(focus.transverse_rate(G_M))
     if delta == 0.0:
         assert mu < 1e-12
+        # a warm start without attention sits at theta_c^1, a root of the reduced gradient too
+        with pytest.raises(RuntimeError, match="reached the Stage II point theta_c\\^1"):
+            focus.degenerate_point({**warm, "lam_q": 0.0 * warm["lam_q"], "lam_k": 0.0 * warm["lam_k"]}, s)
         return
     assert mu > 1e-3
     e = jnp.eye(2)[0]
@@ -474,3 +477,33 @@ def test_focus_cli_experiment_runs(tmp_path):
         "rows: lambda, tau, 2sigma predicted, 2sigma measured, c predicted (closed form), c measured from theta_c^1"
     ][0]
     assert abs(row[5] / row[4] - 1) < 0.01
+
+
+def test_a_sweep_point_that_is_no_chain_fails_by_name():
+    """Traced lam, delta and pi are checked as concrete ones are: the point fails with the message
+    and costs nothing (it goes on with a stand-in chain)."""
+    pi = (0.6, 0.25, 0.1, 0.05)
+    with pytest.warns(RuntimeWarning, match="1 of 2 grid points failed"):
+        res = af.sweep(
+            lambda lam: focus.MarkovChain.lazy(pi, lam).P[0, 0], {"lam": np.array([0.5, 1.5])}, progress=False
+        )
+    np.testing.assert_allclose(res.values, [0.5 + 0.5 * 0.6, np.nan])
+    assert [m for _, m in res.failures()] == ["lam must lie in [-min_k pi_k / (1 - pi_k), 1] (a lazy chain on pi)"]
+    with pytest.warns(RuntimeWarning):
+        res = af.sweep(
+            lambda delta: focus.perturbed_pi(0.75, 4, delta)[3], {"delta": np.array([0.0, 0.2])}, progress=False
+        )
+    np.testing.assert_allclose(res.values, [0.25 / 3, np.nan])
+    assert "delta must keep every entry of pi positive" in res.failures()[0][1]
+    with pytest.warns(RuntimeWarning):
+        res = af.sweep(
+            lambda a: focus.MarkovChain(jnp.array([a, 1 - a]), jnp.array([[a, 1 - a], [a, 1 - a]])).pi[0],
+            {"a": np.array([0.3, 1.2])},
+            progress=False,
+        )
+    assert np.isnan(res.values[1]) and res.failures()[0][1] == "pi must be strictly positive and finite"
+    # the closed forms refuse a concrete pi that is no law
+    with pytest.raises(ValueError, match="pi must sum to 1, got sum 1.1"):
+        focus.attention_rate_lazy([0.5, 0.6], 0.5)
+    with pytest.raises(ValueError, match="pi must be strictly positive; entry 2 is -0.1"):
+        focus.sigma([0.5, 0.6, -0.1])

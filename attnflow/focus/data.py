@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _validate as V
+from .._errors import check_traced
 from .._io import data_path
 
 __all__ = [
@@ -107,13 +108,31 @@ def _check_chain(pi: np.ndarray, P: np.ndarray, tol: float) -> None:
         )
 
 
+def _check_chain_traced(pi: jax.Array, P: jax.Array, tol: float) -> jax.Array:
+    """`_check_chain` for traced ``pi`` and ``P``, through `attnflow._errors.check_traced` (a sweep
+    point fails with the message); returns whether any check failed (traced)."""
+    tol = _precision(tol, pi.shape[-1])
+    checks = [
+        (~jnp.all(jnp.isfinite(pi) & (pi > 0)), "pi must be strictly positive and finite"),
+        (jnp.abs(jnp.sum(pi) - 1.0) > tol, "pi must sum to 1"),
+        (~jnp.all(jnp.isfinite(P) & (-tol <= P)), "P must be nonnegative and finite"),
+        (jnp.any(jnp.abs(jnp.sum(P, axis=1) - 1.0) > tol), "rows of P must sum to 1"),
+        (jnp.any(jnp.abs(pi @ P - pi) > tol), "pi must be stationary for P (pi^T P = pi^T)"),
+    ]
+    for bad, message in checks:
+        check_traced(lambda bad=bad: bad, message)
+    return jnp.any(jnp.stack([bad for bad, _ in checks]))
+
+
 class MarkovChain(eqx.Module):
     """A first-order Markov chain: stationary law ``pi`` (all entries positive) and transition
     matrix ``P`` (rows sum to 1, ``pi^T P = pi^T``).
 
     Concrete input is checked to ``tol`` (default `CHAIN_TOL`); a ``ValueError`` names the
-    offending row or entry. Traced input (inside ``jit``, ``vmap`` or a sweep) is accepted
-    unchecked: check it where it is made concrete.
+    offending row or entry. Traced input (inside ``jit``, ``vmap`` or a sweep) is checked the
+    same way at run time where it can be: at a point of `attnflow.sweep` a chain that is not
+    one fails that point with the message (NaN values, named in ``SweepResult.failures``);
+    elsewhere it is let through.
     """
 
     pi: jax.Array
@@ -121,7 +140,13 @@ class MarkovChain(eqx.Module):
 
     def __init__(self, pi: Any, P: Any, tol: float = CHAIN_TOL):
         if V.any_traced((pi, P)):
-            self.pi, self.P = _floats(pi), _floats(P)
+            pi, P = _floats(pi), _floats(P)
+            bad = _check_chain_traced(pi, P, tol)
+            # a sweep point that is no chain learns the uniform one instead (its values are NaN anyway):
+            # a solve of a non-chain can take every step max_steps allows, which its chunk would wait for
+            d = pi.shape[-1]
+            self.pi = jnp.where(bad, jnp.full_like(pi, 1.0 / d), pi)
+            self.P = jnp.where(bad, jnp.full_like(P, 1.0 / d), P)
             return
         pi_np, P_np = V.reals("pi", pi), V.reals("P", P)
         _check_chain(pi_np, P_np, tol)
@@ -150,6 +175,10 @@ class MarkovChain(eqx.Module):
                 raise ValueError(f"lam must lie in [{lo:.6g}, 1] for this pi, got {lam_f:g}")
         pi = _floats(pi)
         lam = _floats(lam)
+        if V.any_traced((pi, lam)):  # a sweep point outside the lazy range fails with the message
+            bad_lam = ~((lam >= -jnp.min(pi / (1 - pi))) & (lam <= 1.0))
+            check_traced(lambda: bad_lam, "lam must lie in [-min_k pi_k / (1 - pi_k), 1] (a lazy chain on pi)")
+            lam = jnp.where(bad_lam, jnp.zeros_like(lam), lam)  # and learns the chain of lam = 0 (see __init__)
         d = pi.shape[0]
         return cls(pi, lam * jnp.eye(d, dtype=pi.dtype) + (1 - lam) * jnp.outer(jnp.ones(d, dtype=pi.dtype), pi))
 
@@ -233,12 +262,17 @@ def perturbed_pi(pi1: Any = 0.75, d: int = 4, delta: Any = 0.0, direction: Any =
         p1, dl = V.finite_scalar("pi1", pi1), V.finite_scalar("delta", delta)
         if not 0 < p1 < 1:
             raise ValueError(f"pi1 must be in (0, 1), got {p1:g}")
-        pi = np.concatenate([[p1], np.full(d - 1, (1 - p1) / (d - 1))]) + dl * c
-        if np.any(pi <= 0):
-            raise ValueError(f"delta = {dl:g} makes an entry of pi non-positive: {[float(f'{x:.6g}') for x in pi]}")
+        pi_np = np.concatenate([[p1], np.full(d - 1, (1 - p1) / (d - 1))]) + dl * c
+        if np.any(pi_np <= 0):
+            raise ValueError(f"delta = {dl:g} makes an entry of pi non-positive: {[float(f'{x:.6g}') for x in pi_np]}")
     pi1, delta = _floats(pi1), _floats(delta)
     rho = (1 - pi1) / (d - 1)
-    return jnp.concatenate([pi1[None], jnp.full(d - 1, rho)]) + delta * jnp.asarray(c, dtype=pi1.dtype)
+    pi = jnp.concatenate([pi1[None], jnp.full(d - 1, rho)]) + delta * jnp.asarray(c, dtype=pi1.dtype)
+    if V.any_traced((pi1, delta)):  # a sweep point: fails with the message, and goes on uniform (see MarkovChain)
+        bad = ~((pi1 > 0) & (pi1 < 1) & jnp.all(pi > 0))
+        check_traced(lambda: bad, "pi1 must be in (0, 1) and delta must keep every entry of pi positive (perturbed_pi)")
+        pi = jnp.where(bad, jnp.full_like(pi, 1.0 / d), pi)
+    return pi
 
 
 def random_windows(key: Any, tokens: jax.Array, batch_size: int, length: int) -> jax.Array:

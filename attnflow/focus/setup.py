@@ -75,8 +75,9 @@ class Setup(AbstractSetup):
 
     def initial_state(self, initial: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The weights `attnflow.focus.solve` and `attnflow.focus.train` start from: `theta0`, or
-        ``initial`` (a dict with the keys `attnflow.focus.PARAMETERS`, ``W0`` of shape
-        ``(d, m)``) checked against this setup, ``ValueError`` naming what is wrong."""
+        ``initial`` (a dict with the keys `attnflow.focus.PARAMETERS` of shapes ``W0 (d, m)``,
+        ``W1 (m, d)``, ``WQ (m, mk)``, ``WK (m, mk)``, the setup's widths) checked against this
+        setup, ``ValueError`` naming the key otherwise."""
         if initial is None:
             return self.theta0()
         if not isinstance(initial, Mapping) or set(initial) != set(PARAMETERS):
@@ -84,4 +85,12 @@ class Setup(AbstractSetup):
         W0 = jax.numpy.shape(initial["W0"])
         if len(W0) != 2 or W0[0] != self.d:
             raise ValueError(f"initial['W0'] must have shape ({self.d}, m) for this chain, got {W0}")
+        d, m, mk = self.d, self.m, self.mk
+        for name, shape in (("W0", (d, m)), ("W1", (m, d)), ("WQ", (m, mk)), ("WK", (m, mk))):
+            got = jax.numpy.shape(initial[name])
+            if got != shape:
+                raise ValueError(
+                    f"initial['{name}'] must have shape {shape} for d = {d}, m = {m}, mk = {mk} (the setup's "
+                    f"widths), got {got}"
+                )
         return dict(initial)

@@ -33,7 +33,7 @@ from ..options import LogGrid, SaveGrid, SolverOptions
 from ..saddle import fixed_point, jacobian
 from ..stiff import AutoStiff
 from ..trajectory import Trajectory
-from .data import MarkovChain
+from .data import MarkovChain, check_pi
 from .model import PARAMETERS, composites
 from .setup import Setup
 
@@ -268,16 +268,24 @@ def rank_one_part(theta: dict) -> dict[str, jax.Array]:
 
 
 # ----------------------------------------------------------------------------- rates and critical points
+def _law(pi: Any) -> jax.Array:
+    """``pi`` as an array, checked (`check_pi`) when concrete: the closed forms below are
+    formulas in a probability vector and give numbers for anything else."""
+    if not V.any_traced(pi):
+        check_pi(V.reals("pi", pi))
+    return jnp.asarray(pi)
+
+
 def centred_log_pi(pi: Any) -> jax.Array:
     """``ell = log pi - mean(log pi) 1``: the logits of the unigram law with zero mean."""
-    lp = jnp.log(jnp.asarray(pi))
+    lp = jnp.log(_law(pi))
     return lp - jnp.mean(lp)
 
 
 def sigma(pi: Any) -> jax.Array:
     """(R1): the Stage I rate ``sigma = |pi| |pi - 1/d|`` (top singular value of ``-G_M`` at the
     origin); ``|M|`` grows as ``e^{2 sigma t}`` (for ``eta = 1``)."""
-    pi = jnp.asarray(pi)
+    pi = _law(pi)
     return jnp.linalg.norm(pi) * jnp.linalg.norm(pi - 1.0 / pi.shape[0])
 
 
@@ -287,7 +295,7 @@ def critical_point_c1(pi: Any, alpha: Any) -> dict[str, jax.Array]:
     ``alpha`` is normalised to a unit vector of ``R^m`` (``m = alpha.size``, and ``mk = m``).
     Returns the four matrices and ``gamma``, ``beta``, ``a2``. The output there is the
     unigram law: ``G_M = 0`` and ``L = H(pi)``."""
-    pi = jnp.asarray(pi)
+    pi = _law(pi)
     alpha = jnp.asarray(alpha, dtype=pi.dtype)
     alpha = alpha / jnp.linalg.norm(alpha)
     ell = centred_log_pi(pi)
@@ -309,7 +317,8 @@ def critical_point_c1(pi: Any, alpha: Any) -> dict[str, jax.Array]:
 def attention_rate(pi: Any, P: Any, tau: Any, gamma: Any, beta: Any) -> jax.Array:
     """(R3): the general Stage II rate ``c = tau Var_pi(gamma) Cov_{pi,P}(gamma(X_t), beta(X_{t+1}))``
     (the unstable eigenvalue of the attention block at a rank-one critical point)."""
-    pi, P, gamma, beta = map(jnp.asarray, (pi, P, gamma, beta))
+    pi = _law(pi)
+    P, gamma, beta = map(jnp.asarray, (P, gamma, beta))
     var = jnp.sum(pi * gamma**2) - jnp.sum(pi * gamma) ** 2
     cov = jnp.sum(pi * gamma * (P @ beta)) - jnp.sum(pi * gamma) * jnp.sum(pi * beta)
     return tau * var * cov
@@ -318,7 +327,7 @@ def attention_rate(pi: Any, P: Any, tau: Any, gamma: Any, beta: Any) -> jax.Arra
 def attention_rate_lazy(pi: Any, lam: Any, tau: Any = 1.0) -> jax.Array:
     """(R4): the lazy-chain closed form of (R3) at ``theta_c^1``,
     ``c = tau lam |ell| Var_pi(pi) Cov_pi(pi, log pi) / |pi|^5``."""
-    pi = jnp.asarray(pi)
+    pi = _law(pi)
     ell = centred_log_pi(pi)
     var = jnp.sum(pi**3) - jnp.sum(pi**2) ** 2
     cov = jnp.sum(pi**2 * jnp.log(pi)) - jnp.sum(pi**2) * jnp.sum(pi * jnp.log(pi))
@@ -374,8 +383,10 @@ def degenerate_point(
     ``optx.LevenbergMarquardt(rtol=1e-12, atol=1e-14)``: damped steps, robust to the null
     directions of the rescaling symmetries), from ``warm_start``, a reduced state
     ``{gamma, beta, lam_q, lam_k}`` such as the `rank_one_part` of a flowed state on the
-    Stage IV plateau. Repeated calls reuse the compiled solve. Raises ``RuntimeError`` when
-    the largest gradient entry stays above `DEGENERATE_TOL`.
+    Stage IV plateau (a warm start before the dilution of Stage III can reach ``theta_c^1``,
+    where the attention weights vanish and the reduced gradient too). Repeated calls reuse the
+    compiled solve. Raises ``RuntimeError`` when the largest gradient entry stays above
+    `DEGENERATE_TOL`, or when the solve reached ``theta_c^1`` (``lam_q = lam_k = 0``).
     """
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.focus.Setup, got {setup!r}")
@@ -392,6 +403,14 @@ def degenerate_point(
             raise RuntimeError(
                 f"degenerate_point: the solve stopped with max |grad L_red| = {size:.3g} > "
                 f"{DEGENERATE_TOL:g}; try another warm start or more max_steps"
+            )
+        attention = abs(float(y["lam_q"])) + abs(float(y["lam_k"]))
+        if not attention > 1e-8:
+            # lam_q = lam_k = 0 zeroes the attention part of the reduced gradient: theta_c^1 is a root too
+            raise RuntimeError(
+                f"degenerate_point: the solve reached the Stage II point theta_c^1 (|lam_q| + |lam_k| = "
+                f"{attention:.2g}), not theta_delta; warm-start it after the dilution (Stage III), on the "
+                "Stage IV plateau"
             )
     return y
 

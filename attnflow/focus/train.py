@@ -99,7 +99,7 @@ def train(
     Records `attnflow.focus.OBSERVABLES` (population quantities of the weights) plus
     ``observe(theta, setup)`` if given, at the save grid (default `DEFAULT_TRAIN_SAVE`, in
     time units). At the reference `Setup` and the default options the gap to `solve` up to
-    `REFERENCE_T` is below `TRAIN_TOLERANCE` (``loss`` and ``entropy``): the flow is the limit of
+    `REFERENCE_T` is below `TRAIN_TOLERANCE` (``loss``, ``sv_W0`` and ``entropy``): the flow is the limit of
     infinite context, small ``dt`` and large batch. A diverging run raises
     `attnflow.DivergenceError` naming the step. Compiled once per step count, save grid,
     ``context``, ``batch``, widths and ``observe``: new ``tau``, ``eta``, ``eps`` and chains
