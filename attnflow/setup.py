@@ -7,10 +7,11 @@ compiles again. Choices that set shapes or code paths (sizes, parametrisations,
 activations) are static fields.
 
 Every theory package (`attnflow.deeplinear`, `attnflow.qkov`, `attnflow.focus`,
-`attnflow.heads`) exposes the same four names at its top level:
+`attnflow.heads`, `attnflow.derive`) exposes the same four names at its top level:
 
 - ``Setup``: a subclass of `AbstractSetup`; ``Setup()`` is the package's documented
-  reference configuration;
+  reference configuration (``derive.Setup`` takes the user's model, so it has none), and
+  ``Setup.initial_state()`` is where ``solve`` starts;
 - ``solve(setup, t1, *, save=None, solver=None, ...) -> Trajectory``: the theory;
 - ``train(setup, t1, *, key=0, save=None, ...) -> Trajectory``: the finite-size network of
   the same setup, trained on the same clock (sizes, batch and seeds as options);
@@ -21,11 +22,56 @@ Every theory package (`attnflow.deeplinear`, `attnflow.qkov`, `attnflow.focus`,
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import equinox as eqx
+import jax
+import numpy as np
 
-__all__ = ["AbstractSetup", "array_field"]
+__all__ = ["RECORD_MAX_SIZE", "AbstractSetup", "array_field", "records_setup"]
+
+RECORD_MAX_SIZE = 64
+"""The largest array `AbstractSetup.record` writes out entry by entry."""
+
+
+def _pformat(x: Any, indent: int = 0, width: int = 100) -> str:
+    """A record (`AbstractSetup.record`) as ``Type(field=value, ...)``, one line when it fits."""
+    if not (isinstance(x, dict) and "type" in x):
+        return x if isinstance(x, str) and x in ("traced",) else repr(x)
+    items = [(k, v) for k, v in x.items() if k != "type"]
+    one = f"{x['type']}({', '.join(f'{k}={_pformat(v)}' for k, v in items)})"
+    if len(one) + indent <= width or not items:
+        return one
+    pad = " " * (indent + 2)
+    body = ",\n".join(f"{pad}{k}={_pformat(v, indent + 2, width)}" for k, v in items)
+    return f"{x['type']}(\n{body}\n{' ' * indent})"
+
+
+def _record(x: Any) -> Any:
+    """`AbstractSetup.record` of one value."""
+    if isinstance(x, jax.core.Tracer):
+        return "traced"
+    if isinstance(x, (jax.Array, np.ndarray, np.generic)):
+        arr = np.asarray(x)
+        if arr.size <= RECORD_MAX_SIZE:
+            return arr.tolist()
+        return f"{arr.dtype.kind}{8 * arr.dtype.itemsize}{list(arr.shape)}"
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    if isinstance(x, (tuple, list)):
+        return [_record(v) for v in x]
+    if isinstance(x, dict):
+        return {str(k): _record(v) for k, v in x.items()}
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        fields = {f.name: _record(getattr(x, f.name)) for f in dataclasses.fields(x) if not f.name.startswith("_")}
+        return {"type": type(x).__name__, **fields}
+    if callable(x):
+        return getattr(x, "__qualname__", None) or repr(x)
+    return repr(x)
+
 
 _S = TypeVar("_S", bound="AbstractSetup")
 
@@ -55,6 +101,21 @@ class AbstractSetup(eqx.Module):
     def validate(self) -> None:
         """Raise ``ValueError`` naming the offending value when a concrete field is invalid."""
 
+    def __repr__(self) -> str:
+        # numbers as numbers (eta=0.7, not eta=f64[]), static fields too: a setup printed or
+        # logged says what it is
+        return _pformat(self.record())
+
+    def record(self) -> dict[str, Any]:
+        """The setup as JSON-ready data: every field by name, numbers as numbers (arrays of up to
+        `RECORD_MAX_SIZE` entries as nested lists, larger ones as ``"f64[27,27]"``), nested
+        modules (priors, chains, activations) as dicts with their ``"type"``, functions by name,
+        traced values (inside a sweep) as ``"traced"``. What every ``solve`` and ``train``
+        store under ``meta["setup"]``, so that a saved trajectory says what it was run on."""
+        out = _record(self)
+        assert isinstance(out, dict)
+        return out
+
     def replace(self: _S, **changes: Any) -> _S:
         """A copy with the named fields replaced, validated.
 
@@ -75,3 +136,21 @@ class AbstractSetup(eqx.Module):
             object.__setattr__(new, name, value if static else as_data(value))
         new.validate()
         return new
+
+
+_V = TypeVar("_V", bound=Callable[..., Any])
+
+
+def records_setup(verb: _V) -> _V:
+    """Decorate a theory package's ``solve`` or ``train(setup, ...)``: the `Trajectory` it returns
+    carries ``meta["setup"]``, the setup's `AbstractSetup.record`."""
+    from .trajectory import Trajectory
+
+    @functools.wraps(verb)
+    def wrapper(setup: Any, *args: Any, **kwargs: Any) -> Any:
+        out = verb(setup, *args, **kwargs)
+        if isinstance(setup, AbstractSetup) and isinstance(out, Trajectory):
+            out = out.with_meta(setup=setup.record())
+        return out
+
+    return wrapper  # type: ignore[return-value]

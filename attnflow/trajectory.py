@@ -211,6 +211,10 @@ class Trajectory:
         """A trajectory with extra (or replaced) observables on the same clock."""
         return Trajectory(self.ts, {**self.ys, **ys}, self.meta, self.t_event, self.stats)
 
+    def with_meta(self, **entries: Any) -> Trajectory:
+        """The same trajectory with metadata entries added or replaced (JSON-serialisable)."""
+        return Trajectory(self.ts, self.ys, {**self.meta, **entries}, self.t_event, self.stats)
+
     def rename(self, **names: str) -> Trajectory:
         """Observables renamed, ``new=old`` (e.g. ``traj.rename(loss="population_loss")``)."""
         missing = [old for old in names.values() if old not in self.ys]

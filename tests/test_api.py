@@ -510,3 +510,28 @@ def test_every_setup_has_the_initial_state_solve_starts_from():
         f.initial_state({**theta, "W0": theta["W0"][:3]})
     with pytest.raises(ValueError, match=r"initial\['WQ'\] must have shape \(4, 4\) for d = 4, m = 4, mk = 4"):
         f.initial_state({**theta, "WQ": theta["WQ"][:, :3]})
+
+
+def test_setups_print_their_numbers_and_trajectories_record_their_setup(tmp_path):
+    import json
+
+    from attnflow import focus, heads, qkov
+
+    s = dl.Setup(eta=0.7)
+    assert repr(s) == "Setup(s=[3.0, 2.0, 1.0, 0.5], u0=0.001, eta=0.7, n_in=8, n_out=6, teacher_seed=0)"
+    h = heads.Setup().replace(eta=0.7)
+    assert "eta=0.7" in repr(h) and "prior=FlippedSpike(s=3.0, p=0.5" in repr(h)
+    for setup in (qkov.Setup(), focus.Setup(m=2, mk=2), h):
+        json.dumps(setup.record())  # JSON-ready
+    assert focus.Setup(m=2, mk=2).record()["chain"]["pi"] == [0.75, 0.19, 0.05, 0.01]
+    tr = dl.solve(s, 1.0, save=af.LinearGrid(3))
+    assert tr.meta["setup"] == {**s.record(), "eta": 0.7} and tr.meta["theory"] == "deeplinear"
+    tr.save(tmp_path / "tr")
+    assert af.Trajectory.load(tmp_path / "tr").meta["setup"]["eta"] == 0.7
+    assert dl.train(s, 0.1, save=af.LinearGrid(2)).meta["setup"]["eta"] == 0.7
+    res = af.sweep(
+        lambda eta: dl.solve(s.replace(eta=eta), 1.0, save=af.LinearGrid(2)),
+        {"eta": np.array([0.5, 1.0])},
+        progress=False,
+    )
+    assert res.values.meta["setup"]["eta"] == "traced" and res.values.meta["setup"]["u0"] == 0.001

@@ -36,6 +36,7 @@ from ..expect import all_permutations, antithetic_copies, cyclic_permutations, p
 from ..ode import DivergenceError, integrate, observable_event
 from ..options import LinearGrid, SaveGrid, SolverOptions
 from ..saddle import Spectrum, fixed_point, spectrum
+from ..setup import records_setup
 from ..trajectory import Trajectory
 from .data import Prior
 from .model import Activation, half_loss
@@ -395,6 +396,7 @@ def _escape_event(t, y, args):
     return args[1] - specialisation(y["M"])
 
 
+@records_setup
 def solve(
     setup: Setup,
     t1: Any,

@@ -15,6 +15,7 @@ from .._jit import filter_jit
 from ..expect import psd_sqrt
 from ..optim import label_by_path, per_circuit
 from ..options import LinearGrid, SaveGrid, TimeGrid
+from ..setup import records_setup
 from ..simulate import OnlineSGD, check_divergence, simulate
 from ..trajectory import Trajectory
 from .data import SingleLocationTask
@@ -82,6 +83,7 @@ def _default_D(setup: Setup) -> int:
     return int(round(float(D)))
 
 
+@records_setup
 def train(
     setup: Setup,
     t1: float,
