@@ -39,6 +39,7 @@ from .setup import squared_loss as squared_loss
 from .theory import DEFAULT_SAVE as DEFAULT_SAVE
 from .theory import DEFAULT_SOLVER as DEFAULT_SOLVER
 from .theory import NODE_CHUNK as NODE_CHUNK
+from .theory import Rule as Rule
 from .theory import covariance as covariance
 from .theory import expectations as expectations
 from .theory import field as field
@@ -53,6 +54,7 @@ from .train import train as train
 from .train import weights_from_overlaps as weights_from_overlaps
 
 __all__ = [
+    "Rule",
     "DEFAULT_SAVE",
     "DEFAULT_SOLVER",
     "DEFAULT_TRAIN_SAVE",

@@ -30,6 +30,11 @@ from .data import check_pi as check_pi
 from .data import lazy_lam_min as lazy_lam_min
 from .data import perturbed_pi as perturbed_pi
 from .data import random_windows as random_windows
+from .figures import attention_snapshots as attention_snapshots
+from .figures import cycle_figure as cycle_figure
+from .figures import embedding_pca_figure as embedding_pca_figure
+from .figures import rates_figure as rates_figure
+from .figures import symmetry_figure as symmetry_figure
 from .metrics import condensation as condensation
 from .metrics import cosine as cosine
 from .metrics import effective_rank as effective_rank
@@ -98,6 +103,11 @@ from .train import TRAIN_TOLERANCE as TRAIN_TOLERANCE
 from .train import train as train
 
 __all__ = [
+    "attention_snapshots",
+    "cycle_figure",
+    "embedding_pca_figure",
+    "rates_figure",
+    "symmetry_figure",
     "CHAIN_TOL",
     "DEFAULT_BATCH",
     "DEFAULT_CONTEXT",

@@ -170,7 +170,7 @@ def stage_two_rate(traj: Trajectory, H_pi: float, near: float = 2e-3, q_max: flo
     a = int(np.argmax(loss < H_pi + near))
     b = a + int(np.argmax(q[a:] > q_max))
     sl = slice(a, b + 1)
-    c = float(np.polyfit(ts[sl], np.log(q[sl]), 1)[0]) if b - a >= 3 else float("nan")
+    c = growth_rate(ts[sl], q[sl], 0.0, np.inf) if b - a >= 3 else float("nan")
     c_path = float("nan")
     if "c_local" in traj and b > a:
         c_path = float(np.trapezoid(np.asarray(traj["c_local"])[sl], ts[sl]) / (ts[b] - ts[a]))

@@ -35,7 +35,7 @@ from ..analysis import first_crossing
 from ..expect import all_permutations, antithetic_copies, cyclic_permutations, permuted_copies, psd_sqrt
 from ..ode import DivergenceError, integrate, observable_event
 from ..options import LinearGrid, SaveGrid, SolverOptions
-from ..saddle import Spectrum, fixed_point, spectrum
+from ..saddle import Spectrum, escape_time, fixed_point, spectrum
 from ..setup import records_setup
 from ..trajectory import Trajectory
 from .data import Prior
@@ -577,7 +577,8 @@ def predicted_escape_time(lam: Any, D: Any, t0: Any = 0.0) -> Any:
     """``t_spec = t0 + ln D / (2 lambda)`` (equation (15)): antisymmetric components start at
     ``O(D^{-1/2})`` and grow as ``e^{lambda t}``."""
     V.positive("lambda (escape rate)", lam)
-    return t0 + jnp.log(jnp.asarray(D, dtype=float)) / (2 * jnp.asarray(lam))
+    # the linearised escape from eps = D^{-1/2} to r = 1 at rate lambda
+    return t0 + escape_time(lam, eps=jnp.asarray(D, dtype=float) ** -0.5)
 
 
 def feature_escape_times(traj: Trajectory, threshold: Any = ESCAPE_THRESHOLD) -> jax.Array:
