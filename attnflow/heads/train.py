@@ -49,7 +49,9 @@ TRAIN_TOLERANCE = MappingProxyType({"M": 0.12, "Q": 0.1, "specialisation": 0.1, 
 """Bound on ``af.compare(solve(Setup(), 12.0), train(Setup(), 12.0, key=k))`` per observable at the
 default size ``D = 1000``: the finite-size error ``~ D^{-1/2}`` of the trajectory (about ``3 / sqrt(D)``
 to ``4 / sqrt(D)`` here, most of it from the ``O(1)`` shift of the escape time that the SGD noise
-causes) and the sampling error of the held-out batch. Over keys 0-15 the largest gaps were 0.103
+causes), the sampling error of the held-out batch, and a bias of the finite-``D`` ``error`` of order
+``1 / D`` against its ``D -> infinity`` value ``E(M, Q)`` (see the heads page). Over keys 0-15 the
+largest gaps were 0.103
 (``M``), 0.090 (``Q``), 0.084 (``specialisation``), 0.017 (``error``), 0.0095 (``attention``)."""
 
 
