@@ -63,6 +63,14 @@ def check_traced(bad: Any, message: str) -> None:
     sink.append((jnp.asarray(bad()), message))
 
 
+def recording() -> bool:
+    """Whether `check_traced` records here (inside `collecting`, in its trace: a sweep point),
+    so that a value it refuses may be replaced by a harmless stand-in (the point's values become
+    NaN anyway). Elsewhere a refused traced value must be let through as given."""
+    sink = _SINK.get()
+    return sink is not None and get_opaque_trace_state() == sink.trace
+
+
 def blank_failed(tree: Any, code: Any) -> Any:
     """The inexact leaves of ``tree`` as NaN where the status ``code`` is nonzero."""
     return _blank(tree, code > 0)

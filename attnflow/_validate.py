@@ -146,18 +146,6 @@ def nonnegative(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be finite and non-negative, got {show(value)}")
 
 
-def not_both_zero(a: tuple[str, Any], b: tuple[str, Any]) -> None:
-    """Raise ``ValueError`` where the (non-negative) values ``a`` and ``b`` are both 0 (traced: as
-    `positive`)."""
-    (name_a, value_a), (name_b, value_b) = a, b
-    message = f"{name_a} and {name_b} cannot both be 0 (one of them must bound the error)"
-    if _is_traced(value_a) or _is_traced(value_b):
-        check_traced(lambda: jnp.any((jnp.asarray(value_a) == 0) & (jnp.asarray(value_b) == 0)), message)
-        return
-    if np.any((np.asarray(value_a) == 0) & (np.asarray(value_b) == 0)):
-        raise ValueError(f"{message}, got {name_a}={show(value_a)}, {name_b}={show(value_b)}")
-
-
 def finite_tree(name: str, tree: Any) -> None:
     """Raise ``ValueError`` if a concrete leaf of ``tree`` holds NaN or Inf."""
     leaves, _ = jax.tree_util.tree_flatten_with_path(tree)

@@ -67,7 +67,8 @@ def _redeliver_swallowed_interrupts(previous: Any) -> Any:
         if _STOPPING.is_set():
             return
         signum = signal.SIGTERM if isinstance(stop, _Terminated) else signal.SIGINT
-        threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
+        # not once main has caught an interrupt: the clean-up must run to its end
+        threading.Timer(0.05, lambda: _STOPPING.is_set() or os.kill(os.getpid(), signum)).start()
 
     return hook
 
@@ -278,7 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as stop:
         _STOPPING.set()
         if previous is not None:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
+            # a second SIGTERM or Ctrl-C must not cut the clean-up short
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         kept = _kept_chunks()
         _cleanup()
         what = "terminated (SIGTERM)" if isinstance(stop, _Terminated) else "interrupted"

@@ -208,8 +208,9 @@ class SolverOptions(eqx.Module):
         A Diffrax solver; ``None`` picks Tsit5 (`attnflow.UnrolledTsit5` for small fields,
         ``diffrax.Tsit5`` for large ones: the same steps, see `attnflow.integrate`).
     rtol, atol:
-        Tolerances of the default PID controller; arrays allowed (a sweep axis). Either may
-        be 0 (a purely absolute or purely relative error control), not both.
+        Tolerances of the default PID controller; arrays allowed (a sweep axis). ``rtol`` may
+        be 0 (a purely absolute error control); ``atol`` must be positive (the error of a
+        component that is 0 is measured against ``atol + rtol |y|``).
     dt0:
         Initial step (``None``: chosen by Diffrax); required for a constant step size.
     max_steps:
@@ -236,8 +237,7 @@ class SolverOptions(eqx.Module):
     def __check_init__(self):
         V.positive_int("max_steps", self.max_steps)
         V.nonnegative("rtol", self.rtol)
-        V.nonnegative("atol", self.atol)
-        V.not_both_zero(("rtol", self.rtol), ("atol", self.atol))
+        V.positive("atol", self.atol)  # atol = 0 would divide by zero on a component that is 0
         if self.dt0 is not None:
             V.positive("dt0", self.dt0)
         if self.solver is not None and not isinstance(self.solver, diffrax.AbstractSolver):

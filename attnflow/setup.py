@@ -23,15 +23,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
-from collections.abc import Callable
+import re
 from typing import Any, TypeVar
 
 import equinox as eqx
 import jax
 import numpy as np
 
-__all__ = ["RECORD_MAX_SIZE", "AbstractSetup", "array_field", "records_setup"]
+__all__ = ["RECORD_MAX_SIZE", "AbstractSetup", "array_field"]
 
 RECORD_MAX_SIZE = 64
 """The largest array `AbstractSetup.record` writes out entry by entry."""
@@ -54,6 +53,8 @@ def _record(x: Any) -> Any:
     """`AbstractSetup.record` of one value."""
     if isinstance(x, jax.core.Tracer):
         return "traced"
+    if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
     if isinstance(x, (jax.Array, np.ndarray, np.generic)):
         arr = np.asarray(x)
         if arr.size <= RECORD_MAX_SIZE:
@@ -69,8 +70,8 @@ def _record(x: Any) -> Any:
         fields = {f.name: _record(getattr(x, f.name)) for f in dataclasses.fields(x) if not f.name.startswith("_")}
         return {"type": type(x).__name__, **fields}
     if callable(x):
-        return getattr(x, "__qualname__", None) or repr(x)
-    return repr(x)
+        return getattr(x, "__qualname__", None) or type(x).__qualname__
+    return re.sub(r" at 0x[0-9a-f]+", "", repr(x))  # no memory addresses: a record is data
 
 
 _S = TypeVar("_S", bound="AbstractSetup")
@@ -110,8 +111,10 @@ class AbstractSetup(eqx.Module):
         """The setup as JSON-ready data: every field by name, numbers as numbers (arrays of up to
         `RECORD_MAX_SIZE` entries as nested lists, larger ones as ``"f64[27,27]"``), nested
         modules (priors, chains, activations) as dicts with their ``"type"``, functions by name,
-        traced values (inside a sweep) as ``"traced"``. What every ``solve`` and ``train``
-        store under ``meta["setup"]``, so that a saved trajectory says what it was run on."""
+        traced values (inside a sweep) as ``"traced"``. ``traj.with_meta(setup=s.record())``
+        before ``traj.save(...)`` keeps in a saved trajectory what it was run on (the verbs do
+        not add it themselves: metadata is static pytree data, and results of different setups
+        must stack, branch and resume as one structure)."""
         out = _record(self)
         assert isinstance(out, dict)
         return out
@@ -136,21 +139,3 @@ class AbstractSetup(eqx.Module):
             object.__setattr__(new, name, value if static else as_data(value))
         new.validate()
         return new
-
-
-_V = TypeVar("_V", bound=Callable[..., Any])
-
-
-def records_setup(verb: _V) -> _V:
-    """Decorate a theory package's ``solve`` or ``train(setup, ...)``: the `Trajectory` it returns
-    carries ``meta["setup"]``, the setup's `AbstractSetup.record`."""
-    from .trajectory import Trajectory
-
-    @functools.wraps(verb)
-    def wrapper(setup: Any, *args: Any, **kwargs: Any) -> Any:
-        out = verb(setup, *args, **kwargs)
-        if isinstance(setup, AbstractSetup) and isinstance(out, Trajectory):
-            out = out.with_meta(setup=setup.record())
-        return out
-
-    return wrapper  # type: ignore[return-value]

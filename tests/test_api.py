@@ -1,6 +1,7 @@
 """The core's shapes: option objects, numbers as data, events as arrays, analysis, interop, configs."""
 
 import dataclasses
+import functools
 import os
 from typing import Literal
 
@@ -482,6 +483,20 @@ def test_every_solve_stops_at_an_event_on_its_observables(package):
         P.solve(s, T, event=lambda t, o: o["nope"])
 
 
+def test_purely_absolute_error_control():
+    tr = af.integrate(
+        _decay,
+        jnp.array([1.0, 0.0]),
+        2.0,
+        args={"k": 1.0},
+        save=af.LinearGrid(3),
+        solver=af.SolverOptions(rtol=0.0, atol=1e-12),
+    )
+    assert abs(float(tr["y"][-1, 0]) - np.exp(-2.0)) < 1e-10 and float(tr["y"][-1, 1]) == 0.0
+    with pytest.raises(ValueError, match="atol must be finite and positive, got 0.0"):
+        af.SolverOptions(atol=0.0)
+
+
 # ----------------------------------------------------------------------------- the protocol
 def test_every_setup_has_the_initial_state_solve_starts_from():
     from attnflow import derive, focus, heads, qkov
@@ -512,7 +527,7 @@ def test_every_setup_has_the_initial_state_solve_starts_from():
         f.initial_state({**theta, "WQ": theta["WQ"][:, :3]})
 
 
-def test_setups_print_their_numbers_and_trajectories_record_their_setup(tmp_path):
+def test_setups_print_their_numbers_and_record_as_data(tmp_path):
     import json
 
     from attnflow import focus, heads, qkov
@@ -525,13 +540,14 @@ def test_setups_print_their_numbers_and_trajectories_record_their_setup(tmp_path
         json.dumps(setup.record())  # JSON-ready
     assert focus.Setup(m=2, mk=2).record()["chain"]["pi"] == [0.75, 0.19, 0.05, 0.01]
     tr = dl.solve(s, 1.0, save=af.LinearGrid(3))
-    assert tr.meta["setup"] == {**s.record(), "eta": 0.7} and tr.meta["theory"] == "deeplinear"
-    tr.save(tmp_path / "tr")
-    assert af.Trajectory.load(tmp_path / "tr").meta["setup"]["eta"] == 0.7
-    assert dl.train(s, 0.1, save=af.LinearGrid(2)).meta["setup"]["eta"] == 0.7
-    res = af.sweep(
-        lambda eta: dl.solve(s.replace(eta=eta), 1.0, save=af.LinearGrid(2)),
-        {"eta": np.array([0.5, 1.0])},
-        progress=False,
-    )
-    assert res.values.meta["setup"]["eta"] == "traced" and res.values.meta["setup"]["u0"] == 0.001
+    # the verbs leave the setup out of the metadata (static data: setups must stack and branch)
+    other = dl.solve(s.replace(eta=0.9), 1.0, save=af.LinearGrid(3))
+    jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), tr, other)
+    tr.with_meta(setup=s.record()).save(tmp_path / "tr")
+    back = af.Trajectory.load(tmp_path / "tr")
+    assert back.meta["setup"]["eta"] == 0.7 and back.meta["theory"] == "deeplinear"
+    assert jax.jit(lambda e: dl.Setup(eta=e).record()["eta"] == "traced")(0.5)
+    from attnflow.setup import _record
+
+    assert _record(jax.random.key(3)) == [0, 3]  # a typed key as its data
+    assert _record(functools.partial(print)) == "partial"  # no memory address in a record

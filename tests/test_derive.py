@@ -170,6 +170,9 @@ def test_replace_lets_the_defaults_follow_the_sizes():
     np.testing.assert_array_equal(kept.T, 2 * jnp.eye(2))
     with pytest.raises(ValueError, match="no field"):
         s.replace(etta=1.0)
+    # T given as the identity is the same setup as T left out: one structure, one compilation
+    same = derive.Setup(f, f, 0.1 * jnp.eye(2), 0.5 * jnp.eye(2), T=jnp.eye(2))
+    assert jax.tree_util.tree_structure(same) == jax.tree_util.tree_structure(s)
 
 
 def test_K3_M3_quadrature_cost_bound():

@@ -502,6 +502,9 @@ def test_a_sweep_point_that_is_no_chain_fails_by_name():
             progress=False,
         )
     assert np.isnan(res.values[1]) and res.failures()[0][1] == "pi must be strictly positive and finite"
+    # outside a sweep (the user's own jit) a traced chain is let through as given
+    P0 = jax.jit(lambda lam: focus.MarkovChain.lazy(pi, lam).P[0])(-0.5)
+    np.testing.assert_allclose(P0, -0.5 * np.eye(4)[0] + 1.5 * np.array(pi))
     # the closed forms refuse a concrete pi that is no law
     with pytest.raises(ValueError, match="pi must sum to 1, got sum 1.1"):
         focus.attention_rate_lazy([0.5, 0.6], 0.5)

@@ -100,6 +100,8 @@ def test_setup_validation_names_the_value():
         solve(object(), 1.0)
     with pytest.raises(ValueError, match="D must be an integer >= 3"):
         train(Setup(), 1.0, D=2)
+    with pytest.raises(ValueError, match=r"D must be > 1 .* got 1"):
+        predicted_escape_time(0.5, 1)
     with pytest.raises(ValueError, match="sgd_noise=False is the gradient flow of the theory"):
         train(Setup(sgd_noise=False), 1.0)
 
@@ -304,6 +306,7 @@ def test_pruning_rules():
     assert abs(e[2] - e[0]) < 0.01 and e[3] - e[2] > 0.1, e
     assert sorted(res["removed"][:2]) in ([0, 1], [0, 3], [1, 2], [2, 3])  # one copy of each support point kept
     assert prune(M2, M2 @ M2.T, BayesSoftmax(b2), bank, [3, 0])["removed"] == [3, 0]
+    assert prune(M2, M2 @ M2.T, BayesSoftmax(b2), bank, (h for h in (3, 0)))["removed"] == [3, 0]
     assert len(prune(M2, M2 @ M2.T, BayesSoftmax(b2), bank, hd.ByMass())["removed"]) == 3
     act = Softmax1(jnp.array([0.0, 1.0, 2.0]), jnp.array([1.0, 1.5, 2.0]), per_head=3)
     chi = jax.random.normal(jax.random.PRNGKey(0), (3, 5))

@@ -103,9 +103,8 @@ CONSTRUCTORS = {
     "LogGrid.n": (lambda v: af.LogGrid(v), "n"),
     "LogGrid.t_min": (lambda v: af.LogGrid(10, t_min=v), "t_min"),
     "TimeGrid.ts": (lambda v: af.TimeGrid(v), "ts"),
-    # each tolerance may be 0 while the other bounds the error
-    "SolverOptions.rtol": (lambda v: af.SolverOptions(rtol=v, atol=0.0), "rtol"),
-    "SolverOptions.atol": (lambda v: af.SolverOptions(atol=v, rtol=0.0), "atol"),
+    "SolverOptions.rtol": (lambda v: af.SolverOptions(rtol=v), "rtol"),  # 0 is allowed: absolute control
+    "SolverOptions.atol": (lambda v: af.SolverOptions(atol=v), "atol"),
     "SolverOptions.dt0": (lambda v: af.SolverOptions(dt0=v), "dt0"),
     "SolverOptions.max_steps": (lambda v: af.SolverOptions(max_steps=v), "max_steps"),
     "SolverOptions.solver": (lambda v: af.SolverOptions(solver=v), "solver"),

@@ -24,7 +24,6 @@ import jax.numpy as jnp
 
 from ..ode import integrate, observable_event
 from ..options import LinearGrid, SaveGrid, SolverOptions
-from ..setup import records_setup
 from ..trajectory import Trajectory
 
 __all__ = [
@@ -96,7 +95,6 @@ def _setup_observe(t: Any, u: jax.Array, setup: Any) -> dict:
     return mode_observables(u, setup.s)
 
 
-@records_setup
 def solve(
     setup: Any,
     t1: Any,

@@ -12,7 +12,6 @@ import optax
 from .. import _validate as V
 from .._jit import filter_jit
 from ..options import LinearGrid, SaveGrid, TimeGrid
-from ..setup import records_setup
 from ..simulate import FullBatch, OnlineSGD, check_divergence, simulate
 from ..trajectory import Trajectory
 from .model import TwoLayerLinear
@@ -32,7 +31,6 @@ scheme of the mode ODE, so it lags the flow by ``O(dt)``; measured 0.066 (``u``)
 (``loss``), out of a largest mode strength of 3 and an initial loss of 7.1."""
 
 
-@records_setup
 def train(
     setup: Setup,
     t1: float,

@@ -262,9 +262,6 @@ class Setup(AbstractSetup):
     loss: Callable = eqx.field(static=True)
     data: DataModel
     quadrature: Quadrature = eqx.field(static=True)
-    # whether T and the quadrature were left to their defaults, which follow the sizes in replace
-    _default_T: bool = eqx.field(static=True, repr=False)
-    _default_quadrature: bool = eqx.field(static=True, repr=False)
 
     def __init__(
         self,
@@ -288,7 +285,6 @@ class Setup(AbstractSetup):
         self.R0 = V.floats("R0 (initial student-teacher overlap)", R0)
         self.Q0 = V.floats("Q0 (initial student-student overlap)", Q0)
         M = self.R0.shape[-1] if self.R0.ndim == 2 else 1
-        self._default_T = T is None
         self.T = jnp.eye(M) if T is None else V.floats("T (teacher-teacher overlap)", T)
         self.v0 = None if v0 is None else V.floats("v0 (initial readout)", v0)
         self.eta = V.floats("eta (learning rate of W)", eta)
@@ -299,7 +295,6 @@ class Setup(AbstractSetup):
         if not isinstance(data, DataModel):
             raise ValueError(f"data must be GaussianInputs() or SingleLocation(...), got {data!r:.80}")
         self.data = data
-        self._default_quadrature = quadrature is None
         if quadrature is None:
             quadrature = default_quadrature(self.dim) if self.R0.ndim == 2 else GaussHermite()
         if not isinstance(quadrature, Quadrature):
@@ -312,16 +307,18 @@ class Setup(AbstractSetup):
     def replace(self, **changes: Any) -> Setup:
         """A copy with the named fields replaced, validated (as every package's ``Setup.replace``;
         values may be traced). A ``T`` or ``quadrature`` left to its default follows the new
-        sizes: ``T`` stays the identity of the new ``M``, the quadrature is `default_quadrature`
-        of the new `dim` (with ``noise`` added, say)."""
-        fields = [f for f in self.__dataclass_fields__ if not f.startswith("_")]
+        sizes: a ``T`` that is the identity stays the identity of the new ``M``, a quadrature
+        that is `default_quadrature` of the old `dim` becomes that of the new one (with
+        ``noise`` added, say)."""
+        fields = list(self.__dataclass_fields__)
         unknown = sorted(set(changes) - set(fields))
         if unknown:
             raise ValueError(f"Setup has no field {unknown}; fields: {sorted(fields)}")
         given = {name: getattr(self, name) for name in fields}
-        if self._default_T:
+        T = self.T
+        if not V.any_traced(T) and np.array_equal(np.asarray(T), np.eye(T.shape[0])):
             given["T"] = None
-        if self._default_quadrature:
+        if self.R0.ndim == 2 and self.quadrature == default_quadrature(self.dim):
             given["quadrature"] = None
         given.update(changes)
         return Setup(**given)

@@ -35,7 +35,6 @@ from .. import _validate as V
 from .._jit import filter_jit
 from ..ode import integrate, observable_event
 from ..options import LogGrid, SaveGrid, SolverOptions
-from ..setup import records_setup
 from ..trajectory import Trajectory
 from .setup import Setup
 
@@ -223,7 +222,6 @@ DEFAULT_SOLVER = SolverOptions(rtol=1e-7, atol=1e-9, max_steps=100_000)
 """`solve`'s solver options when none are given."""
 
 
-@records_setup
 def solve(
     setup: Setup,
     t1: Any,

@@ -15,7 +15,6 @@ from .._jit import filter_jit
 from ..expect import psd_sqrt
 from ..optim import per_circuit
 from ..options import LinearGrid, SaveGrid, TimeGrid
-from ..setup import records_setup
 from ..simulate import OnlineSGD, check_divergence, simulate
 from ..trajectory import Trajectory
 from .observe import weight_observables
@@ -53,7 +52,6 @@ def weights_from_overlaps(R: Any, Q: Any, T: Any, D: int, key: Any = 0) -> tuple
     return W_star, W
 
 
-@records_setup
 def train(
     setup: Setup,
     t1: float,

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _validate as V
-from .._errors import check_traced
+from .._errors import check_traced, recording
 from .._io import data_path
 
 __all__ = [
@@ -129,10 +129,11 @@ class MarkovChain(eqx.Module):
     matrix ``P`` (rows sum to 1, ``pi^T P = pi^T``).
 
     Concrete input is checked to ``tol`` (default `CHAIN_TOL`); a ``ValueError`` names the
-    offending row or entry. Traced input (inside ``jit``, ``vmap`` or a sweep) is checked the
-    same way at run time where it can be: at a point of `attnflow.sweep` a chain that is not
-    one fails that point with the message (NaN values, named in ``SweepResult.failures``);
-    elsewhere it is let through.
+    offending row or entry. Traced input is checked the same way at a point of `attnflow.sweep`:
+    a chain that is not one fails that point with the message (NaN values, named in
+    ``SweepResult.failures``) and the point goes on with the uniform chain, so that it costs no
+    more than a good point. Elsewhere (inside the user's own ``jit`` or ``vmap``) traced input
+    is let through as given.
     """
 
     pi: jax.Array
@@ -144,9 +145,11 @@ class MarkovChain(eqx.Module):
             bad = _check_chain_traced(pi, P, tol)
             # a sweep point that is no chain learns the uniform one instead (its values are NaN anyway):
             # a solve of a non-chain can take every step max_steps allows, which its chunk would wait for
-            d = pi.shape[-1]
-            self.pi = jnp.where(bad, jnp.full_like(pi, 1.0 / d), pi)
-            self.P = jnp.where(bad, jnp.full_like(P, 1.0 / d), P)
+            if recording():
+                d = pi.shape[-1]
+                pi = jnp.where(bad, jnp.full_like(pi, 1.0 / d), pi)
+                P = jnp.where(bad, jnp.full_like(P, 1.0 / d), P)
+            self.pi, self.P = pi, P
             return
         pi_np, P_np = V.reals("pi", pi), V.reals("P", P)
         _check_chain(pi_np, P_np, tol)
@@ -178,7 +181,8 @@ class MarkovChain(eqx.Module):
         if V.any_traced((pi, lam)):  # a sweep point outside the lazy range fails with the message
             bad_lam = ~((lam >= -jnp.min(pi / (1 - pi))) & (lam <= 1.0))
             check_traced(lambda: bad_lam, "lam must lie in [-min_k pi_k / (1 - pi_k), 1] (a lazy chain on pi)")
-            lam = jnp.where(bad_lam, jnp.zeros_like(lam), lam)  # and learns the chain of lam = 0 (see __init__)
+            if recording():  # and the point learns the chain of lam = 0 (see __init__)
+                lam = jnp.where(bad_lam, jnp.zeros_like(lam), lam)
         d = pi.shape[0]
         return cls(pi, lam * jnp.eye(d, dtype=pi.dtype) + (1 - lam) * jnp.outer(jnp.ones(d, dtype=pi.dtype), pi))
 
@@ -271,7 +275,8 @@ def perturbed_pi(pi1: Any = 0.75, d: int = 4, delta: Any = 0.0, direction: Any =
     if V.any_traced((pi1, delta)):  # a sweep point: fails with the message, and goes on uniform (see MarkovChain)
         bad = ~((pi1 > 0) & (pi1 < 1) & jnp.all(pi > 0))
         check_traced(lambda: bad, "pi1 must be in (0, 1) and delta must keep every entry of pi positive (perturbed_pi)")
-        pi = jnp.where(bad, jnp.full_like(pi, 1.0 / d), pi)
+        if recording():
+            pi = jnp.where(bad, jnp.full_like(pi, 1.0 / d), pi)
     return pi
 
 

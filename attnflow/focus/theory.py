@@ -31,7 +31,6 @@ from .._jit import filter_jit
 from ..ode import integrate, observable_event
 from ..options import LogGrid, SaveGrid, SolverOptions
 from ..saddle import fixed_point, jacobian
-from ..setup import records_setup
 from ..stiff import AutoStiff
 from ..trajectory import Trajectory
 from .data import MarkovChain, check_pi
@@ -151,7 +150,6 @@ def _solve_observe(t: Any, theta: dict, args: _SolveArgs) -> dict:
     return record(theta, args.setup, eqx.combine(args.observe_arrays, args.observe_static))
 
 
-@records_setup
 def solve(
     setup: Setup,
     t1: Any,

@@ -14,7 +14,6 @@ import optax
 from .. import _validate as V
 from .._jit import filter_jit
 from ..options import LogGrid, SaveGrid, TimeGrid
-from ..setup import records_setup
 from ..simulate import OnlineSGD, check_divergence, simulate
 from ..trajectory import Trajectory
 from .data import MarkovChain, random_windows
@@ -72,7 +71,6 @@ class _StreamContexts(eqx.Module):
         return random_windows(key, self.tokens, batch_size, self.length)
 
 
-@records_setup
 def train(
     setup: Setup,
     t1: float,

@@ -174,6 +174,8 @@ def prune(
         raise ValueError(f"activation must be Softmax(), Softmax1(...) or BayesSoftmax(...), got {activation!r}")
     activation.check_heads(H)
     order = Greedy() if order is None else order
+    if not isinstance(order, (PruneOrder, str, bytes)) and hasattr(order, "__iter__"):
+        order = tuple(order)  # a generator is read once
     if isinstance(order, (str, bytes)) or not (isinstance(order, PruneOrder) or _is_sequence(order)):
         raise ValueError(
             "order must be Greedy(), ByMass(), RandomOrder(seed), GivenOrder(heads) or a sequence of head "

@@ -36,7 +36,6 @@ from ..expect import all_permutations, antithetic_copies, cyclic_permutations, p
 from ..ode import DivergenceError, integrate, observable_event
 from ..options import LinearGrid, SaveGrid, SolverOptions
 from ..saddle import Spectrum, escape_time, fixed_point, spectrum
-from ..setup import records_setup
 from ..trajectory import Trajectory
 from .data import Prior
 from .model import Activation, half_loss
@@ -396,7 +395,6 @@ def _escape_event(t, y, args):
     return args[1] - specialisation(y["M"])
 
 
-@records_setup
 def solve(
     setup: Setup,
     t1: Any,
@@ -577,6 +575,9 @@ def predicted_escape_time(lam: Any, D: Any, t0: Any = 0.0) -> Any:
     """``t_spec = t0 + ln D / (2 lambda)`` (equation (15)): antisymmetric components start at
     ``O(D^{-1/2})`` and grow as ``e^{lambda t}``."""
     V.positive("lambda (escape rate)", lam)
+    V.positive("D", D)
+    if not V.any_traced(D) and np.any(np.asarray(D) <= 1):
+        raise ValueError(f"D must be > 1 (the escape starts at D^(-1/2) < 1), got {V.show(D)}")
     # the linearised escape from eps = D^{-1/2} to r = 1 at rate lambda
     return t0 + escape_time(lam, eps=jnp.asarray(D, dtype=float) ** -0.5)
 

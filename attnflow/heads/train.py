@@ -15,7 +15,6 @@ from .._jit import filter_jit
 from ..expect import psd_sqrt
 from ..optim import label_by_path, per_circuit
 from ..options import LinearGrid, SaveGrid, TimeGrid
-from ..setup import records_setup
 from ..simulate import OnlineSGD, check_divergence, simulate
 from ..trajectory import Trajectory
 from .data import SingleLocationTask
@@ -85,7 +84,6 @@ def _default_D(setup: Setup) -> int:
     return int(round(float(D)))
 
 
-@records_setup
 def train(
     setup: Setup,
     t1: float,

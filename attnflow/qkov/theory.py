@@ -36,7 +36,6 @@ from .. import _validate as V
 from .._jit import filter_jit
 from ..ode import integrate, observable_event
 from ..options import LogGrid, SaveGrid, SolverOptions
-from ..setup import records_setup
 from ..trajectory import Trajectory
 from .setup import PAPER_HORIZON_TAU, PAPER_LOSS_TARGET, Setup
 
@@ -251,7 +250,6 @@ def _loss_event(t, y, args):
     return loss(y, args["setup"]) - args["loss_target"]
 
 
-@records_setup
 def solve(
     setup: Setup,
     t1: Any,

@@ -23,7 +23,6 @@ from .._jit import filter_jit
 from ..ode import integrate
 from ..optim import per_circuit
 from ..options import LogGrid, SaveGrid, SolverOptions, TimeGrid
-from ..setup import records_setup
 from ..simulate import FullBatch, OnlineSGD, check_divergence, simulate
 from ..trajectory import Trajectory
 from .data import CodeGenerator
@@ -96,7 +95,6 @@ def _flow_observe_conserved(t, model, setup):
     return _observe(model, setup.task, True)
 
 
-@records_setup
 def train(
     setup: Setup,
     t1: Any,
