@@ -39,7 +39,7 @@ RECORD_MAX_SIZE = 64
 def _pformat(x: Any, indent: int = 0, width: int = 100) -> str:
     """A record (`AbstractSetup.record`) as ``Type(field=value, ...)``, one line when it fits."""
     if not (isinstance(x, dict) and "type" in x):
-        return x if isinstance(x, str) and x in ("traced",) else repr(x)
+        return x if x == "traced" else repr(x)
     items = [(k, v) for k, v in x.items() if k != "type"]
     one = f"{x['type']}({', '.join(f'{k}={_pformat(v)}' for k, v in items)})"
     if len(one) + indent <= width or not items:
@@ -109,7 +109,7 @@ class AbstractSetup(eqx.Module):
 
     def record(self) -> dict[str, Any]:
         """The setup as JSON-ready data: every field by name, numbers as numbers (arrays of up to
-        `RECORD_MAX_SIZE` entries as nested lists, larger ones as ``"f64[27,27]"``), nested
+        `RECORD_MAX_SIZE` entries as nested lists, larger ones as ``"f64[27, 27]"``), nested
         modules (priors, chains, activations) as dicts with their ``"type"``, functions by name,
         traced values (inside a sweep) as ``"traced"``. ``traj.with_meta(setup=s.record())``
         before ``traj.save(...)`` keeps in a saved trajectory what it was run on (the verbs do
