@@ -141,13 +141,14 @@ class GivenOrder(PruneOrder):
         return self.heads[step] if step < len(self.heads) else None
 
 
-def _is_sequence(x: Any) -> bool:
-    """Whether ``x`` is a sequence of integer head indices."""
+def _head_indices(x: Any) -> tuple[int, ...] | None:
+    """``x`` (a sequence or generator of integer head indices) as a tuple, else ``None``."""
+    if isinstance(x, (str, bytes)):
+        return None
     try:
-        [operator.index(h) for h in x]
+        return tuple(operator.index(h) for h in x)
     except TypeError:
-        return False
-    return True
+        return None
 
 
 def prune(
@@ -174,15 +175,14 @@ def prune(
         raise ValueError(f"activation must be Softmax(), Softmax1(...) or BayesSoftmax(...), got {activation!r}")
     activation.check_heads(H)
     order = Greedy() if order is None else order
-    if not isinstance(order, (PruneOrder, str, bytes)) and hasattr(order, "__iter__"):
-        order = tuple(order)  # a generator is read once
-    if isinstance(order, (str, bytes)) or not (isinstance(order, PruneOrder) or _is_sequence(order)):
-        raise ValueError(
-            "order must be Greedy(), ByMass(), RandomOrder(seed), GivenOrder(heads) or a sequence of head "
-            f"indices, got {order!r:.80}"
-        )
     if not isinstance(order, PruneOrder):
-        order = GivenOrder(order)
+        heads = _head_indices(order)
+        if heads is None:
+            raise ValueError(
+                "order must be Greedy(), ByMass(), RandomOrder(seed), GivenOrder(heads) or a sequence of head "
+                f"indices, got {order!r:.80}"
+            )
+        order = GivenOrder(heads)
 
     def error(keep):
         keep = np.asarray(sorted(keep))
