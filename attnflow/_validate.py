@@ -262,7 +262,7 @@ def clamped_index(fn: Any, *args: Any) -> str | None:
     """
     import jax.extend.core as jc
 
-    def run(jaxpr: Any, consts: list, inputs: list) -> list | None:
+    def run(jaxpr: Any, consts: list, inputs: list) -> list:
         env: dict = {}
 
         def read(v: Any) -> Any:
@@ -285,8 +285,6 @@ def clamped_index(fn: Any, *args: Any) -> str | None:
             if name in _CALLS and sub is not None:
                 closed = sub if hasattr(sub, "consts") else None
                 out = run(closed.jaxpr if closed else sub, list(closed.consts) if closed else [], vals)
-                if out is None:
-                    return None
             else:
                 out = eqn.primitive.bind(*vals, **eqn.params)
                 out = list(out) if eqn.primitive.multiple_results else [out]

@@ -44,6 +44,9 @@ def _floats(x):
     return jnp.asarray(x, dtype=jnp.result_type(float))
 
 
+_STATE = {"mu_ov", "mu_qk"}  # the reduced state (3): the two circuit strengths
+
+
 class Setup(AbstractSetup):
     """The theory's data model, one parametrisation, per-circuit learning rates and the start.
 
@@ -160,16 +163,11 @@ class Setup(AbstractSetup):
                 "mu_qk": self.mu0 if self.factorised_qk else zero,
             }
         # a state of solve or state_at_loss may come back as a start: its alpha and loss follow from mu
-        if not isinstance(initial, dict) or not {"mu_ov", "mu_qk"} <= set(initial) <= {
-            "mu_ov",
-            "mu_qk",
-            "alpha",
-            "loss",
-        }:
+        if not isinstance(initial, dict) or not _STATE <= set(initial) <= _STATE | {"alpha", "loss"}:
             got = sorted(initial) if isinstance(initial, dict) else repr(initial)[:80]
             raise ValueError(f"initial must be a dict with the keys ['mu_ov', 'mu_qk'], got {got}")
         dtype = jnp.result_type(float)
-        return {k: jnp.asarray(V.floats(f"initial['{k}']", initial[k]), dtype) for k in ("mu_ov", "mu_qk")}
+        return {k: jnp.asarray(V.floats(f"initial['{k}']", initial[k]), dtype) for k in sorted(_STATE)}
 
     def model(self, initial: dict[str, Any] | None = None) -> QKOVModel:
         """The full matrices of the theory task on the invariant manifold at ``initial``
