@@ -38,6 +38,7 @@ from .expect import psd_sqrt as psd_sqrt
 from .finite_size import FiniteSizeFit as FiniteSizeFit
 from .finite_size import fit_finite_size as fit_finite_size
 from .finite_size import trajectory_gap as trajectory_gap
+from .ode import ODE as ODE
 from .ode import DivergenceError as DivergenceError
 from .ode import MaxStepsError as MaxStepsError
 from .ode import ObservableEvent as ObservableEvent
@@ -102,6 +103,7 @@ __all__ = [
     "LinearGrid",
     "LogGrid",
     "MaxStepsError",
+    "ODE",
     "Minibatch",
     "OnlineSGD",
     "Prior",

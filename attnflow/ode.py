@@ -33,6 +33,7 @@ from .trajectory import Trajectory, flatten_names
 __all__ = [
     "UnrolledTsit5",
     "integrate",
+    "ODE",
     "ObservableEvent",
     "observable_event",
     "gradient_flow",
@@ -242,7 +243,7 @@ def _ok(result) -> jax.Array:
 
 
 def integrate(
-    field: Callable[[Any, Any, Any], Any],
+    field: Callable[[Any, Any, Any], Any] | ODE,
     y0: Any,
     t1: Any,
     *,
@@ -260,7 +261,9 @@ def integrate(
     Parameters
     ----------
     field:
-        Vector field ``(t, y, args) -> dy/dt`` with ``dy/dt`` the same pytree as ``y``.
+        Vector field ``(t, y, args) -> dy/dt`` with ``dy/dt`` the same pytree as ``y``; or an
+        `ODE` (``P.ode(setup)``), whose ``args``, ``observe``, save grid, solver and metadata
+        are then the defaults (give no ``args`` with it).
     y0:
         Initial state, any pytree of arrays.
     t1, t0:
@@ -300,6 +303,14 @@ def integrate(
     reached; a non-finite value raises `DivergenceError` naming the time (inside
     ``jit``/``vmap``: an ``equinox`` runtime error with the same advice).
     """
+    if isinstance(field, ODE):
+        # an ODE brings its args, observables and defaults; what is given here overrides them
+        ode = field
+        field, args = field_and_args("integrate", ode, args)
+        observe = ode.observe if observe is None else observe
+        save = ode.save if save is None else save
+        solver = ode.solver if solver is None else solver
+        meta = {**dict(ode.meta), **(meta or {})}
     if jnp.dtype(dtype) == jnp.dtype("float64"):
         require_x64("integrate")
     save = LinearGrid() if save is None else save
@@ -431,6 +442,102 @@ def integrate(
         m.update(rtol=float(rtol), atol=float(atol))
     m.update(meta or {})
     return Trajectory(out_ts, out_ys, m, t_event=t_event, stats=stats)
+
+
+class ODE(eqx.Module):
+    """An initial-value problem ``dy/dt = field(t, y, args)``, ``y(0) = y0``, with its named
+    observables: what a theory package's ``solve`` integrates, as a value.
+
+    Every theory package returns one from ``P.ode(setup)`` (`attnflow.qkov.ode`,
+    `attnflow.focus.ode`, `attnflow.heads.ode`, `attnflow.derive.ode`,
+    `attnflow.deeplinear.ode`), so that a user can ask their own question of the theory's ODE
+    without learning each package's field and arguments:
+
+    - ``ode(t, y)`` is ``dy/dt`` at the state ``y`` (a pytree shaped like ``ode.y0``);
+    - ``ode.observables(y)`` the theory's named observables at ``y`` (the names of ``P.OBSERVABLES``);
+    - ``ode.solve(t1)`` integrates it with `integrate`, on the package's default save grid and
+      solver, and returns the `Trajectory` that ``P.solve(setup, t1)`` returns;
+    - the core verbs take it wherever they take a field, without ``args``:
+      ``af.integrate(ode, y0, t1)``, ``af.fixed_point(ode, y)``, ``af.jacobian(ode, y)``,
+      ``af.spectrum(ode, y)``, ``af.unstable_subspace(ode, y)``.
+
+    Fields: ``field`` (``(t, y, args) -> dy/dt``, static), ``args`` (its data: the setup and what
+    the theory built from it, e.g. a quadrature rule or a Monte Carlo bank), ``y0``, ``observe``
+    (``(t, y, args) -> {name: array}``, static; ``None`` records the state), ``save`` and
+    ``solver`` (the defaults of ``solve``) and ``meta`` (the metadata ``solve`` stores, as
+    ``(key, value)`` pairs, static). An ODE is a pytree: it goes through ``jax.jit``,
+    ``jax.vmap`` and `attnflow.sweep` (build it inside the function that is swept, from the swept
+    setup). Numbers in ``args`` and ``y0`` are data: a new value reuses the compiled solve.
+    """
+
+    field: Callable = eqx.field(static=True)
+    args: Any
+    y0: Any
+    observe: Callable | None = eqx.field(static=True, default=None)
+    save: SaveGrid = eqx.field(default_factory=LinearGrid)
+    solver: SolverOptions = eqx.field(default_factory=SolverOptions)
+    meta: tuple = eqx.field(static=True, default=())
+
+    def __check_init__(self):
+        if not callable(self.field):
+            raise ValueError(f"field must be callable (t, y, args) -> dy/dt, got {self.field!r:.80}")
+        if self.observe is not None and not callable(self.observe):
+            raise ValueError(f"observe must be callable (t, y, args) -> {{name: array}}, got {self.observe!r:.80}")
+        if not isinstance(self.save, SaveGrid):
+            raise ValueError(f"save must be a SaveGrid (LinearGrid, LogGrid or TimeGrid), got {self.save!r:.80}")
+        if not isinstance(self.solver, SolverOptions):
+            raise ValueError(f"solver must be SolverOptions(...), got {self.solver!r:.80}")
+        if not isinstance(self.meta, tuple) or not all(isinstance(kv, tuple) and len(kv) == 2 for kv in self.meta):
+            raise ValueError(f"meta must be a tuple of (key, value) pairs, got {self.meta!r:.80}")
+
+    def __call__(self, t: Any, y: Any) -> Any:
+        """``dy/dt = field(t, y, args)`` at the state ``y``."""
+        return self.field(t, y, self.args)
+
+    def observables(self, y: Any, t: Any = 0.0) -> dict[str, Any]:
+        """The named observables at the state ``y`` (and time ``t``), as ``solve`` records them
+        at each save time (nested names flattened to dotted ones)."""
+        return _Observer(self.observe or _default_observe)(t, y, self.args)
+
+    def solve(
+        self,
+        t1: Any,
+        *,
+        y0: Any = None,
+        t0: Any = 0.0,
+        save: SaveGrid | None = None,
+        solver: SolverOptions | None = None,
+        event: Callable[[Any, dict], Any] | None = None,
+    ) -> Trajectory:
+        """`integrate` from ``y0`` (default ``self.y0``) at ``t0`` to ``t1``, saving on ``save``
+        with ``solver`` (defaults: the ODE's), recording its observables.
+
+        ``event(t, obs) -> scalar`` on the named observables stops the solve where it first
+        changes sign, as in every package's ``solve`` (`ObservableEvent`); ``traj.t_event`` is
+        that time (NaN if it never does)."""
+        observe = self.observe or _default_observe
+        return integrate(
+            self.field,
+            self.y0 if y0 is None else y0,
+            t1,
+            t0=t0,
+            args=self.args,
+            save=self.save if save is None else save,
+            solver=self.solver if solver is None else solver,
+            observe=observe,
+            event=observable_event(event, observe),
+            meta=dict(self.meta),
+        )
+
+
+def field_and_args(who: str, field: Any, args: Any) -> tuple[Callable, Any]:
+    """``(field, args)`` of a field given as a function and its ``args``, or as an `ODE` (which
+    carries its own ``args``; giving both is an error)."""
+    if isinstance(field, ODE):
+        if args is not None:
+            raise ValueError(f"{who}: an ODE carries its own args; give args only with a field function")
+        return field.field, field.args
+    return field, args
 
 
 class _Observer(eqx.Module):

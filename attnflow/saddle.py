@@ -1,6 +1,7 @@
 """Saddle tools: fixed points, Jacobian spectra, unstable modes and escape times.
 
-For a vector field ``field(t, y, args)`` on a pytree state ``y``:
+For a vector field ``field(t, y, args)`` on a pytree state ``y``, or a theory's `attnflow.ODE`
+(``P.ode(setup)``, which carries its ``args``):
 
 - `fixed_point`: a root of the field (Optimistix root find);
 - `jacobian`: the Jacobian ``d field / d y`` as a matrix on the flattened state;
@@ -13,7 +14,7 @@ For a vector field ``field(t, y, args)`` on a pytree state ``y``:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import equinox as eqx
 import jax
@@ -24,11 +25,14 @@ from jax.flatten_util import ravel_pytree
 
 from . import _validate as V
 
+if TYPE_CHECKING:
+    from .ode import ODE
+
 __all__ = ["fixed_point", "jacobian", "spectrum", "Spectrum", "unstable_subspace", "escape_time"]
 
 
 def fixed_point(
-    field: Callable[[Any, Any, Any], Any],
+    field: Callable[[Any, Any, Any], Any] | ODE,
     y_guess: Any,
     args: Any = None,
     *,
@@ -47,8 +51,9 @@ def fixed_point(
     Calling it again with the same ``field`` function and solver settings reuses the
     compiled solve (floats in ``args`` are data).
     """
-    from .ode import as_data
+    from .ode import as_data, field_and_args
 
+    field, args = field_and_args("fixed_point", field, args)
     V.finite_tree("y_guess", y_guess)
     if not callable(field):
         raise ValueError(f"field must be callable (t, y, args) -> dy/dt, got {field!r:.80}")
@@ -91,8 +96,11 @@ def _check_field_shape(who: str, field: Callable, y: Any, args: Any, t: Any) -> 
     V.matches_state(f"{who}: ", out, y)
 
 
-def jacobian(field: Callable[[Any, Any, Any], Any], y: Any, args: Any = None, t: Any = 0.0) -> jax.Array:
+def jacobian(field: Callable[[Any, Any, Any], Any] | ODE, y: Any, args: Any = None, t: Any = 0.0) -> jax.Array:
     """Jacobian of the field at ``y`` as an ``(n, n)`` matrix on ``ravel_pytree(y)``."""
+    from .ode import field_and_args
+
+    field, args = field_and_args("jacobian", field, args)
     _check_field_shape("jacobian", field, y, args, t)
     flat, unravel = ravel_pytree(y)
 
@@ -125,7 +133,7 @@ class Spectrum(eqx.Module):
 
 
 def spectrum(
-    field: Callable[[Any, Any, Any], Any],
+    field: Callable[[Any, Any, Any], Any] | ODE,
     y: Any,
     args: Any = None,
     t: Any = 0.0,
@@ -177,7 +185,7 @@ def spectrum(
     return Spectrum(w, vectors, J)
 
 
-def unstable_subspace(field: Callable, y: Any, args: Any = None, tol: float = 1e-9) -> tuple[jax.Array, list]:
+def unstable_subspace(field: Callable | ODE, y: Any, args: Any = None, tol: float = 1e-9) -> tuple[jax.Array, list]:
     """Unstable eigenvalues (real part > ``tol``) and their pytree eigenvectors at ``y``."""
     return spectrum(field, y, args).unstable(tol)
 

@@ -551,3 +551,84 @@ def test_setups_print_their_numbers_and_record_as_data(tmp_path):
 
     assert _record(jax.random.key(3)) == [0, 3]  # a typed key as its data
     assert _record(functools.partial(print)) == "partial"  # no memory address in a record
+
+
+def _ode_case(package):
+    """A small setup of each theory package, a horizon, the package's own field at the
+    ODE's start, and the extra keywords of ``ode``/``solve``."""
+    import importlib
+
+    P = importlib.import_module(f"attnflow.{package}")
+    if package == "deeplinear":
+        s = P.Setup(s=(2.0, 1.0, 0.5), u0=0.03, eta=0.7)
+        return P, s, 3.0, {}, lambda o: 2 * 0.7 * o.y0 * (jnp.array([2.0, 1.0, 0.5]) - o.y0)
+    if package == "qkov":
+        s = P.Setup()
+        return P, s, 50.0, {}, lambda o: P.reduced_field(0.0, o.y0, s)
+    if package == "focus":
+        s = P.Setup(m=4, mk=4)
+        return P, s, 5.0, {}, lambda o: P.flow_field(0.0, o.y0, s)
+    if package == "heads":
+        s = P.Setup()
+        kw = {"bank": P.BankOptions(n=256)}
+        return P, s, 2.0, kw, lambda o: P.order_parameter_field(0.0, o.y0, P.Dynamics.build(s, kw["bank"]))
+    R, Q = 0.1 * jnp.eye(2) + 0.01, 0.5 * jnp.eye(2) + 0.02
+    s = P.Setup(P.soft_committee, P.soft_committee, R, Q, quadrature=P.GaussHermite(6))
+    return P, s, 2.0, {}, lambda o: P.field(0.0, o.y0, (s, P.rule(s)))
+
+
+@pytest.mark.parametrize("package", ["deeplinear", "qkov", "focus", "heads", "derive"])
+def test_every_package_gives_the_ode_its_solve_integrates(package):
+    """``P.ode(setup)`` is the ODE ``P.solve`` integrates: ``ode.solve``, ``af.integrate(ode, ...)``
+    and ``P.solve`` give the same trajectory to the bit; ``ode(t, y)`` is the package's field;
+    ``ode.observables`` is the first saved row; the core's saddle verbs take the ODE."""
+    P, s, T, kw, own_field = _ode_case(package)
+    o = P.ode(s, **kw)
+    assert isinstance(o, af.ODE)
+    save = af.LinearGrid(5)
+    ref = P.solve(s, T, save=save, **kw)
+    for traj in (o.solve(T, save=save), af.integrate(o, o.y0, T, save=save)):
+        assert traj.names == ref.names and traj.meta == ref.meta
+        np.testing.assert_array_equal(traj.ts, ref.ts)
+        for name in ref.names:
+            np.testing.assert_array_equal(traj[name], ref[name], err_msg=name)
+    dy = o(0.0, o.y0)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, dy, own_field(o))
+    first = o.observables(o.y0)
+    assert sorted(first) == sorted(ref.names)
+    for name in ref.names:
+        np.testing.assert_allclose(first[name], ref[name][0], rtol=1e-12, atol=1e-14, err_msg=name)
+    J = af.jacobian(o, o.y0)
+    np.testing.assert_array_equal(J, af.jacobian(o.field, o.y0, o.args))
+    n = jax.flatten_util.ravel_pytree(o.y0)[0].shape[0]
+    assert J.shape == (n, n)
+    with pytest.raises(ValueError, match="an ODE carries its own args"):
+        af.spectrum(o, o.y0, o.args)
+    with pytest.raises(ValueError, match=f"must be an attnflow.{package}.Setup"):
+        P.ode("not a setup")
+
+
+def test_an_ode_is_data_for_jit_vmap_and_the_saddle_verbs():
+    """The mode ODE under ``vmap`` over the learning rate matches the closed form; its fixed
+    point and spectrum are the known ones (``u = s``, eigenvalues ``-2 eta s``)."""
+    s = dl.Setup(s=(2.0, 1.0, 0.5), u0=0.03, eta=0.7)
+
+    def final_u(eta):
+        return dl.ode(s.replace(eta=eta)).solve(4.0, save=af.LinearGrid(2)).final()["u"]
+
+    etas = jnp.array([0.3, 0.7, 1.1])
+    u = jax.vmap(final_u)(etas)
+    exact = jax.vmap(lambda e: dl.mode_strength(4.0, s.s, s.u0, tau=1 / e))(etas)
+    np.testing.assert_allclose(u, exact, rtol=1e-7)
+    o = dl.ode(s)
+    u_star = af.fixed_point(o, jnp.array([1.9, 1.1, 0.45]))
+    np.testing.assert_allclose(u_star, s.s, rtol=1e-10)
+    sp = af.spectrum(o, u_star)
+    np.testing.assert_allclose(sp.values, -2 * 0.7 * jnp.array([0.5, 1.0, 2.0]), rtol=1e-10)
+    assert jax.tree_util.tree_structure(o) == jax.tree_util.tree_structure(dl.ode(s.replace(eta=0.1)))
+    with pytest.raises(ValueError, match="field must be callable"):
+        af.ODE("f", None, jnp.zeros(2))
+    with pytest.raises(ValueError, match="save must be a SaveGrid"):
+        af.ODE(_decay, {"k": 1.0}, jnp.ones(2), save=10)
+    own = af.ODE(_decay, {"k": 2.0}, jnp.ones(2))  # a user's own ODE: the state is observed as "y"
+    np.testing.assert_allclose(own.solve(1.0, save=af.LinearGrid(2))["y"][-1], np.exp(-2.0), rtol=1e-7)

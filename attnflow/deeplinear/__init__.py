@@ -27,6 +27,7 @@ from .theory import factor_field as factor_field
 from .theory import matrix_field as matrix_field
 from .theory import mode_field as mode_field
 from .theory import mode_strength as mode_strength
+from .theory import ode as ode
 from .theory import population_loss as population_loss
 from .theory import solve as solve
 from .train import DEFAULT_TRAIN_SAVE as DEFAULT_TRAIN_SAVE
@@ -52,6 +53,7 @@ __all__ = [
     "mode_strength",
     "model_observables",
     "population_loss",
+    "ode",
     "solve",
     "train",
 ]

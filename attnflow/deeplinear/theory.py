@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ..ode import integrate, observable_event
+from ..ode import ODE
 from ..options import LinearGrid, SaveGrid, SolverOptions
 from ..trajectory import Trajectory
 
@@ -95,6 +95,31 @@ def _setup_observe(t: Any, u: jax.Array, setup: Any) -> dict:
     return mode_observables(u, setup.s)
 
 
+def ode(setup: Any) -> ODE:
+    """The mode ODE (2) of ``setup`` as an `attnflow.ODE`: ``ode(t, u)`` is
+    ``2 eta u (s - u)``, ``ode.y0`` the modes' start ``u0``, ``ode.observables(u)``
+    `attnflow.deeplinear.OBSERVABLES`, and ``ode.solve(t1)`` is ``solve(setup, t1)``. Its state
+    is the array ``u`` of shape ``(k,)``; ``args`` is the setup.
+    """
+    from .setup import Setup
+
+    if not isinstance(setup, Setup):
+        raise ValueError(f"setup must be an attnflow.deeplinear.Setup, got {setup!r}")
+    return ODE(
+        _setup_mode_field,
+        setup,
+        setup.initial_state(),
+        _setup_observe,
+        DEFAULT_SAVE,
+        DEFAULT_SOLVER,
+        meta=(
+            ("theory", "deeplinear"),
+            ("equation", "mode ODE (2)"),
+            ("clock", "t; gradient flow dW/dt = -eta grad L"),
+        ),
+    )
+
+
 def solve(
     setup: Any,
     t1: Any,
@@ -115,18 +140,4 @@ def solve(
     ``traj.t_event`` is that time (NaN if it never does) and the save points after it hold the
     event state; traceable under ``jit``, ``vmap`` and `attnflow.sweep` (`attnflow.ObservableEvent`).
     """
-    from .setup import Setup
-
-    if not isinstance(setup, Setup):
-        raise ValueError(f"setup must be an attnflow.deeplinear.Setup, got {setup!r}")
-    return integrate(
-        _setup_mode_field,
-        setup.initial_state(),
-        t1,
-        args=setup,
-        save=save or DEFAULT_SAVE,
-        solver=solver or DEFAULT_SOLVER,
-        observe=_setup_observe,
-        event=observable_event(event, _setup_observe),
-        meta={"theory": "deeplinear", "equation": "mode ODE (2)", "clock": "t; gradient flow dW/dt = -eta grad L"},
-    )
+    return ode(setup).solve(t1, save=save, solver=solver, event=event)

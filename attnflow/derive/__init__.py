@@ -45,6 +45,7 @@ from .theory import expectations as expectations
 from .theory import field as field
 from .theory import generalisation_error as generalisation_error
 from .theory import initial_state as initial_state
+from .theory import ode as ode
 from .theory import rule as rule
 from .theory import solve as solve
 from .theory import vector_field as vector_field
@@ -81,6 +82,7 @@ __all__ = [
     "scaled_rule",
     "signal_token",
     "soft_committee",
+    "ode",
     "solve",
     "squared_loss",
     "state_observables",

@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import _validate as V
 from .._jit import filter_jit
-from ..ode import integrate, observable_event
+from ..ode import ODE
 from ..options import LogGrid, SaveGrid, SolverOptions
 from ..trajectory import Trajectory
 from .setup import Setup
@@ -222,6 +222,34 @@ DEFAULT_SOLVER = SolverOptions(rtol=1e-7, atol=1e-9, max_steps=100_000)
 """`solve`'s solver options when none are given."""
 
 
+def ode(setup: Setup, *, rule: Rule | None = None) -> ODE:
+    """The derived ODE (2)-(4) of ``setup`` as an `attnflow.ODE`: ``ode(t, y)`` is `field`,
+    ``ode.y0`` the setup's initial overlaps (`initial_state`), ``ode.observables(y)``
+    `attnflow.derive.OBSERVABLES`, and ``ode.solve(t1)`` is ``solve(setup, t1)``. Its state is
+    ``{"R", "Q"[, "v"]}``; ``args`` is ``(setup, rule)``, the quadrature nodes and weights
+    (default `attnflow.derive.rule`) drawn once here.
+    """
+    if not isinstance(setup, Setup):
+        raise ValueError(f"setup must be an attnflow.derive.Setup, got {setup!r:.80}")
+    rl = _rule_of(setup) if rule is None else rule
+    return ODE(
+        field,
+        (setup, rl),
+        initial_state(setup),
+        _observe,
+        DEFAULT_SAVE,
+        DEFAULT_SOLVER,
+        meta=(
+            ("theory", "derive"),
+            ("equation", "derived order-parameter ODE (2)-(4)"),
+            ("clock", "t = steps / D"),
+            ("quadrature", repr(setup.quadrature)),
+            ("data", type(setup.data).__name__),
+            ("nodes", int(np.shape(rl[0])[0])),
+        ),
+    )
+
+
 def solve(
     setup: Setup,
     t1: Any,
@@ -243,24 +271,4 @@ def solve(
     and `attnflow.sweep` (`attnflow.ObservableEvent`; ``error``, a second quadrature, is
     computed in the step loop only when the event reads it).
     """
-    if not isinstance(setup, Setup):
-        raise ValueError(f"setup must be an attnflow.derive.Setup, got {setup!r:.80}")
-    rl = _rule_of(setup) if rule is None else rule
-    return integrate(
-        field,
-        initial_state(setup),
-        t1,
-        args=(setup, rl),
-        save=save or DEFAULT_SAVE,
-        solver=solver or DEFAULT_SOLVER,
-        observe=_observe,
-        event=observable_event(event, _observe),
-        meta={
-            "theory": "derive",
-            "equation": "derived order-parameter ODE (2)-(4)",
-            "clock": "t = steps / D",
-            "quadrature": repr(setup.quadrature),
-            "data": type(setup.data).__name__,
-            "nodes": int(np.shape(rl[0])[0]),
-        },
-    )
+    return ode(setup, rule=rule).solve(t1, save=save, solver=solver, event=event)

@@ -80,6 +80,7 @@ from .theory import degenerate_point as degenerate_point
 from .theory import flow_field as flow_field
 from .theory import gradient_blocks as gradient_blocks
 from .theory import jacobian_blocks as jacobian_blocks
+from .theory import ode as ode
 from .theory import population_grads as population_grads
 from .theory import population_loss as population_loss
 from .theory import rank_one_part as rank_one_part
@@ -175,6 +176,7 @@ __all__ = [
     "refine_critical_point",
     "sigma",
     "singular_values",
+    "ode",
     "solve",
     "stage_one_rate",
     "stage_predictions",

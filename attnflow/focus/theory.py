@@ -28,7 +28,7 @@ import optimistix as optx
 
 from .. import _validate as V
 from .._jit import filter_jit
-from ..ode import integrate, observable_event
+from ..ode import ODE
 from ..options import LogGrid, SaveGrid, SolverOptions
 from ..saddle import fixed_point, jacobian
 from ..stiff import AutoStiff
@@ -150,6 +150,33 @@ def _solve_observe(t: Any, theta: dict, args: _SolveArgs) -> dict:
     return record(theta, args.setup, eqx.combine(args.observe_arrays, args.observe_static))
 
 
+def ode(setup: Setup, *, initial: dict | None = None, observe: Callable[[dict, Setup], Mapping] | None = None) -> ODE:
+    """The population gradient flow (P6) of ``setup`` as an `attnflow.ODE`: ``ode(t, theta)``
+    is `flow_field`, ``ode.y0`` the weights ``setup.theta0()`` (or ``initial``),
+    ``ode.observables(theta)`` `attnflow.focus.OBSERVABLES` (plus ``observe(theta, setup)`` if
+    given), and ``ode.solve(t1)`` is ``solve(setup, t1)``. Its state is the weights
+    ``{"W0", "W1", "WQ", "WK"}``.
+    """
+    if not isinstance(setup, Setup):
+        raise ValueError(f"setup must be an attnflow.focus.Setup, got {setup!r}")
+    if observe is not None and not callable(observe):
+        raise ValueError(f"observe must be callable (theta, setup) -> {{name: array}}, got {observe!r}")
+    arrays, static = eqx.partition(observe, eqx.is_array)
+    return ODE(
+        _solve_field,
+        _SolveArgs(setup, arrays, static),
+        setup.initial_state(initial),
+        _solve_observe,
+        DEFAULT_SAVE,
+        DEFAULT_SOLVER,
+        meta=(
+            ("theory", "focus"),
+            ("equation", "population gradient flow (P6)"),
+            ("clock", "t; d theta/dt = -eta grad L"),
+        ),
+    )
+
+
 def solve(
     setup: Setup,
     t1: Any,
@@ -177,23 +204,7 @@ def solve(
     `attnflow.sweep` (`attnflow.ObservableEvent`).
     `attnflow.focus.escape_time` is this event on the loss, with its own solver and threshold.
     """
-    if not isinstance(setup, Setup):
-        raise ValueError(f"setup must be an attnflow.focus.Setup, got {setup!r}")
-    if observe is not None and not callable(observe):
-        raise ValueError(f"observe must be callable (theta, setup) -> {{name: array}}, got {observe!r}")
-    y0 = setup.initial_state(initial)
-    arrays, static = eqx.partition(observe, eqx.is_array)
-    return integrate(
-        _solve_field,
-        y0,
-        t1,
-        args=_SolveArgs(setup, arrays, static),
-        save=save or DEFAULT_SAVE,
-        solver=solver or DEFAULT_SOLVER,
-        observe=_solve_observe,
-        event=observable_event(event, _solve_observe),
-        meta={"theory": "focus", "equation": "population gradient flow (P6)", "clock": "t; d theta/dt = -eta grad L"},
-    )
+    return ode(setup, initial=initial, observe=observe).solve(t1, save=save, solver=solver, event=event)
 
 
 # ----------------------------------------------------------------------------- rank-one reduction

@@ -89,6 +89,7 @@ from .theory import feature_escape_times as feature_escape_times
 from .theory import generalisation_error as generalisation_error
 from .theory import half_risk as half_risk
 from .theory import initial_state as initial_state
+from .theory import ode as ode
 from .theory import order_parameter_field as order_parameter_field
 from .theory import predicted_escape_time as predicted_escape_time
 from .theory import solve as solve
@@ -182,6 +183,7 @@ __all__ = [
     "prune",
     "sample_loss",
     "softmax_floor",
+    "ode",
     "solve",
     "specialisation",
     "specialisation_spectrum",

@@ -33,7 +33,7 @@ from .. import _validate as V
 from .._jit import filter_jit
 from ..analysis import first_crossing
 from ..expect import all_permutations, antithetic_copies, cyclic_permutations, permuted_copies, psd_sqrt
-from ..ode import DivergenceError, integrate, observable_event
+from ..ode import ODE, DivergenceError, integrate, observable_event
 from ..options import LinearGrid, SaveGrid, SolverOptions
 from ..saddle import Spectrum, escape_time, fixed_point, spectrum
 from ..trajectory import Trajectory
@@ -383,11 +383,43 @@ def _field(t, y, args):
     return order_parameter_field(t, y, args[0])
 
 
-def _observe(t, y, args):
-    dyn = args[0]
+def _dynamics_observe(t, y, dyn):
     s = dyn.setup
     return order_parameter_observables(
         y["M"], y["Q"], s.activation.with_params(y["act"]), dyn.bank, s.target.label_noise()
+    )
+
+
+def _observe(t, y, args):
+    return _dynamics_observe(t, y, args[0])
+
+
+def ode(setup: Setup, *, bank: BankOptions | None = None, form: DriftForm | None = None) -> ODE:
+    """The order-parameter ODE (8) of ``setup`` as an `attnflow.ODE`: ``ode(t, y)`` is
+    `order_parameter_field`, ``ode.y0`` the setup's initial condition (`initial_state`),
+    ``ode.observables(y)`` `attnflow.heads.OBSERVABLES`, and ``ode.solve(t1)`` is
+    ``solve(setup, t1)`` (without its positive-semidefiniteness check along the path). Its state
+    is ``{"M", "Q", "act"}``; ``args`` is the `Dynamics` (setup, Monte Carlo bank drawn from
+    ``bank``, drift ``form``), built once here.
+    """
+    if not isinstance(setup, Setup):
+        raise ValueError(f"setup must be an attnflow.heads.Setup, got {setup!r}")
+    y0 = initial_state(setup)
+    check_overlaps("initial condition", y0["M"], y0["Q"], setup.H, setup.F)
+    dyn = Dynamics.build(setup, bank, form)
+    return ODE(
+        order_parameter_field,
+        dyn,
+        y0,
+        _dynamics_observe,
+        DEFAULT_SAVE,
+        DEFAULT_SOLVER,
+        meta=(
+            ("theory", "heads"),
+            ("clock", "t = steps / D"),
+            ("bank", dyn.bank.size),
+            ("form", type(dyn.form).__name__),
+        ),
     )
 
 
@@ -433,23 +465,21 @@ def solve(
         raise ValueError(f"setup must be an attnflow.heads.Setup, got {setup!r}")
     if escape is not None and event is not None:
         raise ValueError("give escape or event, not both (escape=s is event=lambda t, o: o['specialisation'] - s)")
-    y0 = initial_state(setup)
-    check_overlaps("initial condition", y0["M"], y0["Q"], setup.H, setup.F)
-    solver = DEFAULT_SOLVER if solver is None else solver
-    dyn = Dynamics.build(setup, bank, form)
+    o = ode(setup, bank=bank, form=form)
+    solver = o.solver if solver is None else solver
     if escape is not None:
         V.positive("escape (threshold of the specialisation)", escape)
     threshold = jnp.asarray(jnp.inf if escape is None else escape, dtype=float)
     traj = integrate(
         _field,
-        y0,
+        o.y0,
         t1,
-        args=(dyn, threshold),
-        save=DEFAULT_SAVE if save is None else save,
+        args=(o.args, threshold),
+        save=o.save if save is None else save,
         solver=solver,
         observe=_observe,
         event=_escape_event if escape is not None else observable_event(event, _observe),
-        meta={"theory": "heads", "clock": "t = steps / D", "bank": dyn.bank.size, "form": type(dyn.form).__name__},
+        meta=dict(o.meta),
     )
     if not V.any_traced((traj.ts, traj.ys)):
         _check_psd_along(traj, solver)

@@ -116,6 +116,7 @@ from .theory import invariant as invariant
 from .theory import large_t_asymptotics as large_t_asymptotics
 from .theory import loss as loss
 from .theory import loss_to_margin as loss_to_margin
+from .theory import ode as ode
 from .theory import reduced_field as reduced_field
 from .theory import solve as solve
 from .theory import state_at_loss as state_at_loss
@@ -246,6 +247,7 @@ __all__ = [
     "resolve_data",
     "rollout",
     "separability",
+    "ode",
     "solve",
     "split_records",
     "state_at_loss",

@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import _validate as V
 from .._jit import filter_jit
-from ..ode import integrate, observable_event
+from ..ode import ODE, integrate, observable_event
 from ..options import LogGrid, SaveGrid, SolverOptions
 from ..trajectory import Trajectory
 from .setup import PAPER_HORIZON_TAU, PAPER_LOSS_TARGET, Setup
@@ -250,6 +250,29 @@ def _loss_event(t, y, args):
     return loss(y, args["setup"]) - args["loss_target"]
 
 
+def ode(setup: Setup, *, initial: dict | None = None) -> ODE:
+    """The reduced ODE (3a)-(3b) of ``setup`` as an `attnflow.ODE`: ``ode(t, y)`` is
+    `reduced_field`, ``ode.y0`` the setup's start (`Setup.initial_state`, or ``initial``),
+    ``ode.observables(y)`` `attnflow.qkov.OBSERVABLES`, and ``ode.solve(t1)`` is
+    ``solve(setup, t1)``. Its state is ``{"mu_ov", "mu_qk"}``; ``args`` is ``{"setup": setup}``.
+    """
+    _check_setup(setup)
+    return ODE(
+        _solve_field,
+        {"setup": setup},
+        setup.initial_state(initial),
+        _solve_observe,
+        DEFAULT_SAVE,
+        DEFAULT_SOLVER,
+        meta=(
+            ("theory", "qkov"),
+            ("equation", "reduced ODE (3)"),
+            ("parametrisation", setup.parametrisation),
+            ("clock", "t; gradient flow dW/dt = -eta grad L per circuit"),
+        ),
+    )
+
+
 def solve(
     setup: Setup,
     t1: Any,
@@ -281,34 +304,27 @@ def solve(
     `DEFAULT_SAVE`, solver `DEFAULT_SOLVER`. New learning rates (``setup.replace(eta_qk=...)``)
     and targets reuse the compiled solve.
     """
-    _check_setup(setup)
-    dtype = jnp.result_type(float)
-    y0 = setup.initial_state(initial)
-    args: dict[str, Any] = {"setup": setup}
     if loss_target is not None and event is not None:
         raise ValueError("give loss_target or event, not both (loss_target=L is event=lambda t, o: o['loss'] - L)")
+    o = ode(setup, initial=initial)
+    args = dict(o.args)
     stop: Callable[[Any, Any, Any], Any] | None = observable_event(event, _solve_observe)
     if loss_target is not None:
         if not V.any_traced(loss_target):
             V.positive("loss_target", loss_target)
-        _check_below_initial_loss(setup, loss_target, y0)
-        args["loss_target"] = jnp.asarray(loss_target, dtype)
+        _check_below_initial_loss(setup, loss_target, o.y0)
+        args["loss_target"] = jnp.asarray(loss_target, jnp.result_type(float))
         stop = _loss_event
     return integrate(
-        _solve_field,
-        y0,
+        o.field,
+        o.y0,
         t1,
         args=args,
-        save=save or DEFAULT_SAVE,
-        solver=solver or DEFAULT_SOLVER,
-        observe=_solve_observe,
+        save=save or o.save,
+        solver=solver or o.solver,
+        observe=o.observe,
         event=stop,
-        meta={
-            "theory": "qkov",
-            "equation": "reduced ODE (3)",
-            "parametrisation": setup.parametrisation,
-            "clock": "t; gradient flow dW/dt = -eta grad L per circuit",
-        },
+        meta=dict(o.meta),
     )
 
 
