@@ -160,9 +160,21 @@ def finite_tree(name: str, tree: Any) -> None:
             raise ValueError(f"{name}{where} must be finite; entry {first} is {arr[first] if first else arr!r}")
 
 
+def _static_but_traced(name: str, value: Any) -> None:
+    """``ValueError`` for a traced value where a Python number is needed (a size, a step count):
+    inside `attnflow.sweep` that axis must be an ``af.Static`` one."""
+    if isinstance(value, jax.core.Tracer):
+        raise ValueError(
+            f"{name} must be a concrete number here (it fixes array shapes, a step count or a code path), "
+            f"got a traced value ({type(value).__name__}): to sweep it, give its axis as af.Static([...]) "
+            "(one compilation per value)"
+        )
+
+
 def positive_int(name: str, value: Any, minimum: int = 1, maximum: int = 2**31 - 1) -> int:
     """``value`` as an int in ``[minimum, maximum]`` (whole floats accepted), else ``ValueError``
     naming ``name`` (a size beyond ``2^31 - 1`` cannot be allocated anyway)."""
+    _static_but_traced(name, value)
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         if isinstance(value, (float, np.floating)) and math.isfinite(value) and float(value).is_integer():
             value = int(value)
@@ -183,6 +195,7 @@ def choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
 
 def finite_scalar(name: str, value: Any) -> float:
     """``value`` as a finite float, or ``ValueError`` naming ``name``."""
+    _static_but_traced(name, value)
     if isinstance(value, (str, bytes, bool)) or value is None:
         raise ValueError(f"{name} must be a real number, got {show(value)}")
     try:

@@ -492,12 +492,26 @@ class ODE(eqx.Module):
 
     def __call__(self, t: Any, y: Any) -> Any:
         """``dy/dt = field(t, y, args)`` at the state ``y``."""
+        self._check_state("ode(t, y)", y)
         return self.field(t, y, self.args)
 
     def observables(self, y: Any, t: Any = 0.0) -> dict[str, Any]:
         """The named observables at the state ``y`` (and time ``t``), as ``solve`` records them
         at each save time (nested names flattened to dotted ones)."""
+        self._check_state("ode.observables(y)", y)
         return _Observer(self.observe or _default_observe)(t, y, self.args)
+
+    def _check_state(self, who: str, y: Any) -> None:
+        # a state of another shape would fail deep inside the field with JAX's shape error
+        want = jax.eval_shape(lambda v: v, self.y0)
+        have = jax.eval_shape(lambda v: v, y)
+        same = jax.tree_util.tree_structure(want) == jax.tree_util.tree_structure(have) and all(
+            a.shape == b.shape for a, b in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(have))
+        )
+        if not same:
+            shapes = jax.tree_util.tree_map(lambda a: a.shape, want)
+            got = jax.tree_util.tree_map(lambda a: a.shape, have)
+            raise ValueError(f"{who}: y must be a state shaped like ode.y0, {shapes}; got {got}")
 
     def solve(
         self,
@@ -550,7 +564,13 @@ class _Observer(eqx.Module):
         out = self.fn(t, y, args)
         if not isinstance(out, Mapping):
             raise ValueError(f"observe must return a mapping name -> array, got {type(out).__name__}")
-        return flatten_names(out)
+        # a plain number (``{"c": 3}``) is an observable like an array: the save loop needs shapes
+        return {
+            k: jnp.asarray(v, dtype=jnp.result_type(float))
+            if isinstance(v, (int, float, np.integer, np.floating))
+            else v
+            for k, v in flatten_names(out).items()
+        }
 
 
 def _check_event(event, t0, y0, args) -> None:

@@ -70,7 +70,9 @@ def overlay(
 ) -> Figure:
     """Theory (lines) against simulations (markers or seed band), one panel per observable.
 
-    ``simulations`` may be one `Trajectory`, a batched one (leading seed axes) or a list.
+    ``simulations`` may be one `Trajectory`, a batched one (leading seed axes) or a list. Several
+    runs saved at the same times are drawn as their mean (markers) and min-max band; runs saved at
+    different times (another ``t1`` or save grid) are drawn one by one.
     Observables with feature axes draw one colour per component (``component_labels``).
     At most ``max_markers`` simulation points are drawn per curve (evenly in save index).
     Failed runs of a sweep (NaN times) are left out, and their number is in the legend.
@@ -115,20 +117,25 @@ def overlay(
         if sim:
             T = len(sim[0].ts)
             keep = np.unique(np.linspace(0, T - 1, min(T, max_markers)).round().astype(int))
-        if len(sim) == 1:
-            t = np.asarray(sim[0].ts)[keep]
-            y = _columns(np.asarray(sim[0][name]))[keep]
-            for j in range(y.shape[1]):
-                ax.plot(
-                    t,
-                    y[:, j],
-                    "o",
-                    ms=3.5,
-                    mfc="none",
-                    color=_COLORS[j % 10],
-                    alpha=0.9,
-                    label=simulation_label if j == 0 else None,
-                )
+        if len(sim) == 1 or (len(sim) > 1 and not _same_times(sim)):
+            # runs saved at different times are drawn one by one: a band would mix their clocks
+            for k, run in enumerate(sim):
+                Tk = len(run.ts)
+                keep_k = np.unique(np.linspace(0, Tk - 1, min(Tk, max_markers)).round().astype(int))
+                t = np.asarray(run.ts)[keep_k]
+                y = _columns(np.asarray(run[name]))[keep_k]
+                label = simulation_label if len(sim) == 1 else f"{simulation_label} ({len(sim)} runs, own save times)"
+                for j in range(y.shape[1]):
+                    ax.plot(
+                        t,
+                        y[:, j],
+                        "o",
+                        ms=3.5,
+                        mfc="none",
+                        color=_COLORS[j % 10],
+                        alpha=0.9,
+                        label=label if j == 0 and k == 0 else None,
+                    )
         elif len(sim) > 1:
             t = np.asarray(sim[0].ts)[keep]
             ys = np.stack([_columns(np.asarray(r[name]))[keep] for r in sim])  # (seed, T, comp)
@@ -147,6 +154,17 @@ def overlay(
         _style_panel(ax, name, log_time, log_y, time_label, labels)
         ax.legend(fontsize=7)
     return _finish(fig, axes, len(names), title)
+
+
+def _same_times(runs: Sequence[Trajectory]) -> bool:
+    """Whether every run was saved at the same times (to rounding), so that their values at a
+    save index can be averaged."""
+    t0 = np.asarray(runs[0].ts, dtype=float)
+    for r in runs[1:]:
+        t = np.asarray(r.ts, dtype=float)
+        if t.shape != t0.shape or not np.allclose(t, t0, rtol=1e-9, atol=1e-12 * (1 + np.abs(t0).max())):
+            return False
+    return True
 
 
 def family(

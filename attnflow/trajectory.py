@@ -221,6 +221,12 @@ class Trajectory:
         if missing:
             raise KeyError(f"no observable {missing[0]!r} to rename; this trajectory has {sorted(self.ys)}")
         olds = set(names.values())
+        clash = [new for new in names if new in self.ys and new not in olds]
+        if clash:
+            raise ValueError(
+                f"cannot rename onto {clash[0]!r}: this trajectory already has an observable of that name "
+                f"(rename or drop it too: traj.rename({clash[0]}='...', ...))"
+            )
         ys = {k: v for k, v in self.ys.items() if k not in olds}
         ys.update({new: self.ys[old] for new, old in names.items()})
         return Trajectory(self.ts, ys, self.meta, self.t_event, self.stats)
@@ -372,9 +378,7 @@ class Trajectory:
         Each file is written to a temporary name in the same folder and renamed, so an
         interrupted save never leaves a half-written result.
         """
-        path = Path(path)
-        if path.suffix != ".npz":
-            path = path.with_suffix(path.suffix + ".npz") if path.suffix else path.with_suffix(".npz")
+        path = _npz_path(path)
         arrays = {"__ts__": np.asarray(self.ts)}
         for k, v in self.ys.items():
             arrays[f"y:{k}"] = np.asarray(v)
@@ -387,9 +391,7 @@ class Trajectory:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Trajectory:
-        path = Path(path)
-        if path.suffix != ".npz":
-            path = path.with_suffix(".npz")
+        path = _npz_path(path)
         if not path.exists():
             raise FileNotFoundError(f"no saved trajectory at {path}")
         try:
@@ -412,6 +414,14 @@ class Trajectory:
                     f"{meta_path} is not the metadata of an attnflow trajectory ({type(err).__name__}: {err})"
                 ) from None
         return cls(ts, ys, meta, t_event, stats)
+
+
+def _npz_path(path: str | os.PathLike) -> Path:
+    """The ``.npz`` file of a trajectory named ``path``: ``path`` itself when it ends in ``.npz``,
+    else ``path`` with ``.npz`` appended (a name such as ``eta0.5`` keeps its dot: ``eta0.5.npz``),
+    the same for `Trajectory.save` and `Trajectory.load`."""
+    path = Path(path)
+    return path if path.suffix == ".npz" else path.with_name(path.name + ".npz")
 
 
 def compare(
@@ -448,6 +458,13 @@ def compare(
         for which, tr in (("reference", reference), ("other", other)):
             if n not in tr:
                 raise KeyError(f"compare: {which} has no observable {n!r}; it has {sorted(tr.names)}")
+    for n in names:
+        fr, fo = np.shape(reference[n])[len(rb) + 1 :], np.shape(other[n])[len(ob) + 1 :]
+        if fr != fo:
+            raise ValueError(
+                f"compare: observable {n!r} has shape {fr} per save time in reference and {fo} in other "
+                "(different sizes? compare the runs of one setup, or pick a slice with .select/.batch)"
+            )
     _check_within(reference, other)
     out: dict[str, Any] = {}
     for n in names:
@@ -480,7 +497,14 @@ def _check_within(reference: Trajectory, other: Trajectory) -> None:
     eps = max(np.finfo(np.asarray(reference.ts).dtype).eps, np.finfo(np.asarray(other.ts).dtype).eps)
     slack = 16 * eps * (1.0 + max(abs(lo), abs(hi)))
     if o_lo < lo - slack or o_hi > hi + slack:
+        stopped = reference.t_event is not None and bool(np.isfinite(np.asarray(reference.t_event)).any())
+        advice = (
+            f"the reference stopped at its event (t_event = {float(np.nanmax(np.asarray(reference.t_event))):.6g}): "
+            "run the other only to that time, or solve the reference without the event"
+            if stopped
+            else "solve the reference to a later time (or an earlier start)"
+        )
         raise ValueError(
             f"compare: other is saved on [{o_lo:.6g}, {o_hi:.6g}] but reference covers only "
-            f"[{lo:.6g}, {hi:.6g}]; solve the reference to a later time (or an earlier start)"
+            f"[{lo:.6g}, {hi:.6g}]; {advice}"
         )

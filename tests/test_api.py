@@ -127,6 +127,36 @@ def test_trajectory_validation_rename_and_event_roundtrip(tmp_path):
     assert float(back.t_event) == 1.5 and back.meta == {"k": 1}
 
 
+def test_trajectory_files_names_and_comparisons_refuse_what_would_mislead(tmp_path):
+    """A name with a dot loads what it saved (``load`` read ``eta0.npz`` for ``eta0.5``); a rename
+    onto an existing observable, a comparison of observables of other shapes, and a comparison
+    past a reference's event are refused, naming what to change."""
+    ts = jnp.linspace(0.0, 1.0, 5)
+    one, two = af.Trajectory(ts, {"y": ts, "z": 2 * ts}), af.Trajectory(ts, {"y": 3 * ts, "z": ts})
+    one.save(tmp_path / "eta0")
+    two.save(tmp_path / "eta0.5")
+    assert (tmp_path / "eta0.5.npz").exists() and (tmp_path / "eta0.5.json").exists()
+    np.testing.assert_array_equal(af.Trajectory.load(tmp_path / "eta0.5")["y"], 3 * ts)
+    np.testing.assert_array_equal(af.Trajectory.load(tmp_path / "eta0.5.npz")["y"], 3 * ts)
+    np.testing.assert_array_equal(af.Trajectory.load(tmp_path / "eta0")["y"], ts)
+    with pytest.raises(ValueError, match="cannot rename onto 'z': this trajectory already has"):
+        one.rename(z="y")
+    swapped = one.rename(z="y", y="z")  # a swap renames both: nothing is lost
+    np.testing.assert_array_equal(swapped["z"], ts)
+    wide = af.Trajectory(ts, {"y": jnp.stack([ts, ts], 1)})
+    with pytest.raises(ValueError, match=r"observable 'y' has shape \(\) per save time in reference and \(2,\)"):
+        af.compare(one, wide)
+    stopped = af.integrate(_decay, jnp.ones(1), 5.0, args={"k": 1.0}, event=lambda t, y, a: y[0] - 0.5)
+    late = af.Trajectory(jnp.linspace(0.0, 2.0, 3), {"y": jnp.ones((3, 1))})
+    with pytest.raises(ValueError, match=r"stopped at its event \(t_event = 0.693147\)"):
+        af.compare(stopped, late)
+    # a plain number returned by observe is an observable like any other
+    tr = af.integrate(
+        _decay, jnp.ones(1), 1.0, args={"k": 1.0}, observe=lambda t, y, a: {"c": 3}, save=af.LinearGrid(3)
+    )
+    np.testing.assert_array_equal(tr["c"], [3.0, 3.0, 3.0])
+
+
 def test_trajectory_to_xarray_and_pandas():
     pytest.importorskip("xarray")
     ts = jnp.linspace(0, 1, 4)
@@ -630,5 +660,21 @@ def test_an_ode_is_data_for_jit_vmap_and_the_saddle_verbs():
         af.ODE("f", None, jnp.zeros(2))
     with pytest.raises(ValueError, match="save must be a SaveGrid"):
         af.ODE(_decay, {"k": 1.0}, jnp.ones(2), save=10)
+    with pytest.raises(
+        ValueError, match=r"ode.observables\(y\): y must be a state shaped like ode.y0, \(3,\); got \(2,\)"
+    ):
+        o.observables(jnp.ones(2))
     own = af.ODE(_decay, {"k": 2.0}, jnp.ones(2))  # a user's own ODE: the state is observed as "y"
     np.testing.assert_allclose(own.solve(1.0, save=af.LinearGrid(2))["y"][-1], np.exp(-2.0), rtol=1e-7)
+
+
+def test_a_size_given_a_traced_value_says_to_sweep_it_as_static():
+    s = dl.Setup()
+    with pytest.raises(ValueError, match=r"n_in must be a concrete number here \(it fixes array shapes.*af\.Static"):
+        af.sweep(
+            lambda n_in: dl.solve(s.replace(n_in=n_in), 1.0, save=af.LinearGrid(2)).final()["loss"],
+            {"n_in": np.array([8, 12])},
+            progress=False,
+        )
+    with pytest.raises(ValueError, match=r"t1 must be a concrete number here.*af\.Static"):
+        jax.vmap(lambda t1: dl.train(s, t1).final()["loss"])(jnp.array([1.0, 2.0]))

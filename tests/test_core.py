@@ -579,6 +579,20 @@ def test_overlay_figure(tmp_path):
         af.overlay(sims, None, ["loss"])
 
 
+def test_overlay_draws_runs_on_other_clocks_one_by_one():
+    """Runs saved at different times are not averaged index by index (that mixed ``a(8)`` with
+    ``b(4)``): each is drawn at its own times; runs on one grid keep their band."""
+    long, short = jnp.linspace(0, 8, 9), jnp.linspace(0, 4, 9)
+    a, b = af.Trajectory(long, {"y": long}), af.Trajectory(short, {"y": 10 * short})
+    ax = next(x for x in af.overlay(None, [a, b], "y").axes if x.get_visible())
+    assert len(ax.lines) == 2 and "2 runs, own save times" in ax.get_legend_handles_labels()[1][0]
+    np.testing.assert_allclose(ax.lines[0].get_xdata(), long)
+    np.testing.assert_allclose(ax.lines[1].get_ydata(), 10 * short)
+    ax = next(x for x in af.overlay(None, [a, af.Trajectory(long, {"y": 3 * long})], "y").axes if x.get_visible())
+    np.testing.assert_allclose(ax.lines[0].get_ydata(), 2 * long)  # same grid: the mean
+    assert "(mean, min-max of 2)" in ax.get_legend_handles_labels()[1][0]
+
+
 def test_family_of_a_sweep_or_a_batched_trajectory():
     ts = jnp.linspace(0, 1, 5)
     res = af.sweep(lambda c: af.Trajectory(ts, {"y": c * ts}), {"c": np.array([0.5, 2.0])}, progress=False)

@@ -524,6 +524,14 @@ def test_bad_input_names_the_value():
         solve(Setup(), 1.0, initial={"mu_ov": 0.1, "muqk": 0.0})
     with pytest.raises(ValueError, match=r"got \['beta', 'mu_ov', 'mu_qk'\]"):
         train(Setup(), 1.0, initial={"mu_ov": 0.1, "mu_qk": 0.1, "beta": 1.0})
+    # a factorised circuit's mu is a singular value: solve refuses what train refuses (a negative
+    # start ran a flow whose loss rose above log M)
+    for bad in (-0.1, 0.0):
+        with pytest.raises(
+            ValueError, match=rf"initial\['mu_ov'\] must be > 0 on the factorised circuit of FAFO.*got {bad}"
+        ):
+            solve(Setup(parametrisation="FAFO"), 1.0, initial={"mu_ov": bad, "mu_qk": 0.05})
+    assert float(Setup().initial_state({"mu_ov": -0.1, "mu_qk": 0.0})["mu_ov"]) == -0.1  # collapsed: any sign
     with pytest.raises(ValueError, match="needs a time step dt"):
         train(Setup(), 10.0, batch=8)
     with pytest.raises(ValueError, match="unknown parametrisation 'XYZ'"):

@@ -112,6 +112,11 @@ class ReducedConfig:
 
     def __post_init__(self) -> None:
         V.positive_values("ratios", self.ratios)
+        if len(set(self.ratios)) < 2:
+            raise ValueError(
+                f"ratios must hold at least 2 distinct values (the checks compare attention across ratios), "
+                f"got {list(self.ratios)}"
+            )
         _check_task(self)
         V.positive("eta_ov", self.eta_ov)
         V.positive("mu0", self.mu0)

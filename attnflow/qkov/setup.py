@@ -167,7 +167,16 @@ class Setup(AbstractSetup):
             got = sorted(initial) if isinstance(initial, dict) else repr(initial)[:80]
             raise ValueError(f"initial must be a dict with the keys ['mu_ov', 'mu_qk'], got {got}")
         dtype = jnp.result_type(float)
-        return {k: jnp.asarray(V.floats(f"initial['{k}']", initial[k]), dtype) for k in sorted(_STATE)}
+        state = {k: jnp.asarray(V.floats(f"initial['{k}']", initial[k]), dtype) for k in sorted(_STATE)}
+        # a factorised circuit's mu is the singular value of W = A B (balanced: A, B ~ sqrt(mu)),
+        # so it is positive, and 0 is a stationary point the flow never leaves
+        for k, factorised in (("mu_ov", self.factorised_ov), ("mu_qk", self.factorised_qk)):
+            if factorised and not V.any_traced(state[k]) and not bool(jnp.all(state[k] > 0)):
+                raise ValueError(
+                    f"initial['{k}'] must be > 0 on the factorised circuit of {self.parametrisation} "
+                    f"(mu is the singular value of a product of factors; W = 0 is stationary), got {V.show(state[k])}"
+                )
+        return state
 
     def model(self, initial: dict[str, Any] | None = None) -> QKOVModel:
         """The full matrices of the theory task on the invariant manifold at ``initial``
