@@ -38,6 +38,7 @@ BAD = [
     # (experiment, --set values, the message, matched from its start)
     ("qkov-reduced", {"ratios": "[0]"}, r"ratios must be finite and positive, got \[0\.0\]$"),
     ("qkov-reduced", {"ratios": "[]"}, r"ratios must hold at least one value, got \[\]$"),
+    ("qkov-reduced", {"ratios": "[0.1]"}, r"ratios must hold at least 2 distinct values .*got \[0\.1\]$"),
     ("qkov-reduced", {"loss_target": "2"}, r"loss_target must lie in \(0, 1\) .*got 2$"),
     ("qkov-reduced", {"M": "2"}, r"with m, n, b, M = 5, 50, 50, 2 the initial loss L\(0\) = 0\.6931 is not above 1"),
     ("qkov-flow", {"t_end": "0.5"}, r"t_end must exceed 1 .*got 0\.5$"),
