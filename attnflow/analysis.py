@@ -10,6 +10,7 @@ Two kinds of helpers:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -214,8 +215,16 @@ def fit_line(
 def fit_power_law(
     x: Real[ArrayLike, "*n"] | Sequence[float], y: Real[ArrayLike, "*n"] | Sequence[float], level: float = 0.95
 ) -> LineFit:
-    """``y ~ C x^p``: the line through ``(log x, log y)`` over positive finite points; ``slope``
-    is the exponent ``p`` and ``intercept`` is ``log C``."""
+    """``y ~ C x^p``: the line through ``(log x, log y)`` over positive finite points (the others
+    are left out with a ``RuntimeWarning`` counting them); ``slope`` is the exponent ``p`` and
+    ``intercept`` is ``log C``."""
     x, y = np.asarray(x, dtype=float).ravel(), np.asarray(y, dtype=float).ravel()
-    ok = (x > 0) & (y > 0)
+    ok = (x > 0) & (y > 0) & np.isfinite(x) & np.isfinite(y)
+    if not ok.all() and x.shape == y.shape:
+        warnings.warn(
+            f"fit_power_law: left out {int((~ok).sum())} of {ok.size} points that are not positive and finite "
+            "(a fit in log-log needs x > 0 and y > 0)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return fit_line(np.log(x[ok]), np.log(y[ok]), level)

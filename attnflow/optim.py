@@ -27,7 +27,8 @@ def label_by_path(
     """Label every trainable leaf of ``model`` by circuit.
 
     ``rule`` maps a leaf's path string (``jax.tree_util.keystr``, e.g. ``".W_QK"``) to a
-    label; a mapping ``{substring: label}`` picks the first substring found in the path.
+    label; a mapping ``{substring: label}`` gives the label of the substrings found in the path
+    (``ValueError`` when none is found, or when several are found with different labels).
     Returns a pytree of labels with the structure of ``eqx.filter(model, filter_spec)``.
     """
     params, _ = eqx.partition(model, filter_spec)
@@ -35,10 +36,17 @@ def label_by_path(
         table = dict(rule)
 
         def rule(path: str) -> str:
-            for key, label in table.items():
-                if key in path:
-                    return label
-            raise ValueError(f"parameter {path!r} matches none of the circuit keys {sorted(table)}")
+            hits = [(key, label) for key, label in table.items() if key in path]
+            if not hits:
+                raise ValueError(f"parameter {path!r} matches none of the circuit keys {sorted(table)}")
+            if len({label for _, label in hits}) > 1:
+                # the first key would win by the order of a dict: a silent mislabel
+                raise ValueError(
+                    f"parameter {path!r} matches the circuit keys {[k for k, _ in hits]} with different labels "
+                    f"{[lab for _, lab in hits]}: make the keys unambiguous (e.g. '.{hits[-1][0]}') or give a "
+                    "function path -> label"
+                )
+            return hits[0][1]
 
     return jax.tree_util.tree_map_with_path(lambda p, _: rule(jax.tree_util.keystr(p)), params)
 

@@ -157,7 +157,8 @@ class LogGrid(SaveGrid):
 class TimeGrid(SaveGrid):
     """Explicit save times ``ts`` (1-D, finite, strictly increasing). As steps
     (`steps`) they must be integers in ``[0, total]``; as times of a run with step ``dt``
-    (`steps_for`) they are rounded to the nearest step."""
+    (`steps_for`) they are rounded to the nearest step, and two that round to the same step
+    raise ``ValueError``."""
 
     ts: Any
 
@@ -196,7 +197,16 @@ class TimeGrid(SaveGrid):
         s = np.asarray(self.ts, dtype=float)
         if s[0] < 0 or s[-1] > total * dt * (1 + 1e-12):
             raise ValueError(f"save times must lie in [0, {total * dt:g}], got {s[0]:g} .. {s[-1]:g}")
-        return np.unique(np.round(s / dt).astype(np.int64))
+        steps = np.round(s / dt).astype(np.int64)
+        same = np.flatnonzero(np.diff(steps) == 0)
+        if same.size:
+            # dropping one would return fewer save points than asked for, silently misaligned
+            i = int(same[0])
+            raise ValueError(
+                f"save times {s[i]:g} and {s[i + 1]:g} round to the same step {int(steps[i])} (dt = {dt:g}): "
+                "give times at least dt apart, or a smaller dt"
+            )
+        return steps
 
 
 class SolverOptions(eqx.Module):

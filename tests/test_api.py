@@ -40,6 +40,8 @@ def test_save_grids():
     # a time grid on a run with step dt: total steps and rounded steps
     total, s = af.TimeGrid([0.0, 0.1, 0.52]).steps_for(1.0, 0.01)
     assert total == 100 and list(s) == [0, 10, 52]
+    with pytest.raises(ValueError, match=r"save times 0.12 and 0.14 round to the same step 1 \(dt = 0.1\)"):
+        af.TimeGrid([0.0, 0.12, 0.14, 0.5, 1.0]).steps_for(1.0, 0.1)  # four points back for five asked
     total, s = af.LogGrid(10, t_min=0.5).steps_for(8.0, 0.01)
     assert total == 800 and s[1] == 50 and s[-1] == 800
     for bad, match in (
@@ -224,6 +226,9 @@ def test_growth_plateaus_and_fits():
     assert fit.ci[0] < -0.5 < fit.ci[1] and fit.slope == pytest.approx(-0.5, abs=0.03) and fit.n == 4
     with pytest.raises(ValueError, match="at least 2 finite points"):
         af.fit_line([1.0], [2.0])
+    with pytest.warns(RuntimeWarning, match="left out 2 of 6 points that are not positive and finite"):
+        kept = af.fit_power_law([*x, 8000.0, 16000.0], [*(3.0 * x**-0.5), 0.0, np.nan])
+    assert kept.n == 4 and kept.slope == pytest.approx(-0.5, abs=1e-12)
 
 
 # ----------------------------------------------------------------------------- Setup, compile count

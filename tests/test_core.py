@@ -499,6 +499,10 @@ def test_per_circuit_bad_input():
         af.per_circuit(labels, {"qk": 0.1})
     with pytest.raises(ValueError, match="matches none"):
         af.label_by_path(model, {"W1": "qk"})
+    with pytest.raises(ValueError, match=r"'.W1' matches the circuit keys \['W', 'W1'\] with different labels"):
+        af.label_by_path(model, {"W": "all", "W1": "first"})
+    same = af.label_by_path(model, {"W": "all", "W1": "all"})  # overlapping keys of one label are fine
+    assert set(jax.tree_util.tree_leaves(same)) == {"all"}
 
 
 # ----------------------------------------------------------------------------- expectations
