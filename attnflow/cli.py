@@ -113,7 +113,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(run_epilog: str | None = None) -> argparse.ArgumentParser:
+    """The command's parser; ``run_epilog`` (an experiment's options) ends ``attnflow run NAME --help``."""
     p = argparse.ArgumentParser(prog="attnflow", description="Training dynamics of attention: theory vs simulation.")
     p.add_argument("--version", action="version", version=f"attnflow {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
@@ -122,7 +123,9 @@ def _parser() -> argparse.ArgumentParser:
     sh = sub.add_parser("show", help="an experiment's options: name, type and default")
     sh.add_argument("name", help="the experiment (`attnflow list` lists them)")
     sh.add_argument("--debug", action="store_true", help="show the full traceback of an error")
-    r = sub.add_parser("run", help="run one experiment")
+    r = sub.add_parser(
+        "run", help="run one experiment", epilog=run_epilog, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     r.add_argument("name", help="the experiment to run (`attnflow list` lists them, `attnflow show NAME` its options)")
     r.add_argument(
         "--set",
@@ -266,8 +269,23 @@ def _one_line(err: BaseException) -> str:
     return lines[0] if lines else type(err).__name__
 
 
+def _run_help_options(argv: list[str]) -> str | None:
+    """For ``attnflow run NAME --help``: the options of experiment NAME (as ``attnflow show NAME``
+    lists them), or None for any other command line."""
+    if argv[:1] != ["run"] or not ({"-h", "--help"} & set(argv)):
+        return None
+    from .registry import get_experiment, load_all
+
+    names = load_all()
+    for word in argv[1:]:
+        if word in names:
+            return _show_options(get_experiment(word))
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = _parser(_run_help_options(argv)).parse_args(argv)
     previous = None
     unraisablehook = sys.unraisablehook
     if threading.current_thread() is threading.main_thread():

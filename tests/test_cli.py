@@ -25,6 +25,12 @@ def test_version_and_list(capsys):
     assert "  --set 'dts=[0.04, 0.02, 0.01]'   list of float; gradient-descent time steps" in out
     assert "  --set u0=0.001                   float; initial strength of every mode" in out
     assert "  --set n_in=8                     int\n" in out
+    # `run NAME --help` ends with the same options
+    with pytest.raises(SystemExit) as e:
+        main(["run", "deep-linear", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: attnflow run") and "  --set u0=0.001                   float; initial strength" in out
 
 
 def test_show_writes_defaults_that_set_reads_back(capsys):
