@@ -505,7 +505,7 @@ class ODE(eqx.Module):
         # a state of another shape would fail deep inside the field with JAX's shape error
         want = jax.eval_shape(lambda v: v, self.y0)
         have = jax.eval_shape(lambda v: v, y)
-        same = jax.tree_util.tree_structure(want) == jax.tree_util.tree_structure(have) and all(
+        same = jax.tree_util.tree_structure(want) == jax.tree_util.tree_structure(have) and all(  # type: ignore[operator]
             a.shape == b.shape for a, b in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(have))
         )
         if not same:
