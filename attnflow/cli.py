@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from ._interrupt import Terminated, redelivering_hook
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, handled as Ctrl-C is: staging folders removed, finished sweep chunks kept."""
+_Terminated = Terminated  # SIGTERM, handled as Ctrl-C is
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -46,31 +46,6 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 
 _STOPPING = threading.Event()  # set once main has caught the interrupt: no more re-delivery
-
-
-def _redeliver_swallowed_interrupts(previous: Any) -> Any:
-    """A ``sys.unraisablehook`` that sends a swallowed Ctrl-C or SIGTERM again.
-
-    Python runs a signal's handler in whatever Python code the main thread is in. When that is a
-    callback whose exceptions Python ignores (JAX's garbage-collection callback, a ``__del__``),
-    the ``KeyboardInterrupt`` is printed as "Exception ignored" and the run goes on as if no
-    signal had come. The hook sends the signal again from a short-lived thread, so the handler
-    runs anew once the callback has returned (the hook itself must return cleanly: an exception
-    raised inside it is swallowed too).
-    """
-
-    def hook(unraisable: Any) -> None:
-        stop = unraisable.exc_value
-        if not isinstance(stop, KeyboardInterrupt):
-            previous(unraisable)
-            return
-        if _STOPPING.is_set():
-            return
-        signum = signal.SIGTERM if isinstance(stop, _Terminated) else signal.SIGINT
-        # not once main has caught an interrupt: the clean-up must run to its end
-        threading.Timer(0.05, lambda: _STOPPING.is_set() or os.kill(os.getpid(), signum)).start()
-
-    return hook
 
 
 SWEEPS = ".attnflow-sweeps"  # OUT/SWEEPS/NAME/sweep-k: the chunks of a run's sweeps, kept between runs
@@ -291,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
         _STOPPING.clear()
-        sys.unraisablehook = _redeliver_swallowed_interrupts(unraisablehook)
+        sys.unraisablehook = redelivering_hook(unraisablehook, _STOPPING)
     try:
         return _main(args)
     except KeyboardInterrupt as stop:
