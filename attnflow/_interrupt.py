@@ -38,7 +38,12 @@ def redelivering_hook(previous: Any, stopping: threading.Event) -> Any:
         if stopping.is_set():
             return
         signum = signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT
-        threading.Timer(0.05, lambda: stopping.is_set() or os.kill(os.getpid(), signum)).start()
+
+        def send_again() -> None:
+            if not stopping.is_set():
+                os.kill(os.getpid(), signum)
+
+        threading.Timer(0.05, send_again).start()
 
     hook.attnflow_redelivers = True  # type: ignore[attr-defined]
     return hook
