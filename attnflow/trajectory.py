@@ -439,7 +439,9 @@ def compare(
     theory curve can be compared with simulation snapshots taken on another grid.
     With ``relative=True`` the error is ``|a - b| / max(|a|, floor)``.
     ``other`` may carry batch axes (seeds or a grid of a sweep): an unbatched ``reference``
-    is compared with every run, a reference of the same batch shape run by run.
+    is compared with every run, a batched one along its axes, which must lead ``other``'s (the
+    same batch shape: run by run; a theory over ``(eta,)`` against runs over ``(eta, seed)``: each
+    theory curve with the seeds of its ``eta``).
     Returns ``{name: max error}`` over time, batch and feature axes, or with
     ``per_run=True`` ``{name: array of other's batch shape}`` (the gap of each run).
     ``other``'s save times must lie within ``reference``'s (a theory solved to ``t1`` says
@@ -449,10 +451,11 @@ def compare(
     if not names:
         raise ValueError(f"no common observables: {sorted(reference.names)} vs {sorted(other.names)}")
     rb, ob = reference.batch_shape, other.batch_shape
-    if rb and rb != ob:
+    if rb and rb != ob[: len(rb)]:
         raise ValueError(
-            f"reference has batch shape {rb} and other {ob}: compare needs an unbatched reference or equal "
-            "batch shapes (index with .batch(i))"
+            f"reference has batch shape {rb} and other {ob}: compare needs an unbatched reference, or a "
+            "reference whose batch axes lead other's (theory over (eta,) against runs over (eta, seed)); "
+            "index with .batch(i)"
         )
     for n in names:
         for which, tr in (("reference", reference), ("other", other)):
@@ -477,8 +480,9 @@ def compare(
             return jnp.max(err)
 
         fn = gap
-        for _ in ob:  # one batch axis of other at a time; the reference too when it has it
-            fn = jax.vmap(fn, in_axes=(0 if rb else None, 0, 0))
+        for i in reversed(range(len(ob))):  # one batch axis of other at a time, innermost first;
+            # the reference's axes are other's leading ones (a theory per eta, runs per eta and seed)
+            fn = jax.vmap(fn, in_axes=(0 if i < len(rb) else None, 0, 0))
         runs = fn(reference.select(n), other.ts, other[n])
         out[n] = np.asarray(runs) if per_run else float(jnp.max(runs))
     return out

@@ -137,6 +137,13 @@ def test_compare_batched_runs_against_one_reference_or_run_by_run():
     np.testing.assert_allclose(af.compare(theories, sim, per_run=True)["u"], [1e-3, 0.0], atol=3e-5)
     with pytest.raises(ValueError, match=r"reference has batch shape \(2,\) and other \(3,\)"):
         af.compare(theories, af.Trajectory(jnp.stack([ts] * 3), {"u": jnp.zeros((3, 201))}))
+    # a theory per rate against runs per rate and seed: each curve with the seeds of its rate
+    seeds = af.Trajectory(jnp.stack([t_sim] * 3, 1), {"u": jnp.sin(jnp.stack([t_sim] * 3, 1)) + 1e-3})  # (2, 3, T)
+    gaps = af.compare(theories, seeds, per_run=True)["u"]
+    assert gaps.shape == (2, 3)
+    np.testing.assert_allclose(gaps, [[1e-3] * 3, [3e-3] * 3], atol=3e-5)
+    with pytest.raises(ValueError, match=r"batch axes lead other's"):
+        af.compare(theories, af.Trajectory(jnp.stack([jnp.stack([ts] * 2)] * 3), {"u": jnp.zeros((3, 2, 201))}))
 
 
 # ----------------------------------------------------------------------------- integrate
