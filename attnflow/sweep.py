@@ -13,9 +13,10 @@ point. A flat ``vmap`` over the list of points (``nest=False``) batches everythi
 
 With ``out_dir`` every finished chunk is saved atomically, and a rerun after an
 interruption loads finished chunks instead of recomputing them, but only chunks of the same
-sweep: the manifest holds a fingerprint of ``fn`` (its code, closure values and default
-arguments) and its output structure, and a rerun with another function refuses, saying
-what changed.
+sweep: the manifest holds a fingerprint of ``fn`` (its code, closure values, default
+arguments and the globals it reads, through the functions it calls, the static fields of
+pytrees and the attributes of objects) and its output structure, and a rerun with another
+function refuses, saying what changed (a folder with no chunk yet is simply taken over).
 
 A grid point whose run fails inside the compiled call (an ODE that used up ``max_steps`` or
 diverged, an SGD run that diverged) does not stop the sweep: its values are NaN, and
@@ -43,6 +44,9 @@ import json
 import math
 import os
 import re
+import site
+import sys
+import sysconfig
 import time
 import types
 import uuid
@@ -253,7 +257,7 @@ class SweepResult:
         variable per leaf of ``values`` (named by its path: ``"loss"``, ``"[0]"``, ``"ts"``
         for a `Trajectory`'s times, ...), extra axes named ``<variable>_dim<i>``; ``meta`` in
         ``attrs``. A `Trajectory` leaf keeps its time axis as ``t`` when its save times are
-        the same at every grid point.
+        the same at every grid point that ran (failed and pending points are NaN there).
 
         Needs the optional dependency xarray (``pip install "attnflow[xarray]"``).
         """
@@ -275,8 +279,13 @@ class SweepResult:
             if isinstance(value, Trajectory):
                 ts = np.asarray(value.ts)
                 flat = ts.reshape(-1, ts.shape[-1])
-                if bool(np.all(flat == flat[0])):
-                    coords[f"{prefix}t" if prefix else "t"] = flat[0]
+                # failed and pending points hold NaN times: only the points that ran must agree
+                ran = ~np.all(np.isnan(flat), axis=1) if flat.dtype.kind in "fc" else np.ones(len(flat), bool)
+                if ts.shape[:-1] == self.status.shape:
+                    ran &= self.status.reshape(-1) == 0
+                first = flat[ran][0] if ran.any() else None
+                if first is not None and bool(np.all(flat[ran] == first)):
+                    coords[f"{prefix}t" if prefix else "t"] = first
                     tdim = (f"{prefix}t" if prefix else "t",)
                 else:
                     add(f"{prefix}ts", ts)
@@ -552,6 +561,7 @@ def sweep_defaults(
         isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1
     ):
         raise ValueError(f"sweep_defaults: chunk_size must be a positive integer, got {chunk_size!r:.60}")
+    _check_meta(meta, "sweep_defaults")
     ctx = _Defaults(Path(out_dir), None if shard is None else _as_shard(shard), dict(meta or {}), [])
     ctx.chunk_size = None if chunk_size is None else int(chunk_size)
     token = _DEFAULTS.set(ctx)
@@ -748,11 +758,15 @@ def sweep(
         rounded up to a multiple of the device count (nested: to whole rows of the first
         axis, a multiple of the device count of them). Bounds memory for large grids. The
         chunks of a sharded or resumed sweep keep their size on any device count (each
-        compiled call is padded to a multiple of the devices instead).
+        compiled call is padded to a multiple of the devices instead): a resume given the
+        ``chunk_size`` its folder was saved with uses the folder's chunks, whatever the
+        device count then and now.
     out_dir:
         If given, each finished chunk is saved there (``chunk_00000.npz``) with a
-        ``sweep.json`` manifest; rerunning the same sweep loads finished chunks. Chunks and
-        manifest are written atomically, so processes sharing the folder are safe.
+        ``sweep.json`` manifest; rerunning the same sweep loads finished chunks, and another
+        sweep is refused (``ValueError`` saying what changed) unless the folder holds no
+        chunk yet, when its manifest is replaced. Chunks and manifest are written
+        atomically, so processes sharing the folder are safe.
     devices:
         Devices to shard the point axis over (default: this process's devices,
         ``jax.local_devices()``, which under ``jax.distributed`` are not all devices).
@@ -760,6 +774,10 @@ def sweep(
         tqdm progress bar over chunks.
     on_chunk:
         ``on_chunk(i, n_chunks)`` called after chunk ``i`` is computed (and saved).
+    meta:
+        A JSON-able dict added to `SweepResult.meta` and recorded in the manifest of
+        ``out_dir`` (a folder saved under other ``meta`` is refused). Keys of the sweep's own
+        entries (``n_points``, ``chunk_size``, ``computed_chunks``, ...) raise ``ValueError``.
     nest:
         ``True``: one nested ``vmap`` per axis, so work that depends on some axes only is
         shared across the others (for SGD over ratios x seeds, each seed's samples are
@@ -794,6 +812,7 @@ def sweep(
     if not callable(fn):
         raise TypeError(f"fn must be callable (the function of the axis names), got {fn!r}")
     _check_axis_names(fn, axes)
+    _check_meta(meta, "sweep")
     if any(isinstance(v, Static) for v in axes.values()):
         return _static_sweep(
             fn,
@@ -821,6 +840,7 @@ def sweep(
             shard, shard_from_block = ctx.shard, True
         if ctx.meta:
             meta = {**ctx.meta, **dict(meta or {})}
+            _check_meta(meta, "sweep_defaults")
         if chunk_size is None and ctx.chunk_size is not None:
             chunk_size = ctx.chunk_size
     shard = None if shard is None else _as_shard(shard)
@@ -836,12 +856,23 @@ def sweep(
     n_dev = len(devices)
     n_rows = len(coords[dims[0]])
     n_inner = n // n_rows  # points in one row of the first axis
-    saved = _saved_chunk_size(out_path, dims, coords) if chunk_size is None and out_path is not None else None
+    if chunk_size is not None and (
+        isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1
+    ):
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r:.60}")
+    asked = None if chunk_size is None else int(chunk_size)  # as given, before rounding to the devices
+    saved = None
+    if out_path is not None:
+        # the folder's chunk size, when none is given or the one it was saved with (given then, or
+        # as rounded then): the same chunk_size on another device count rounds to another size
+        saved_size, saved_asked = _saved_chunk_size(out_path, dims, coords)
+        if asked is None or asked in (saved_size, saved_asked):
+            saved = saved_size
     if chunk_size is None:
         # one chunk per shard (whole rows), at most 4096 points
         chunk_size = saved or min(-(-n_rows // (shard.count if shard is not None else 1)) * n_inner, 4096)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r:.60}")
+    elif saved is not None:
+        chunk_size = saved
     if saved is None:
         chunk_size = min(int(chunk_size), n)  # a chunk never holds more than the grid
     if nest not in (None, True, False):
@@ -908,8 +939,11 @@ def sweep(
         )
     leaves_struct, treedef = jax.tree_util.tree_flatten(out_struct)
 
+    manifest: dict[str, Any] = {}
     if out_path is not None:
-        _check_manifest(out_path, dims, coords, chunk_size, treedef, leaves_struct, meta, _fingerprint(fn))
+        manifest = _check_manifest(
+            out_path, dims, coords, chunk_size, treedef, leaves_struct, meta, _fingerprint(fn), asked, n_dev
+        )
 
     def chunk_file(i: int) -> Path:
         assert out_path is not None
@@ -940,6 +974,7 @@ def sweep(
             leaves = [np.asarray(x)[:chunk_size] for x in out_leaves]  # a call padded to the devices: the chunk
             results[i] = leaves
             if out_path is not None:
+                _check_still_ours(out_path, manifest, i)
                 atomic_write(chunk_file(i), functools.partial(_save_leaves, leaves=leaves))
             if bar is not None:
                 bar.update(1)
@@ -1093,11 +1128,12 @@ def _save_leaves(f: Any, leaves: list[np.ndarray]) -> None:
     np.savez(f, *leaves)
 
 
-def _manifest(dims, coords, chunk_size, treedef, leaves_struct, meta, fingerprint):
+def _manifest(dims, coords, chunk_size, treedef, leaves_struct, meta, fingerprint, asked=None):
     return {
         "dims": list(dims),
         "coords": {d: coords[d].tolist() for d in dims},
         "chunk_size": int(chunk_size),
+        "chunk_size_asked": asked,  # the chunk_size given (None: the default), before rounding to the devices
         "structure": str(treedef),
         "leaves": [[list(s.shape[1:]), str(s.dtype)] for s in leaves_struct],
         "meta": json.loads(json.dumps(dict(meta or {}), default=str)),
@@ -1112,19 +1148,63 @@ _WHAT = {
     "structure": "the structure of fn's output",
     "leaves": "the shapes of fn's output",
     "meta": "meta",
-    "fn": "the function (its code, or the values it reads: closure, default arguments, globals of its module)",
+    "fn": "the function (its code, or the values it reads: closure, default arguments, globals, the attributes of "
+    "objects and the code of the functions it calls)",
 }
+_COMPARED = ("meta", "fn", "structure", "leaves", "dims", "coords", "chunk_size")  # the keys a resume must match
+
+_OWN_META = (
+    "n_points",
+    "chunk_size",
+    "n_chunks",
+    "n_devices",
+    "devices_used",
+    "nested",
+    "shard_map",
+    "computed_chunks",
+    "shard",
+    "pending_chunks",
+    "static_axes",
+    "n_programs",
+)
+"""The keys of `SweepResult.meta` that a sweep writes itself; a user's ``meta`` may not use them."""
 
 
-def _check_manifest(out_path: Path, dims, coords, chunk_size, treedef, leaves_struct, meta, fingerprint) -> None:
+def _check_meta(meta: Mapping[str, Any] | None, who: str) -> None:
+    """``ValueError`` when ``meta`` holds keys of the sweep's own bookkeeping (`_OWN_META`),
+    which they would overwrite in `SweepResult.meta`."""
+    taken = [k for k in _OWN_META if k in (meta or {})]
+    if taken:
+        raise ValueError(
+            f"{who}: meta keys {taken} are the sweep's own entries of SweepResult.meta (reserved: "
+            f"{', '.join(_OWN_META)}); rename them"
+        )
+
+
+def _check_manifest(
+    out_path: Path,
+    dims,
+    coords,
+    chunk_size,
+    treedef,
+    leaves_struct,
+    meta,
+    fingerprint,
+    asked: int | None = None,
+    n_dev: int = 1,
+) -> dict[str, Any]:
+    """Create the manifest of ``out_path``, or check that the one there describes this sweep
+    (``ValueError`` naming what changed); one that holds no chunks yet (a run interrupted
+    before its first chunk) is replaced. Returns the manifest as JSON reads it back."""
     if out_path.exists() and not out_path.is_dir():
         raise ValueError(f"out_dir {str(out_path)!r} is a file, not a folder")
     out_path.mkdir(parents=True, exist_ok=True)
-    want = _manifest(dims, coords, chunk_size, treedef, leaves_struct, meta, fingerprint)
+    want = json.loads(json.dumps(_manifest(dims, coords, chunk_size, treedef, leaves_struct, meta, fingerprint, asked)))
+    text = json.dumps(want, indent=1).encode()
     mf = out_path / "sweep.json"
     # processes sharing the folder (shards) race to write it: one creates it, the others compare
-    if not mf.exists() and _create_if_absent(mf, json.dumps(want, indent=1).encode()):
-        return
+    if not mf.exists() and _create_if_absent(mf, text):
+        return want
     try:
         have = json.loads(mf.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -1133,18 +1213,47 @@ def _check_manifest(out_path: Path, dims, coords, chunk_size, treedef, leaves_st
         ) from None
     if not isinstance(have, dict):
         raise ValueError(f"{mf} is not a sweep manifest; use a fresh out_dir or delete it")
-    for key in ("meta", "fn", "structure", "leaves", "dims", "coords", "chunk_size"):
-        if key == "meta" and have.get(key) != want[key]:
-            raise ValueError(
-                f"sweep: {out_path} holds a sweep saved with other settings: {_meta_diff(have.get(key), want[key])}; "
-                "its chunks are not reused. Use a fresh out_dir or delete the old one"
-            )
-        if have.get(key) != want[key]:
-            raise ValueError(
-                f"sweep: {out_path} holds a different sweep: {_WHAT[key]} changed (saved {str(have.get(key))[:100]!r}, "
-                f"now {str(want[key])[:100]!r}); its chunks are not reused. "
-                "Use a fresh out_dir or delete the old one"
-            )
+    changed = [key for key in _COMPARED if have.get(key) != want[key]]
+    if not changed:
+        return want
+    if not any(out_path.glob("chunk_*.npz")):
+        # nothing saved under the old manifest (interrupted before its first chunk): nothing to protect.
+        # A process still running on the old one notices before it saves a chunk (`_check_still_ours`)
+        atomic_write(mf, lambda f: f.write(text))
+        return want
+    key = changed[0]
+    if key == "meta":
+        raise ValueError(
+            f"sweep: {out_path} holds a sweep saved with other settings: {_meta_diff(have.get(key), want[key])}; "
+            "its chunks are not reused. Use a fresh out_dir or delete the old one"
+        )
+    if key == "chunk_size" and asked is not None:
+        before = have.get("chunk_size_asked")
+        given = f" (chunk_size={before} then)" if isinstance(before, int) else ""
+        raise ValueError(
+            f"sweep: {out_path} holds chunks of {have.get(key)} points{given}, and chunk_size={asked} gives "
+            f"{want[key]} on {n_dev} device(s); pass the chunk_size it was saved with, or leave chunk_size out to "
+            "resume with the folder's (on any device count)"
+        )
+    raise ValueError(
+        f"sweep: {out_path} holds a different sweep: {_WHAT[key]} changed (saved {str(have.get(key))[:100]!r}, "
+        f"now {str(want[key])[:100]!r}); its chunks are not reused. "
+        "Use a fresh out_dir or delete the old one"
+    )
+
+
+def _check_still_ours(out_path: Path, manifest: Mapping[str, Any], chunk: int) -> None:
+    """``ValueError`` when the manifest of ``out_path`` no longer describes this sweep: another
+    process, starting on the folder before any chunk was there, replaced it with its own."""
+    try:
+        have = json.loads((out_path / "sweep.json").read_text())
+    except (OSError, ValueError):
+        have = None
+    if not isinstance(have, dict) or any(have.get(k) != manifest[k] for k in _COMPARED):
+        raise ValueError(
+            f"sweep: the manifest of {out_path} was replaced while this sweep ran (another process started a "
+            f"different sweep on the folder before any chunk was saved); chunk {chunk} is not saved there"
+        )
 
 
 def _meta_diff(saved: Any, now: Any, prefix: str = "") -> str:
@@ -1183,38 +1292,113 @@ def _create_if_absent(path: Path, data: bytes) -> bool:
         tmp.unlink(missing_ok=True)
 
 
-def _saved_chunk_size(out_path: Path, dims: tuple[str, ...], coords: Mapping[str, np.ndarray]) -> int | None:
-    """The chunk size of the sweep saved in ``out_path`` if it has the same grid, else None
-    (a missing or foreign manifest is then reported by `_check_manifest`)."""
+def _saved_chunk_size(
+    out_path: Path, dims: tuple[str, ...], coords: Mapping[str, np.ndarray]
+) -> tuple[int | None, int | None]:
+    """The chunk size of the sweep saved in ``out_path`` and the ``chunk_size`` given then, if
+    it has the same grid, else None (a missing or foreign manifest is then reported by
+    `_check_manifest`)."""
     try:
         have = json.loads((out_path / "sweep.json").read_text())
     except (OSError, ValueError):
-        return None
+        return None, None
     if not isinstance(have, dict) or have.get("dims") != list(dims):
-        return None
+        return None, None
     if have.get("coords") != {d: coords[d].tolist() for d in dims}:
-        return None
-    size = have.get("chunk_size")
-    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 1 else None
+        return None, None
+
+    def size(key: str) -> int | None:
+        value = have.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+    return size("chunk_size"), size("chunk_size_asked")
 
 
 def _fingerprint(fn: Any) -> str:
     """A digest of what ``fn`` computes, as far as it can be read: its code (with nested code
     objects and the names it uses), the values of its closure cells, default arguments and
-    the globals of its own module it reads (arrays by content, a `Setup` by its fields),
-    recursively through functions it closes over and partials. Modules and classes it reads
-    count by name, and functions of other modules by their qualified name."""
+    the globals it reads, recursively through the functions it calls, partials, the static
+    fields of pytrees (a `Setup`'s ``student``, by its code) and the attributes of plain
+    objects (an ``argparse.Namespace`` of settings), and the methods of the user's own
+    classes; arrays count by content. Modules count by name, and so do the module-level
+    functions and classes of attnflow, the standard library and installed packages that
+    ``fn`` reaches (their code changes with their version; ``fn`` itself is always read).
+    Stable across processes: no addresses, no salted hashes."""
     h = hashlib.sha256()
-    _digest(fn, h, depth=0, seen=set())
+    _digest(fn, h, depth=0, seen={}, root=True)
     return h.hexdigest()[:32]
 
 
-def _digest(obj: Any, h: Any, depth: int, seen: set) -> None:
-    if depth > 8 or id(obj) in seen:
-        h.update(b"<cycle>")
+_MAX_DEPTH = 10  # how deep the fingerprint follows values (a function's globals, an object's attributes, ...)
+
+
+def _digest(obj: Any, h: Any, depth: int, seen: dict[int, tuple[int, Any]], root: bool = False) -> None:
+    """Feed ``obj`` into the hash ``h``. ``seen``: the functions, classes and objects already
+    digested, by ``id``, each with its number (and kept alive, so that no id is reused);
+    one met again (a cycle, or shared) counts by that number. ``root``: ``obj`` is the swept
+    function (or holds it: a partial, its arguments), read by its code wherever it is defined."""
+    if depth > _MAX_DEPTH:
+        h.update(b"<deep>")
+        return
+    if id(obj) in seen:
+        h.update(f"<ref {seen[id(obj)][0]}>".encode())
+        return
+    if isinstance(obj, (np.ndarray, jax.Array, np.generic)):
+        arr = np.asarray(obj)
+        h.update(f"{arr.shape}{arr.dtype}".encode())
+        if arr.dtype.hasobject:  # an array of objects holds addresses: its elements instead
+            _digest(arr.ravel().tolist(), h, depth + 1, seen)
+        else:
+            h.update(np.ascontiguousarray(arr).tobytes())
+        return
+    if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes)):
+        h.update(f"{type(obj).__name__}:{obj!r}".encode())
+        return
+    if isinstance(obj, (tuple, list)):
+        h.update(f"{type(obj).__name__}{len(obj)}".encode())
+        for x in obj:
+            _digest(x, h, depth + 1, seen, root)
+        return
+    if isinstance(obj, Mapping):
+        h.update(b"map")
+        for k in sorted(obj, key=repr):
+            h.update(repr(k).encode())
+            _digest(obj[k], h, depth + 1, seen, root)
+        return
+    if isinstance(obj, (set, frozenset)):
+        # in a fixed order: a set's own order follows the (salted) hashes of strings; each element
+        # with its own copy of `seen`, so that no numbering follows that order either
+        parts = []
+        for x in obj:
+            sub = hashlib.sha256()
+            _digest(x, sub, depth + 1, dict(seen))
+            parts.append(sub.hexdigest())
+        h.update(f"set{len(parts)}{''.join(sorted(parts))}".encode())
+        return
+    if isinstance(obj, types.ModuleType):
+        h.update(f"<module {obj.__name__}>".encode())
+        return
+    if isinstance(obj, type):
+        name = f"{obj.__module__}.{obj.__qualname__}"
+        h.update(f"<class {name}>".encode())
+        if _named_only(obj.__module__, obj.__qualname__):
+            return
+        seen[id(obj)] = (len(seen), obj)
+        for key, member in sorted(vars(obj).items()):  # the user's own class: the code of its methods
+            if isinstance(member, (staticmethod, classmethod)):
+                member = member.__func__
+            elif isinstance(member, property):
+                member = (member.fget, member.fset)
+            if isinstance(member, (types.FunctionType, tuple)):
+                h.update(f"method {key}".encode())
+                _digest(member, h, depth + 1, seen)
         return
     if isinstance(obj, types.FunctionType):
-        seen = seen | {id(obj)}
+        if not root and _named_only(obj.__module__, obj.__qualname__):
+            h.update(f"<function {obj.__module__}.{obj.__qualname__}>".encode())
+            return
+        seen[id(obj)] = (len(seen), obj)
+        h.update(b"<function>")
         _digest_code(obj.__code__, h)
         for cell in obj.__closure__ or ():
             try:
@@ -1226,52 +1410,109 @@ def _digest(obj: Any, h: Any, depth: int, seen: set) -> None:
         _digest(obj.__kwdefaults__, h, depth + 1, seen)
         g = obj.__globals__
         for name in sorted(_global_names(obj.__code__)):
-            if name not in g or name.startswith("__"):
-                continue
-            value = g[name]
-            h.update(f"global {name}".encode())
-            if isinstance(value, types.ModuleType | type):
-                continue
-            if isinstance(value, types.FunctionType) and value.__globals__ is not g:
-                h.update(f"{value.__module__}.{value.__qualname__}".encode())  # a library function: by name
-                continue
-            _digest(value, h, depth + 1, seen)
+            if name in g and not name.startswith("__"):
+                h.update(f"global {name}".encode())
+                _digest(g[name], h, depth + 1, seen)
         return
     if isinstance(obj, functools.partial):
-        _digest((obj.func, obj.args, obj.keywords), h, depth + 1, seen)
+        _digest((obj.func, obj.args, obj.keywords), h, depth + 1, seen, root)
         return
     if isinstance(obj, types.MethodType):
-        _digest((obj.__func__, obj.__self__), h, depth + 1, seen)
+        _digest((obj.__func__, obj.__self__), h, depth + 1, seen, root)
         return
-    if isinstance(obj, (np.ndarray, jax.Array, np.generic)):
-        arr = np.asarray(obj)
-        h.update(f"{arr.shape}{arr.dtype}".encode())
-        h.update(np.ascontiguousarray(arr).tobytes())
-        return
-    if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes)):
-        h.update(repr(obj).encode())
-        return
-    if isinstance(obj, (tuple, list)):
-        h.update(f"{type(obj).__name__}{len(obj)}".encode())
-        for x in obj:
-            _digest(x, h, depth + 1, seen)
-        return
-    if isinstance(obj, Mapping):
-        h.update(b"map")
-        for k in sorted(obj, key=repr):
-            h.update(repr(k).encode())
-            _digest(obj[k], h, depth + 1, seen)
+    if isinstance(obj, (types.BuiltinFunctionType, np.ufunc)):  # compiled code: by name
+        label = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", "")
+        h.update(f"<builtin {getattr(obj, '__module__', None)}.{label}>".encode())
         return
     leaves, treedef = jax.tree_util.tree_flatten(obj)
-    if treedef.num_leaves == 1 and leaves[0] is obj:  # type: ignore[attr-defined]  # not a pytree
-        h.update(f"<{type(obj).__module__}.{type(obj).__qualname__}>".encode())
-        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # a configuration: its fields too
-            _digest({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}, h, depth + 1, seen)
-        return  # another opaque object: its type only
-    # a pytree (an Equinox module, a Setup): structure, static fields (without memory addresses), leaves
-    h.update(re.sub(r"0x[0-9a-fA-F]+", "", str(treedef)).encode())
-    for leaf in leaves:
-        _digest(leaf, h, depth + 1, seen)
+    if not (treedef.num_leaves == 1 and leaves[0] is obj):  # type: ignore[attr-defined]
+        # a pytree (an Equinox module, a Setup): its nodes with their static data, and its leaves
+        _digest_treedef(treedef, h, depth + 1, seen)
+        for leaf in leaves:
+            _digest(leaf, h, depth + 1, seen)
+        return
+    seen[id(obj)] = (len(seen), obj)
+    try:
+        wrapped = getattr(obj, "__wrapped__", None) if callable(obj) else None
+    except Exception:  # an object whose attribute lookup fails: read as an opaque object
+        wrapped = None
+    if callable(wrapped):  # a jax.jit or functools.wraps wrapper: the function it wraps
+        h.update(f"<{type(obj).__module__}.{type(obj).__qualname__} of>".encode())
+        _digest(wrapped, h, depth + 1, seen, root)
+        return
+    # another object (an argparse.Namespace, a configuration): its class and the attributes it holds
+    _digest(type(obj), h, depth + 1, seen)
+    attrs = _attributes(obj)
+    if attrs:
+        _digest(attrs, h, depth + 1, seen)
+
+
+def _named_only(module: str | None, qualname: str) -> bool:
+    """True for a module-level function or class of a library, which a fingerprint names
+    instead of reading; a nested one (``<locals>``, a ``<lambda>``) holds values of its own."""
+    return "<" not in qualname and _is_library(module or "")
+
+
+@functools.lru_cache(maxsize=512)
+def _is_library(module: str) -> bool:
+    """True for a module of attnflow, of the standard library or of an installed package (in
+    site-packages); False for the user's own code (``__main__``, a script's modules)."""
+    if module == "__main__":  # a script, even one of an installed package run with python -m
+        return False
+    top = module.partition(".")[0]
+    if top in ("attnflow", "builtins") or top in sys.stdlib_module_names:
+        return True
+    file = getattr(sys.modules.get(module), "__file__", None)
+    if not isinstance(file, str):
+        return False
+    path = os.path.realpath(file)
+    return any(path.startswith(root + os.sep) for root in _library_roots())
+
+
+@functools.cache
+def _library_roots() -> tuple[str, ...]:
+    """The folders that installed packages and the standard library live in."""
+    paths = sysconfig.get_paths()
+    roots = [paths[k] for k in ("purelib", "platlib", "stdlib", "platstdlib") if k in paths]
+    with contextlib.suppress(AttributeError):  # site's functions are absent in some embedded interpreters
+        roots += [*site.getsitepackages(), site.getusersitepackages()]
+    return tuple(sorted({os.path.realpath(r) for r in roots if r}))
+
+
+def _attributes(obj: Any) -> dict[str, Any] | None:
+    """The attributes an object holds: a dataclass's fields, its ``__dict__``, or the values
+    of its ``__slots__``; None when none can be read."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: getattr(obj, f.name, None) for f in dataclasses.fields(obj)}
+    try:
+        held = vars(obj)
+    except TypeError:
+        held = None
+    if isinstance(held, dict) and held:
+        return dict(held)
+    slots: dict[str, Any] = {}
+    for cls in type(obj).__mro__:
+        names = getattr(cls, "__slots__", ())
+        for name in (names,) if isinstance(names, str) else names:
+            if name not in ("__dict__", "__weakref__") and name not in slots:
+                with contextlib.suppress(AttributeError):  # an unset slot
+                    slots[name] = getattr(obj, name)
+    return slots or None
+
+
+def _digest_treedef(treedef: Any, h: Any, depth: int, seen: dict[int, tuple[int, Any]]) -> None:
+    """A pytree's structure: each node's class and static data, read as values (so a static
+    function field counts by its code; the structure's ``str`` shows it by address only)."""
+    data = treedef.node_data()
+    if data is None:  # a leaf
+        h.update(b"*")
+        return
+    kind, aux = data
+    h.update(f"<node {treedef.num_nodes}>".encode())
+    _digest(kind, h, depth, seen)  # the user's own class (an Equinox model) by its methods' code too
+    _digest(aux, h, depth, seen)
+    for child in treedef.children():
+        _digest_treedef(child, h, depth, seen)
 
 
 def _global_names(code: types.CodeType) -> set[str]:
@@ -1287,10 +1528,22 @@ def _digest_code(code: types.CodeType, h: Any) -> None:
     h.update(code.co_code)
     h.update(repr(code.co_names).encode())
     for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            _digest_code(c, h)
-        else:
-            h.update(repr(c).encode())
+        _digest_const(c, h)
+
+
+def _digest_const(c: Any, h: Any) -> None:
+    """A constant of compiled code: nested code, tuples and frozensets (of ``x in {...}``, in
+    a fixed order) element by element, anything else by its repr."""
+    if isinstance(c, types.CodeType):
+        _digest_code(c, h)
+    elif isinstance(c, tuple):
+        h.update(f"tuple{len(c)}".encode())
+        for x in c:
+            _digest_const(x, h)
+    elif isinstance(c, frozenset):
+        h.update(f"frozenset{sorted(repr(x) for x in c)}".encode())
+    else:
+        h.update(f"{type(c).__name__}:{c!r}".encode())
 
 
 def _load_chunk(path: Path, leaves_struct, chunk_size: int) -> list[np.ndarray] | None:

@@ -1,11 +1,14 @@
 """sweep: vmap == loop, sharding over 4 host devices, chunked resume (issue items 4, 6, 7)."""
 
+import functools
 import json
 import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -452,3 +455,197 @@ def test_a_sweep_point_with_bad_solve_inputs_fails_alone():
         assert message in why and point == {name: float(values[1])}
         assert np.isnan(res.values[1]) and np.isfinite(res.values[0])
     np.testing.assert_allclose(af.sweep(to, {"t1": np.array([1.0])}, progress=False).values, [np.exp(-1.0)], rtol=1e-7)
+
+
+# ----------------------------------------------------------------------------- resume: what the fingerprint reads
+class _Slotted:
+    __slots__ = ("t1",)
+
+    def __init__(self, t1):
+        self.t1 = t1
+
+
+def test_resume_reads_settings_held_by_plain_objects(tmp_path):
+    import argparse
+
+    grid = {"eta": np.array([1.0, 2.0])}
+    args = argparse.Namespace(t1=2.0)
+    slots = _Slotted(1.0)
+
+    def fn(eta):
+        return eta * args.t1 + slots.t1
+
+    assert af.sweep(fn, grid, out_dir=tmp_path, progress=False).meta["computed_chunks"] == 1
+    assert af.sweep(fn, grid, out_dir=tmp_path, progress=False).meta["computed_chunks"] == 0  # same values: reused
+    args.t1 = 4.0  # a setting read through the object changed: the old chunks must not come back
+    with pytest.raises(ValueError, match="the function .* changed"):
+        af.sweep(fn, grid, out_dir=tmp_path, progress=False)
+    args.t1, slots.t1 = 2.0, 3.0  # the same through __slots__
+    with pytest.raises(ValueError, match="the function .* changed"):
+        af.sweep(fn, grid, out_dir=tmp_path, progress=False)
+    args.me = args  # an object that holds itself is read once
+    slots.t1 = 1.0
+    res = af.sweep(lambda eta: eta * args.t1, grid, out_dir=tmp_path / "cycle", progress=False)
+    np.testing.assert_array_equal(res.values, [2.0, 4.0])
+
+
+_ACT = jnp.tanh
+
+
+def _student(x):
+    return _ACT(x)
+
+
+class _Model(eqx.Module):
+    w: jax.Array
+    act: Callable = eqx.field(static=True)  # a static pytree field: a function, as a derive Setup's student
+
+
+def test_resume_reads_the_code_of_the_functions_a_model_holds(tmp_path):
+    global _ACT
+    grid = {"x": np.array([0.5, 1.0])}
+    model = _Model(jnp.array(2.0), _student)
+
+    def fn(x):
+        return model.w * model.act(x)
+
+    af.sweep(fn, grid, out_dir=tmp_path, progress=False)
+    try:
+        _ACT = jax.scipy.special.erf  # the student's nonlinearity, read by the function in the static field
+        with pytest.raises(ValueError, match="the function .* changed"):
+            af.sweep(fn, grid, out_dir=tmp_path, progress=False)
+    finally:
+        _ACT = jnp.tanh
+    assert af.sweep(fn, grid, out_dir=tmp_path, progress=False).meta["computed_chunks"] == 0
+
+    from attnflow.sweep import _fingerprint
+
+    def helper(x, k):
+        return x * k
+
+    def other(x, k):
+        return x + k
+
+    # a jitted helper and a partial count by the code they wrap; a user's class by its methods' code
+    assert _fingerprint(jax.jit(helper)) != _fingerprint(jax.jit(other))
+    assert _fingerprint(functools.partial(helper, k=2.0)) != _fingerprint(functools.partial(other, k=2.0))
+    assert _fingerprint(functools.partial(helper, k=2.0)) == _fingerprint(functools.partial(helper, k=2.0))
+
+    def make(scale):
+        class Model:
+            def __call__(self, x):
+                return x * scale
+
+        return Model
+
+    assert _fingerprint(make(2.0)) != _fingerprint(make(3.0)) and _fingerprint(make(2.0)) == _fingerprint(make(2.0))
+
+
+_PROBE = """
+import argparse, functools
+import equinox as eqx, jax, jax.numpy as jnp
+from collections.abc import Callable
+MODES = {"fast", "slow", "exact"}
+ARGS = argparse.Namespace(t1=2.0, tags={"a", "b", "c"})
+class Model(eqx.Module):
+    w: jax.Array
+    act: Callable = eqx.field(static=True)
+def student(x):
+    return jnp.tanh(x) if "fast" in {"fast", "slow", "exact", "a", "b", "c", "d", "e"} else x
+MODEL = Model(jnp.arange(3.0), student)
+def fn(x, mode="fast"):
+    exact = mode in {"exact", "f", "g", "h", "i", "j", "k", "l"}
+    return MODEL.w * MODEL.act(x) * ARGS.t1 if mode in MODES and not exact else x
+FN = functools.partial(fn, mode="fast")
+"""
+
+
+def test_fingerprints_are_stable_across_processes():
+    # set and frozenset constants iterate in the order of salted string hashes: a fresh process
+    # with another hash seed must read the same fingerprint
+    from attnflow.sweep import _fingerprint
+
+    here: dict = {"__name__": "fingerprint_probe"}
+    exec(_PROBE, here)
+    script = (
+        "import jax\njax.config.update('jax_enable_x64', True)\nfrom attnflow.sweep import _fingerprint\n"
+        f"here = {{'__name__': 'fingerprint_probe'}}\nexec({_PROBE!r}, here)\nprint(_fingerprint(here['FN']))"
+    )
+    env = dict(os.environ, PYTHONHASHSEED="12345", JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == _fingerprint(here["FN"])
+
+
+def test_a_folder_without_chunks_takes_a_new_sweep(tmp_path):
+    grid = {"eta": np.arange(1.0, 5.0)}
+    af.sweep(lambda eta: eta**2, grid, out_dir=tmp_path, chunk_size=2, progress=False)
+    for chunk in tmp_path.glob("chunk_*.npz"):  # as a run interrupted before its first chunk leaves it
+        chunk.unlink()
+    res = af.sweep(lambda eta: eta**3, grid, out_dir=tmp_path, chunk_size=2, progress=False)
+    np.testing.assert_array_equal(res.values, grid["eta"] ** 3)
+    assert res.meta["computed_chunks"] == 2
+    with pytest.raises(ValueError, match="the function .* changed"):  # with chunks, it is refused again
+        af.sweep(lambda eta: eta**2, grid, out_dir=tmp_path, chunk_size=2, progress=False)
+    # a process still running on a manifest that another one replaced saves no more chunks
+    manifest = tmp_path / "other" / "sweep.json"
+
+    def replace(i, n):
+        manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "fn": "another function"}))
+
+    with pytest.raises(ValueError, match="was replaced while this sweep ran.*chunk 1 is not saved"):
+        af.sweep(lambda eta: eta**2, grid, out_dir=tmp_path / "other", chunk_size=2, progress=False, on_chunk=replace)
+
+
+def test_the_same_chunk_size_resumes_on_another_device_count(tmp_path):
+    f = lambda a, b: a * 10.0 + b
+    axes = {"a": np.arange(5.0), "b": np.arange(3.0)}
+
+    def stop(i, n):
+        raise KeyboardInterrupt
+
+    # chunk_size=4 on 2 devices: whole rows of 3, rounded up to 2 rows, so chunks of 6 points; on one
+    # device here that layout is chunk_size=6, saved as asked for with 4
+    with pytest.raises(KeyboardInterrupt):
+        af.sweep(f, axes, chunk_size=6, out_dir=tmp_path, progress=False, on_chunk=stop)
+    manifest = tmp_path / "sweep.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "chunk_size_asked": 4}))
+    res = af.sweep(f, axes, chunk_size=4, out_dir=tmp_path, progress=False)  # 1 device would round 4 to 3
+    assert res.meta["chunk_size"] == 6 and res.meta["computed_chunks"] == 2
+    np.testing.assert_array_equal(res.values, np.arange(5.0)[:, None] * 10 + np.arange(3.0))
+    # another chunk_size: refused, naming the device count and the way out
+    with pytest.raises(ValueError, match=r"chunk_size=9 gives 9 on 1 device\(s\).*leave chunk_size out"):
+        af.sweep(f, axes, chunk_size=9, out_dir=tmp_path, progress=False)
+
+
+def test_meta_may_not_overwrite_the_sweeps_own_entries(tmp_path):
+    calls = []
+
+    def fn(eta):
+        calls.append(1)
+        return eta
+
+    with pytest.raises(ValueError, match=r"meta keys \['computed_chunks'\] are the sweep's own entries"):
+        af.sweep(fn, {"eta": np.ones(2)}, meta={"computed_chunks": 99, "note": "x"}, progress=False)
+    with (
+        pytest.raises(ValueError, match=r"sweep_defaults: meta keys \['n_chunks'\]"),
+        af.sweep_defaults(tmp_path, meta={"n_chunks": 1}),
+    ):
+        af.sweep(fn, {"eta": np.ones(2)}, progress=False)
+    assert not calls  # refused before anything ran
+    assert af.sweep(fn, {"eta": np.ones(2)}, meta={"note": "x"}, progress=False).meta["note"] == "x"
+
+
+def test_to_xarray_keeps_the_time_axis_when_a_point_failed():
+    pytest.importorskip("xarray")
+    ts = np.array([[0.0, 1.0, 2.0], [0.0, 1.0, 2.0], [np.nan] * 3])  # the failed point's times are NaN
+    traj = af.Trajectory(ts, {"loss": np.array([[3.0, 2.0, 1.0], [3.0, 1.0, 0.5], [np.nan] * 3])})
+    res = af.SweepResult(["eta"], {"eta": np.array([1.0, 2.0, 3.0])}, traj, status=[0, 0, 1], messages=["bad"])
+    ds = res.to_xarray()
+    assert ds["loss"].dims == ("eta", "t") and "ts" not in ds
+    np.testing.assert_array_equal(ds["t"], [0.0, 1.0, 2.0])
+    # save times that differ between points that ran stay a variable
+    ts[1] = [0.0, 1.5, 2.0]
+    traj = af.Trajectory(ts, {"loss": np.asarray(traj["loss"])})
+    res = af.SweepResult(["eta"], {"eta": np.array([1.0, 2.0, 3.0])}, traj, status=[0, 0, 1], messages=["bad"])
+    assert res.to_xarray()["loss"].dims == ("eta", "ts_dim0")
