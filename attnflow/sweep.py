@@ -53,7 +53,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +61,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ._errors import blank_failed, collecting, status_code
+from ._interrupt import redeliver_swallowed_interrupts
 from ._io import atomic_write, save_arrays
 from ._jit import cpu_compiler_options
 from ._lanes import check_lanes, vmap_lanes
@@ -724,6 +725,22 @@ def _check_axis_names(fn: Callable[..., Any], axes: Mapping[str, Any]) -> None:
         ) from None
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _delivering_interrupts(fn: _F) -> _F:
+    """``fn`` run with a swallowed Ctrl-C sent again (`redeliver_swallowed_interrupts`): a long
+    sweep is where an interrupt raised inside JAX's garbage-collection callback was lost."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with redeliver_swallowed_interrupts():
+            return fn(*args, **kwargs)
+
+    return cast(_F, run)
+
+
+@_delivering_interrupts
 def sweep(
     fn: Callable[..., Any],
     axes: Mapping[str, Any],
@@ -1069,13 +1086,14 @@ def _static_sweep(fn: Callable[..., Any], axes: Mapping[str, Any], *, out_dir: A
             where = Path(out_dir) / ",".join(f"{d}={v}" for d, v in point.items())
             where.mkdir(parents=True, exist_ok=True)
         res = sweep(sub_fn, dynamic, out_dir=where, **kwargs)
-        if parts and str(jax.tree_util.tree_structure(res.values)) != str(
-            jax.tree_util.tree_structure(parts[0][0].values)
+        # a Trajectory's metadata is static structure and may name the static value (train's D,
+        # dt, steps): it is merged below, so only the rest of the structure must agree
+        if parts and str(jax.tree_util.tree_structure(_without_meta(res.values))) != str(
+            jax.tree_util.tree_structure(_without_meta(parts[0][0].values))
         ):
             raise ValueError(
-                f"sweep: fn returns a different structure at {point} than at the first static point (static "
-                "metadata is part of a pytree's structure, e.g. a Trajectory's meta: leave size-dependent "
-                "metadata out of what fn returns)"
+                f"sweep: fn returns a different structure at {point} than at the first static point (other "
+                "observables or pytree nodes; static fields of returned modules are part of the structure)"
             )
         if parts:
             shapes = [np.shape(x) for x in jax.tree_util.tree_leaves(res.values)]
@@ -1103,7 +1121,7 @@ def _static_sweep(fn: Callable[..., Any], axes: Mapping[str, Any], *, out_dir: A
         return np.transpose(arr, order + rest)
 
     values = jax.tree_util.tree_map(
-        lambda *xs: jnp.asarray(assemble([np.asarray(x) for x in xs])), *[r.values for r, _ in parts]
+        lambda *xs: jnp.asarray(assemble([np.asarray(x) for x in xs])), *_merged_meta([r.values for r, _ in parts])
     )
     status = assemble([st for _, st in parts])
     coords = {d: (np.asarray(axes[d].values) if d in static else np.asarray(axes[d])) for d in dims}
@@ -1116,6 +1134,52 @@ def _static_sweep(fn: Callable[..., Any], axes: Mapping[str, Any], *, out_dir: A
         "n_programs": len(parts),
     }
     return SweepResult(dims, coords, values, info, status=status, messages=messages)
+
+
+def _is_trajectory(x: Any) -> bool:
+    from .trajectory import Trajectory
+
+    return isinstance(x, Trajectory)
+
+
+def _without_meta(values: Any) -> Any:
+    """``values`` with every `Trajectory`'s metadata emptied (for comparing structures)."""
+    from .trajectory import Trajectory
+
+    return jax.tree_util.tree_map(
+        lambda x: Trajectory(x.ts, x.ys, {}, x.t_event, x.stats) if _is_trajectory(x) else x,
+        values,
+        is_leaf=_is_trajectory,
+    )
+
+
+def _merged_meta(results: list[Any]) -> list[Any]:
+    """The results of the static points with one metadata per `Trajectory` position: an entry
+    equal at every point stays as it is, one that differs (``D``, ``dt``, ``steps`` of a `train`
+    per size) becomes the list of its values, one per static point in grid order."""
+    from .trajectory import Trajectory
+
+    per_point = [jax.tree_util.tree_leaves(r, is_leaf=_is_trajectory) for r in results]
+    merged: list[dict] = []
+    for j, first in enumerate(per_point[0]):
+        if not _is_trajectory(first):
+            merged.append({})
+            continue
+        metas = [leaves[j].meta for leaves in per_point]
+        entry: dict[str, Any] = {}
+        for key in dict.fromkeys(k for m in metas for k in m):
+            vals = [m.get(key) for m in metas]
+            entry[key] = vals[0] if all(v == vals[0] for v in vals) else vals
+        merged.append(entry)
+    out = []
+    for r in results:
+        leaves, treedef = jax.tree_util.tree_flatten(r, is_leaf=_is_trajectory)
+        leaves = [
+            Trajectory(x.ts, x.ys, merged[j], x.t_event, x.stats) if _is_trajectory(x) else x
+            for j, x in enumerate(leaves)
+        ]
+        out.append(jax.tree_util.tree_unflatten(treedef, leaves))
+    return out
 
 
 def _drop_placeholder(fn: Callable[..., Any], point: dict, placeholder: str | None, **kw: Any) -> Any:

@@ -350,6 +350,31 @@ def test_static_axis_rejects_bad_values_and_shape_changes():
         af.sweep(lambda D, a: a * jnp.ones(D), {"D": af.Static([2, 3]), "a": np.ones(2)}, progress=False)
 
 
+def test_static_axis_merges_the_metadata_of_returned_trajectories():
+    """``train`` records its step count and ``dt`` (heads and derive: ``D``) in the metadata, which
+    is pytree structure: a Static sweep over ``dt`` returning the runs stacks them, with the entries
+    that differ as lists over the static values (it raised after computing every point)."""
+    from attnflow import deeplinear as dl
+
+    s = dl.Setup()
+    res = af.sweep(
+        lambda dt, eta: dl.train(s.replace(eta=eta), 0.5, dt=dt, save=af.LinearGrid(3)),
+        {"dt": af.Static([0.01, 0.02]), "eta": np.array([0.5, 1.0])},
+        progress=False,
+    )
+    assert res.values.batch_shape == (2, 2)
+    assert res.values.meta["dt"] == [0.01, 0.02] and res.values.meta["steps"] == [50, 25]
+    assert res.values.meta["theory"] == "deeplinear"  # equal entries stay as they are
+    one = dl.train(s.replace(eta=1.0), 0.5, dt=0.02, save=af.LinearGrid(3))
+    np.testing.assert_allclose(res.values.batch((1, 1))["loss"], one["loss"], rtol=1e-12)
+    with pytest.raises(ValueError, match="different structure at"):
+        af.sweep(
+            lambda D: af.Trajectory(jnp.arange(2.0), {"a" if D == 1 else "b": jnp.zeros(2)}),
+            {"D": af.Static([1, 2])},
+            progress=False,
+        )
+
+
 def test_axis_names_that_fn_cannot_take_raise_before_computing():
     with pytest.raises(ValueError, match=r"axis names as keywords \(seed\), but fn\(k\) does not accept them"):
         af.sweep(lambda k: k, {"seed": np.arange(3)}, progress=False)
