@@ -489,6 +489,12 @@ class ODE(eqx.Module):
             raise ValueError(f"solver must be SolverOptions(...), got {self.solver!r:.80}")
         if not isinstance(self.meta, tuple) or not all(isinstance(kv, tuple) and len(kv) == 2 for kv in self.meta):
             raise ValueError(f"meta must be a tuple of (key, value) pairs, got {self.meta!r:.80}")
+        try:  # static data: jit hashes it
+            hash(self.meta)
+        except TypeError:
+            raise ValueError(
+                f"meta values must be hashable (strings, numbers, tuples), got {self.meta!r:.120}"
+            ) from None
 
     def __call__(self, t: Any, y: Any) -> Any:
         """``dy/dt = field(t, y, args)`` at the state ``y``."""
@@ -503,14 +509,12 @@ class ODE(eqx.Module):
 
     def _check_state(self, who: str, y: Any) -> None:
         # a state of another shape would fail deep inside the field with JAX's shape error
-        want = jax.eval_shape(lambda v: v, self.y0)
-        have = jax.eval_shape(lambda v: v, y)
-        same = jax.tree_util.tree_structure(want) == jax.tree_util.tree_structure(have) and all(  # type: ignore[operator]
-            a.shape == b.shape for a, b in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(have))
-        )
-        if not same:
-            shapes = jax.tree_util.tree_map(lambda a: a.shape, want)
-            got = jax.tree_util.tree_map(lambda a: a.shape, have)
+        # (shapes read from the leaves, without tracing: a call in a Python loop stays cheap)
+        want, want_def = jax.tree_util.tree_flatten(self.y0)
+        have, have_def = jax.tree_util.tree_flatten(y)
+        if want_def != have_def or any(np.shape(a) != np.shape(b) for a, b in zip(want, have)):  # type: ignore[operator]
+            shapes = jax.tree_util.tree_map(np.shape, self.y0)
+            got = jax.tree_util.tree_map(np.shape, y)
             raise ValueError(f"{who}: y must be a state shaped like ode.y0, {shapes}; got {got}")
 
     def solve(

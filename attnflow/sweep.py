@@ -16,7 +16,7 @@ interruption loads finished chunks instead of recomputing them, but only chunks 
 sweep: the manifest holds a fingerprint of ``fn`` (its code, closure values, default
 arguments and the globals it reads, through the functions it calls, the static fields of
 pytrees and the attributes of objects) and its output structure, and a rerun with another
-function refuses, saying what changed (a folder with no chunk yet is simply taken over).
+function refuses, saying what changed.
 
 A grid point whose run fails inside the compiled call (an ODE that used up ``max_steps`` or
 diverged, an SGD run that diverged) does not stop the sweep: its values are NaN, and
@@ -33,6 +33,7 @@ an experiment calls (``attnflow run NAME --shard I/N``).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import contextvars
 import dataclasses
@@ -43,6 +44,7 @@ import itertools
 import json
 import math
 import os
+import pathlib
 import re
 import site
 import sys
@@ -781,8 +783,8 @@ def sweep(
     out_dir:
         If given, each finished chunk is saved there (``chunk_00000.npz``) with a
         ``sweep.json`` manifest; rerunning the same sweep loads finished chunks, and another
-        sweep is refused (``ValueError`` saying what changed) unless the folder holds no
-        chunk yet, when its manifest is replaced. Chunks and manifest are written
+        sweep is refused (``ValueError`` saying what changed; when the folder holds no chunk
+        yet, that its ``sweep.json`` may be deleted). Chunks and manifest are written
         atomically, so processes sharing the folder are safe.
     devices:
         Devices to shard the point axis over (default: this process's devices,
@@ -956,9 +958,8 @@ def sweep(
         )
     leaves_struct, treedef = jax.tree_util.tree_flatten(out_struct)
 
-    manifest: dict[str, Any] = {}
     if out_path is not None:
-        manifest = _check_manifest(
+        _check_manifest(
             out_path, dims, coords, chunk_size, treedef, leaves_struct, meta, _fingerprint(fn), asked, n_dev
         )
 
@@ -991,7 +992,6 @@ def sweep(
             leaves = [np.asarray(x)[:chunk_size] for x in out_leaves]  # a call padded to the devices: the chunk
             results[i] = leaves
             if out_path is not None:
-                _check_still_ours(out_path, manifest, i)
                 atomic_write(chunk_file(i), functools.partial(_save_leaves, leaves=leaves))
             if bar is not None:
                 bar.update(1)
@@ -1258,8 +1258,8 @@ def _check_manifest(
     n_dev: int = 1,
 ) -> dict[str, Any]:
     """Create the manifest of ``out_path``, or check that the one there describes this sweep
-    (``ValueError`` naming what changed); one that holds no chunks yet (a run interrupted
-    before its first chunk) is replaced. Returns the manifest as JSON reads it back."""
+    (``ValueError`` naming what changed, and that its manifest may be deleted when the folder
+    holds no chunk yet). Returns the manifest as JSON reads it back."""
     if out_path.exists() and not out_path.is_dir():
         raise ValueError(f"out_dir {str(out_path)!r} is a file, not a folder")
     out_path.mkdir(parents=True, exist_ok=True)
@@ -1280,16 +1280,18 @@ def _check_manifest(
     changed = [key for key in _COMPARED if have.get(key) != want[key]]
     if not changed:
         return want
-    if not any(out_path.glob("chunk_*.npz")):
-        # nothing saved under the old manifest (interrupted before its first chunk): nothing to protect.
-        # A process still running on the old one notices before it saves a chunk (`_check_still_ours`)
-        atomic_write(mf, lambda f: f.write(text))
-        return want
+    # Not replaced even when no chunk is there yet: a process may still be computing the first
+    # chunk of the sweep the manifest describes (a shard), and would save it under another's.
+    way_out = (
+        f"it holds no chunk yet (a run stopped before its first chunk): delete {mf} to start this sweep there"
+        if not any(out_path.glob("chunk_*.npz"))
+        else "its chunks are not reused. Use a fresh out_dir or delete the old one"
+    )
     key = changed[0]
     if key == "meta":
         raise ValueError(
             f"sweep: {out_path} holds a sweep saved with other settings: {_meta_diff(have.get(key), want[key])}; "
-            "its chunks are not reused. Use a fresh out_dir or delete the old one"
+            f"{way_out}"
         )
     if key == "chunk_size" and asked is not None:
         before = have.get("chunk_size_asked")
@@ -1301,23 +1303,8 @@ def _check_manifest(
         )
     raise ValueError(
         f"sweep: {out_path} holds a different sweep: {_WHAT[key]} changed (saved {str(have.get(key))[:100]!r}, "
-        f"now {str(want[key])[:100]!r}); its chunks are not reused. "
-        "Use a fresh out_dir or delete the old one"
+        f"now {str(want[key])[:100]!r}); {way_out}"
     )
-
-
-def _check_still_ours(out_path: Path, manifest: Mapping[str, Any], chunk: int) -> None:
-    """``ValueError`` when the manifest of ``out_path`` no longer describes this sweep: another
-    process, starting on the folder before any chunk was there, replaced it with its own."""
-    try:
-        have = json.loads((out_path / "sweep.json").read_text())
-    except (OSError, ValueError):
-        have = None
-    if not isinstance(have, dict) or any(have.get(k) != manifest[k] for k in _COMPARED):
-        raise ValueError(
-            f"sweep: the manifest of {out_path} was replaced while this sweep ran (another process started a "
-            f"different sweep on the folder before any chunk was saved); chunk {chunk} is not saved there"
-        )
 
 
 def _meta_diff(saved: Any, now: Any, prefix: str = "") -> str:
@@ -1382,16 +1369,23 @@ def _fingerprint(fn: Any) -> str:
     """A digest of what ``fn`` computes, as far as it can be read: its code (with nested code
     objects and the names it uses), the values of its closure cells, default arguments and
     the globals it reads, recursively through the functions it calls, partials, the static
-    fields of pytrees (a `Setup`'s ``student``, by its code) and the attributes of plain
-    objects (an ``argparse.Namespace`` of settings), and the methods of the user's own
+    fields of pytrees (a `Setup`'s ``student``, by its code), the public attributes of objects
+    that hold settings (an ``argparse.Namespace``, a dataclass, an object of the user's own
+    class; not ``_``-named caches, and of one reached from a function only the attributes its
+    code names), paths by their text, and the methods of the user's own
     classes; arrays count by content. Modules count by name, and so do the module-level
     functions and classes of attnflow, the standard library and installed packages that
-    ``fn`` reaches (their code changes with their version; ``fn`` itself is always read).
-    Stable across processes: no addresses, no salted hashes."""
+    ``fn`` reaches (their code changes with their version; ``fn`` itself is always read), and
+    their other objects (a logger) by class. Stable across processes: no addresses, no salted
+    hashes."""
     h = hashlib.sha256()
     _digest(fn, h, depth=0, seen={}, root=True)
     return h.hexdigest()[:32]
 
+
+_READ_NAMES: contextvars.ContextVar[frozenset[str] | None] = contextvars.ContextVar("_READ_NAMES", default=None)
+# the names the function being read uses: of an object it reaches (``args``), the attributes its
+# code reads (``args.t1``) count, the others (``args.progress``, ``args.shard``) do not
 
 _MAX_DEPTH = 10  # how deep the fingerprint follows values (a function's globals, an object's attributes, ...)
 
@@ -1408,6 +1402,10 @@ def _digest(obj: Any, h: Any, depth: int, seen: dict[int, tuple[int, Any]], root
         h.update(f"<ref {seen[id(obj)][0]}>".encode())
         return
     if isinstance(obj, (np.ndarray, jax.Array, np.generic)):
+        if isinstance(obj, jax.Array) and jax.dtypes.issubdtype(obj.dtype, jax.dtypes.prng_key):
+            obj = jax.random.key_data(obj)  # a typed key: its bits
+        if isinstance(obj, (np.ndarray, jax.Array)) and obj.size > 1:
+            seen[id(obj)] = (len(seen), obj)  # an array read by several functions is hashed once
         arr = np.asarray(obj)
         h.update(f"{arr.shape}{arr.dtype}".encode())
         if arr.dtype.hasobject:  # an array of objects holds addresses: its elements instead
@@ -1442,6 +1440,9 @@ def _digest(obj: Any, h: Any, depth: int, seen: dict[int, tuple[int, Any]], root
     if isinstance(obj, types.ModuleType):
         h.update(f"<module {obj.__name__}>".encode())
         return
+    if isinstance(obj, pathlib.PurePath):  # its text (a Path's slots hold caches and a salted hash)
+        h.update(f"<path {os.fspath(obj)}>".encode())
+        return
     if isinstance(obj, type):
         name = f"{obj.__module__}.{obj.__qualname__}"
         h.update(f"<class {name}>".encode())
@@ -1464,19 +1465,24 @@ def _digest(obj: Any, h: Any, depth: int, seen: dict[int, tuple[int, Any]], root
         seen[id(obj)] = (len(seen), obj)
         h.update(b"<function>")
         _digest_code(obj.__code__, h)
-        for cell in obj.__closure__ or ():
-            try:
-                value = cell.cell_contents
-            except ValueError:  # an empty cell
-                value = None
-            _digest(value, h, depth + 1, seen)
-        _digest(obj.__defaults__, h, depth + 1, seen)
-        _digest(obj.__kwdefaults__, h, depth + 1, seen)
-        g = obj.__globals__
-        for name in sorted(_global_names(obj.__code__)):
-            if name in g and not name.startswith("__"):
-                h.update(f"global {name}".encode())
-                _digest(g[name], h, depth + 1, seen)
+        read = _global_names(obj.__code__)  # its globals and the attribute names it reads
+        token = _READ_NAMES.set(frozenset(read))
+        try:
+            for cell in obj.__closure__ or ():
+                try:
+                    value = cell.cell_contents
+                except ValueError:  # an empty cell
+                    value = None
+                _digest(value, h, depth + 1, seen)
+            _digest(obj.__defaults__, h, depth + 1, seen)
+            _digest(obj.__kwdefaults__, h, depth + 1, seen)
+            g = obj.__globals__
+            for name in sorted(read):
+                if name in g and not name.startswith("__"):
+                    h.update(f"global {name}".encode())
+                    _digest(g[name], h, depth + 1, seen)
+        finally:
+            _READ_NAMES.reset(token)
         return
     if isinstance(obj, functools.partial):
         _digest((obj.func, obj.args, obj.keywords), h, depth + 1, seen, root)
@@ -1504,11 +1510,25 @@ def _digest(obj: Any, h: Any, depth: int, seen: dict[int, tuple[int, Any]], root
         h.update(f"<{type(obj).__module__}.{type(obj).__qualname__} of>".encode())
         _digest(wrapped, h, depth + 1, seen, root)
         return
-    # another object (an argparse.Namespace, a configuration): its class and the attributes it holds
+    # another object: its class, and the public attributes of a holder of settings (an
+    # argparse.Namespace, a dataclass, an object of the user's own class). A library's other
+    # objects (a logger, a file) count by class: their state changes by itself
     _digest(type(obj), h, depth + 1, seen)
-    attrs = _attributes(obj)
+    cls = type(obj)
+    holder = (
+        isinstance(obj, (argparse.Namespace, types.SimpleNamespace))
+        or dataclasses.is_dataclass(obj)
+        or not _named_only(cls.__module__, cls.__qualname__)
+    )
+    attrs = _attributes(obj) if holder else None
+    read_names = _READ_NAMES.get()  # reached from a function: only the attributes its code names
     if attrs:
-        _digest(attrs, h, depth + 1, seen)
+        _digest(
+            {k: v for k, v in attrs.items() if not k.startswith("_") and (read_names is None or k in read_names)},
+            h,
+            depth + 1,
+            seen,
+        )
 
 
 def _named_only(module: str | None, qualname: str) -> bool:
@@ -1524,11 +1544,12 @@ def _is_library(module: str) -> bool:
     if module == "__main__":  # a script, even one of an installed package run with python -m
         return False
     top = module.partition(".")[0]
-    if top in ("attnflow", "builtins") or top in sys.stdlib_module_names:
+    if top in ("attnflow", "builtins"):
         return True
     file = getattr(sys.modules.get(module), "__file__", None)
-    if not isinstance(file, str):
-        return False
+    if not isinstance(file, str):  # a built-in module, or one not imported: by its name
+        return top in sys.stdlib_module_names
+    # by where it lives: the user's own module named like a standard one (test.py) is the user's
     path = os.path.realpath(file)
     return any(path.startswith(root + os.sep) for root in _library_roots())
 

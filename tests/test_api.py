@@ -665,6 +665,8 @@ def test_an_ode_is_data_for_jit_vmap_and_the_saddle_verbs():
         af.ODE("f", None, jnp.zeros(2))
     with pytest.raises(ValueError, match="save must be a SaveGrid"):
         af.ODE(_decay, {"k": 1.0}, jnp.ones(2), save=10)
+    with pytest.raises(ValueError, match="meta values must be hashable"):
+        af.ODE(_decay, {"k": 1.0}, jnp.ones(2), meta=(("sizes", [1, 2]),))
     with pytest.raises(
         ValueError, match=r"ode.observables\(y\): y must be a state shaped like ode.y0, \(3,\); got \(2,\)"
     ):

@@ -514,6 +514,32 @@ def test_resume_reads_settings_held_by_plain_objects(tmp_path):
     np.testing.assert_array_equal(res.values, [2.0, 4.0])
 
 
+def test_fingerprints_ignore_caches_and_the_state_of_library_objects(tmp_path):
+    """What an object caches (a Path's string and salted hash, a slot named with ``_``) and the
+    state of a library's objects (a logger) do not change the fingerprint; a Path's text does."""
+    import argparse
+    import logging
+    import pathlib
+
+    from attnflow.sweep import _fingerprint
+
+    args = argparse.Namespace(out=pathlib.Path(tmp_path) / "runs", t1=2.0)
+    log = logging.getLogger("attnflow-test-fingerprint")
+
+    def fn(eta):
+        log.debug("eta %s", eta)
+        return eta * args.t1 + len(str(args.out))
+
+    before = _fingerprint(fn)
+    hash(args.out), str(args.out)  # fill the Path's caches
+    logging.getLogger("attnflow-test-another-logger").info("x")
+    assert _fingerprint(fn) == before
+    args.progress = True  # an attribute fn does not read (a flag, a shard index) does not count
+    assert _fingerprint(fn) == before
+    args.out = pathlib.Path(tmp_path) / "other"
+    assert _fingerprint(fn) != before
+
+
 _ACT = jnp.tanh
 
 
@@ -602,24 +628,20 @@ def test_fingerprints_are_stable_across_processes():
     assert out.stdout.strip().splitlines()[-1] == _fingerprint(here["FN"])
 
 
-def test_a_folder_without_chunks_takes_a_new_sweep(tmp_path):
+def test_a_folder_without_chunks_says_its_manifest_may_be_deleted(tmp_path):
+    """A folder whose run stopped before its first chunk is not taken over (a shard may still be
+    computing that chunk), but the refusal says that deleting its manifest starts the new sweep."""
     grid = {"eta": np.arange(1.0, 5.0)}
     af.sweep(lambda eta: eta**2, grid, out_dir=tmp_path, chunk_size=2, progress=False)
     for chunk in tmp_path.glob("chunk_*.npz"):  # as a run interrupted before its first chunk leaves it
         chunk.unlink()
+    with pytest.raises(ValueError, match=r"the function .* changed .*it holds no chunk yet .*delete .*sweep.json"):
+        af.sweep(lambda eta: eta**3, grid, out_dir=tmp_path, chunk_size=2, progress=False)
+    (tmp_path / "sweep.json").unlink()
     res = af.sweep(lambda eta: eta**3, grid, out_dir=tmp_path, chunk_size=2, progress=False)
     np.testing.assert_array_equal(res.values, grid["eta"] ** 3)
-    assert res.meta["computed_chunks"] == 2
-    with pytest.raises(ValueError, match="the function .* changed"):  # with chunks, it is refused again
+    with pytest.raises(ValueError, match="its chunks are not reused"):  # with chunks: the usual refusal
         af.sweep(lambda eta: eta**2, grid, out_dir=tmp_path, chunk_size=2, progress=False)
-    # a process still running on a manifest that another one replaced saves no more chunks
-    manifest = tmp_path / "other" / "sweep.json"
-
-    def replace(i, n):
-        manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "fn": "another function"}))
-
-    with pytest.raises(ValueError, match="was replaced while this sweep ran.*chunk 1 is not saved"):
-        af.sweep(lambda eta: eta**2, grid, out_dir=tmp_path / "other", chunk_size=2, progress=False, on_chunk=replace)
 
 
 def test_the_same_chunk_size_resumes_on_another_device_count(tmp_path):
