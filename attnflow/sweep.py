@@ -960,7 +960,7 @@ def sweep(
 
     if out_path is not None:
         _check_manifest(
-            out_path, dims, coords, chunk_size, treedef, leaves_struct, meta, _fingerprint(fn), asked, n_dev
+            out_path, dims, coords, chunk_size, treedef, leaves_struct, meta, _fingerprint_parts(fn), asked, n_dev
         )
 
     def chunk_file(i: int) -> Path:
@@ -1193,6 +1193,8 @@ def _save_leaves(f: Any, leaves: list[np.ndarray]) -> None:
 
 
 def _manifest(dims, coords, chunk_size, treedef, leaves_struct, meta, fingerprint, asked=None):
+    """The manifest of a sweep folder; ``fingerprint``: `_fingerprint_parts` of ``fn`` (compared
+    as one digest, kept by part to say which changed)."""
     return {
         "dims": list(dims),
         "coords": {d: coords[d].tolist() for d in dims},
@@ -1201,7 +1203,8 @@ def _manifest(dims, coords, chunk_size, treedef, leaves_struct, meta, fingerprin
         "structure": str(treedef),
         "leaves": [[list(s.shape[1:]), str(s.dtype)] for s in leaves_struct],
         "meta": json.loads(json.dumps(dict(meta or {}), default=str)),
-        "fn": fingerprint,
+        "fn": _combined(fingerprint),
+        "fn_parts": fingerprint,  # not compared: it names what changed when "fn" differs
     }
 
 
@@ -1301,6 +1304,13 @@ def _check_manifest(
             f"{want[key]} on {n_dev} device(s); pass the chunk_size it was saved with, or leave chunk_size out to "
             "resume with the folder's (on any device count)"
         )
+    if key == "fn" and isinstance(have.get("fn_parts"), dict):
+        saved, now = have["fn_parts"], want["fn_parts"]
+        which = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+        raise ValueError(
+            f"sweep: {out_path} holds a different sweep: the function (its code, or the values it reads) changed: "
+            f"{', '.join(which[:6])}{' ...' if len(which) > 6 else ''} (against the saved sweep's); {way_out}"
+        )
     raise ValueError(
         f"sweep: {out_path} holds a different sweep: {_WHAT[key]} changed (saved {str(have.get(key))[:100]!r}, "
         f"now {str(want[key])[:100]!r}); {way_out}"
@@ -1378,9 +1388,52 @@ def _fingerprint(fn: Any) -> str:
     ``fn`` reaches (their code changes with their version; ``fn`` itself is always read), and
     their other objects (a logger) by class. Stable across processes: no addresses, no salted
     hashes."""
+    return _combined(_fingerprint_parts(fn))
+
+
+def _combined(parts: Mapping[str, str]) -> str:
+    """One digest of the parts of a fingerprint."""
+    return hashlib.sha256(json.dumps(dict(parts), sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _part(obj: Any, root: bool = False) -> str:
     h = hashlib.sha256()
-    _digest(fn, h, depth=0, seen={}, root=True)
-    return h.hexdigest()[:32]
+    _digest(obj, h, depth=0, seen={}, root=root)
+    return h.hexdigest()[:16]
+
+
+def _fingerprint_parts(fn: Any) -> dict[str, str]:
+    """`_fingerprint` by part, so that a refused resume can say what changed: of a function its
+    code, each closure value and each global it reads by name, its default arguments; of a
+    partial its function's parts and its arguments; anything else as one part."""
+    if isinstance(fn, functools.partial):
+        parts = _fingerprint_parts(fn.func)
+        parts.update({f"argument {i} of the partial": _part(a, root=True) for i, a in enumerate(fn.args)})
+        parts.update({f"keyword {k!r} of the partial": _part(v, root=True) for k, v in sorted(fn.keywords.items())})
+        return parts
+    if not isinstance(fn, types.FunctionType):
+        return {"the function": _part(fn, root=True)}
+    code = fn.__code__
+    h = hashlib.sha256()
+    _digest_code(code, h)
+    parts = {"its code": h.hexdigest()[:16]}
+    read = _global_names(code)
+    token = _READ_NAMES.set(frozenset(read))
+    try:
+        for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=False):
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                value = None
+            parts[f"closure value {name!r}"] = _part(value)
+        parts["its default arguments"] = _part((fn.__defaults__, fn.__kwdefaults__))
+        g = fn.__globals__
+        for name in sorted(read):
+            if name in g and not name.startswith("__"):
+                parts[f"global {name!r}"] = _part(g[name])
+    finally:
+        _READ_NAMES.reset(token)
+    return parts
 
 
 _READ_NAMES: contextvars.ContextVar[frozenset[str] | None] = contextvars.ContextVar("_READ_NAMES", default=None)

@@ -142,7 +142,7 @@ def test_resume_refuses_another_function(tmp_path):
 
     grid = {"eta": np.arange(1.0, 5.0)}
     af.sweep(a2, grid, out_dir=tmp_path, progress=False)
-    with pytest.raises(ValueError, match="the function .its code, or the values it reads: .*. changed"):
+    with pytest.raises(ValueError, match=r"the function \(its code, or the values it reads\) changed: its code \("):
         af.sweep(w, grid, out_dir=tmp_path, progress=False)
     # a closure over another value is another function
     scale = 2.0
@@ -503,7 +503,7 @@ def test_resume_reads_settings_held_by_plain_objects(tmp_path):
     assert af.sweep(fn, grid, out_dir=tmp_path, progress=False).meta["computed_chunks"] == 1
     assert af.sweep(fn, grid, out_dir=tmp_path, progress=False).meta["computed_chunks"] == 0  # same values: reused
     args.t1 = 4.0  # a setting read through the object changed: the old chunks must not come back
-    with pytest.raises(ValueError, match="the function .* changed"):
+    with pytest.raises(ValueError, match=r"the function .* changed: closure value 'args' \(against the saved"):
         af.sweep(fn, grid, out_dir=tmp_path, progress=False)
     args.t1, slots.t1 = 2.0, 3.0  # the same through __slots__
     with pytest.raises(ValueError, match="the function .* changed"):
@@ -563,7 +563,7 @@ def test_resume_reads_the_code_of_the_functions_a_model_holds(tmp_path):
     af.sweep(fn, grid, out_dir=tmp_path, progress=False)
     try:
         _ACT = jax.scipy.special.erf  # the student's nonlinearity, read by the function in the static field
-        with pytest.raises(ValueError, match="the function .* changed"):
+        with pytest.raises(ValueError, match=r"the function .* changed: closure value 'model' \("):
             af.sweep(fn, grid, out_dir=tmp_path, progress=False)
     finally:
         _ACT = jnp.tanh
@@ -635,7 +635,7 @@ def test_a_folder_without_chunks_says_its_manifest_may_be_deleted(tmp_path):
     af.sweep(lambda eta: eta**2, grid, out_dir=tmp_path, chunk_size=2, progress=False)
     for chunk in tmp_path.glob("chunk_*.npz"):  # as a run interrupted before its first chunk leaves it
         chunk.unlink()
-    with pytest.raises(ValueError, match=r"the function .* changed .*it holds no chunk yet .*delete .*sweep.json"):
+    with pytest.raises(ValueError, match=r"the function .* changed.*it holds no chunk yet .*delete .*sweep.json"):
         af.sweep(lambda eta: eta**3, grid, out_dir=tmp_path, chunk_size=2, progress=False)
     (tmp_path / "sweep.json").unlink()
     res = af.sweep(lambda eta: eta**3, grid, out_dir=tmp_path, chunk_size=2, progress=False)
