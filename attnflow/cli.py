@@ -240,8 +240,17 @@ def _one_line(err: BaseException) -> str:
     for prefix in ("integrate:", "simulate:", "sweep:"):
         for ln in lines:
             if prefix in ln:
-                return ln[ln.index(prefix) :]
-    return lines[0] if lines else type(err).__name__
+                return _as_options(ln[ln.index(prefix) :])
+    return _as_options(lines[0]) if lines else type(err).__name__
+
+
+def _as_options(line: str) -> str:
+    """A library message in the command's words: the argument ``chunk_size`` is ``--chunk-size``."""
+    return (
+        line.replace("chunk_size=", "--chunk-size ")
+        .replace("the chunk_size it was saved with", "the --chunk-size it was saved with")
+        .replace("leave chunk_size out", "leave --chunk-size out")
+    )
 
 
 def _run_help_options(argv: list[str]) -> str | None:

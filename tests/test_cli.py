@@ -275,3 +275,18 @@ def test_ctrl_c_exits_130_and_leaves_out_intact(tmp_path, sig, code, what):
     assert err.strip() == f"attnflow: {what}; --out is unchanged"
     after = {p.name: p.read_bytes() for p in (out / "deep-linear").iterdir()}
     assert after == before and not list(out.glob(".attnflow-*"))
+
+
+def test_library_messages_use_the_commands_option_names():
+    from attnflow.cli import _one_line
+
+    err = ValueError(
+        "sweep: out/sweep-1 holds chunks of 1 points (chunk_size=1 then), and chunk_size=2 gives 2 on 1 device(s); "
+        "pass the chunk_size it was saved with, or leave chunk_size out to resume with the folder's (on any device "
+        "count)"
+    )
+    assert _one_line(err) == (
+        "sweep: out/sweep-1 holds chunks of 1 points (--chunk-size 1 then), and --chunk-size 2 gives 2 on 1 device(s); "
+        "pass the --chunk-size it was saved with, or leave --chunk-size out to resume with the folder's (on any device "
+        "count)"
+    )
