@@ -1413,27 +1413,40 @@ def _fingerprint_parts(fn: Any) -> dict[str, str]:
         return parts
     if not isinstance(fn, types.FunctionType):
         return {"the function": _part(fn, root=True)}
-    code = fn.__code__
     h = hashlib.sha256()
-    _digest_code(code, h)
+    _digest_code(fn.__code__, h)
     parts = {"its code": h.hexdigest()[:16]}
-    read = _global_names(code)
-    token = _READ_NAMES.set(frozenset(read))
+    with _reading(fn):
+        parts.update((label, _part(value)) for label, value in _function_reads(fn))
+    return parts
+
+
+@contextlib.contextmanager
+def _reading(fn: types.FunctionType) -> Iterator[None]:
+    """Inside: the names ``fn``'s code uses are `_READ_NAMES` (of the objects it reaches, the
+    attributes it reads count)."""
+    token = _READ_NAMES.set(frozenset(_global_names(fn.__code__)))
     try:
-        for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=False):
-            try:
-                value = cell.cell_contents
-            except ValueError:  # an empty cell
-                value = None
-            parts[f"closure value {name!r}"] = _part(value)
-        parts["its default arguments"] = _part((fn.__defaults__, fn.__kwdefaults__))
-        g = fn.__globals__
-        for name in sorted(read):
-            if name in g and not name.startswith("__"):
-                parts[f"global {name!r}"] = _part(g[name])
+        yield
     finally:
         _READ_NAMES.reset(token)
-    return parts
+
+
+def _function_reads(fn: types.FunctionType) -> Iterator[tuple[str, Any]]:
+    """What ``fn`` reads besides its code, as ``(label, value)``: each closure value, its
+    default arguments, each global its code names."""
+    code = fn.__code__
+    for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=False):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            value = None
+        yield f"closure value {name!r}", value
+    yield "its default arguments", (fn.__defaults__, fn.__kwdefaults__)
+    g = fn.__globals__
+    for name in sorted(_global_names(code)):
+        if name in g and not name.startswith("__"):
+            yield f"global {name!r}", g[name]
 
 
 _READ_NAMES: contextvars.ContextVar[frozenset[str] | None] = contextvars.ContextVar("_READ_NAMES", default=None)
@@ -1518,24 +1531,10 @@ def _digest(obj: Any, h: Any, depth: int, seen: dict[int, tuple[int, Any]], root
         seen[id(obj)] = (len(seen), obj)
         h.update(b"<function>")
         _digest_code(obj.__code__, h)
-        read = _global_names(obj.__code__)  # its globals and the attribute names it reads
-        token = _READ_NAMES.set(frozenset(read))
-        try:
-            for cell in obj.__closure__ or ():
-                try:
-                    value = cell.cell_contents
-                except ValueError:  # an empty cell
-                    value = None
+        with _reading(obj):
+            for what, value in _function_reads(obj):
+                h.update(what.encode())
                 _digest(value, h, depth + 1, seen)
-            _digest(obj.__defaults__, h, depth + 1, seen)
-            _digest(obj.__kwdefaults__, h, depth + 1, seen)
-            g = obj.__globals__
-            for name in sorted(read):
-                if name in g and not name.startswith("__"):
-                    h.update(f"global {name}".encode())
-                    _digest(g[name], h, depth + 1, seen)
-        finally:
-            _READ_NAMES.reset(token)
         return
     if isinstance(obj, functools.partial):
         _digest((obj.func, obj.args, obj.keywords), h, depth + 1, seen, root)
