@@ -38,11 +38,8 @@ from ._interrupt import Terminated, redelivering_hook
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 
 
-_Terminated = Terminated  # SIGTERM, handled as Ctrl-C is
-
-
 def _on_sigterm(signum: int, frame: Any) -> None:
-    raise _Terminated()
+    raise Terminated()
 
 
 _STOPPING = threading.Event()  # set once main has caught the interrupt: no more re-delivery
@@ -286,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
         kept = _kept_chunks()
         _cleanup()
-        what = "terminated (SIGTERM)" if isinstance(stop, _Terminated) else "interrupted"
+        what = "terminated (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
         if kept:
             print(
                 f"attnflow: {what}; --out is unchanged but for the finished sweep chunks kept in {kept[0]}: "
@@ -299,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         # skip interpreter finalisation: XLA's threads may still hold work (a segfault risk)
         sys.stderr.flush()
         sys.stdout.flush()
-        os._exit(EXIT_TERMINATED if isinstance(stop, _Terminated) else EXIT_INTERRUPTED)
+        os._exit(EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED)
     except Exception as err:  # the one error boundary of the command
         kept_chunks = _kept_chunks()
         _cleanup()

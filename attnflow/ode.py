@@ -533,19 +533,8 @@ class ODE(eqx.Module):
         ``event(t, obs) -> scalar`` on the named observables stops the solve where it first
         changes sign, as in every package's ``solve`` (`ObservableEvent`); ``traj.t_event`` is
         that time (NaN if it never does)."""
-        observe = self.observe or _default_observe
-        return integrate(
-            self.field,
-            self.y0 if y0 is None else y0,
-            t1,
-            t0=t0,
-            args=self.args,
-            save=self.save if save is None else save,
-            solver=self.solver if solver is None else solver,
-            observe=observe,
-            event=observable_event(event, observe),
-            meta=dict(self.meta),
-        )
+        event_fn = observable_event(event, self.observe or _default_observe)
+        return integrate(self, self.y0 if y0 is None else y0, t1, t0=t0, save=save, solver=solver, event=event_fn)
 
 
 def field_and_args(who: str, field: Any, args: Any) -> tuple[Callable, Any]:

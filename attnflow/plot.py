@@ -113,18 +113,13 @@ def overlay(
                     lab = f"{theory_label} {component_labels[j]}"
                 ax.plot(t, y[:, j], "-", color=_COLORS[j % 10], lw=1.8, label=lab)
         sim = [r for r in runs if name in r]
-        keep = None
-        if sim:
-            T = len(sim[0].ts)
-            keep = np.unique(np.linspace(0, T - 1, min(T, max_markers)).round().astype(int))
         if len(sim) == 1 or (len(sim) > 1 and not _same_times(sim)):
             # runs saved at different times are drawn one by one: a band would mix their clocks
+            label = simulation_label if len(sim) == 1 else f"{simulation_label} ({len(sim)} runs, own save times)"
             for k, run in enumerate(sim):
-                Tk = len(run.ts)
-                keep_k = np.unique(np.linspace(0, Tk - 1, min(Tk, max_markers)).round().astype(int))
-                t = np.asarray(run.ts)[keep_k]
-                y = _columns(np.asarray(run[name]))[keep_k]
-                label = simulation_label if len(sim) == 1 else f"{simulation_label} ({len(sim)} runs, own save times)"
+                keep = _marker_indices(len(run.ts), max_markers)
+                t = np.asarray(run.ts)[keep]
+                y = _columns(np.asarray(run[name]))[keep]
                 for j in range(y.shape[1]):
                     ax.plot(
                         t,
@@ -137,6 +132,7 @@ def overlay(
                         label=label if j == 0 and k == 0 else None,
                     )
         elif len(sim) > 1:
+            keep = _marker_indices(len(sim[0].ts), max_markers)
             t = np.asarray(sim[0].ts)[keep]
             ys = np.stack([_columns(np.asarray(r[name]))[keep] for r in sim])  # (seed, T, comp)
             for j in range(ys.shape[2]):
@@ -154,6 +150,11 @@ def overlay(
         _style_panel(ax, name, log_time, log_y, time_label, labels)
         ax.legend(fontsize=7)
     return _finish(fig, axes, len(names), title)
+
+
+def _marker_indices(T: int, max_markers: int) -> np.ndarray:
+    """At most ``max_markers`` of ``T`` save indices, evenly spaced, first and last included."""
+    return np.unique(np.linspace(0, T - 1, min(T, max_markers)).round().astype(int))
 
 
 def _same_times(runs: Sequence[Trajectory]) -> bool:

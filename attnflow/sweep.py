@@ -1142,12 +1142,14 @@ def _is_trajectory(x: Any) -> bool:
     return isinstance(x, Trajectory)
 
 
+def _with_meta_replaced(traj: Any, meta: dict) -> Any:
+    return type(traj)(traj.ts, traj.ys, meta, traj.t_event, traj.stats)
+
+
 def _without_meta(values: Any) -> Any:
     """``values`` with every `Trajectory`'s metadata emptied (for comparing structures)."""
-    from .trajectory import Trajectory
-
     return jax.tree_util.tree_map(
-        lambda x: Trajectory(x.ts, x.ys, {}, x.t_event, x.stats) if _is_trajectory(x) else x,
+        lambda x: _with_meta_replaced(x, {}) if _is_trajectory(x) else x,
         values,
         is_leaf=_is_trajectory,
     )
@@ -1157,8 +1159,6 @@ def _merged_meta(results: list[Any]) -> list[Any]:
     """The results of the static points with one metadata per `Trajectory` position: an entry
     equal at every point stays as it is, one that differs (``D``, ``dt``, ``steps`` of a `train`
     per size) becomes the list of its values, one per static point in grid order."""
-    from .trajectory import Trajectory
-
     per_point = [jax.tree_util.tree_leaves(r, is_leaf=_is_trajectory) for r in results]
     merged: list[dict] = []
     for j, first in enumerate(per_point[0]):
@@ -1174,10 +1174,7 @@ def _merged_meta(results: list[Any]) -> list[Any]:
     out = []
     for r in results:
         leaves, treedef = jax.tree_util.tree_flatten(r, is_leaf=_is_trajectory)
-        leaves = [
-            Trajectory(x.ts, x.ys, merged[j], x.t_event, x.stats) if _is_trajectory(x) else x
-            for j, x in enumerate(leaves)
-        ]
+        leaves = [_with_meta_replaced(x, merged[j]) if _is_trajectory(x) else x for j, x in enumerate(leaves)]
         out.append(jax.tree_util.tree_unflatten(treedef, leaves))
     return out
 
