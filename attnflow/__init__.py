@@ -23,6 +23,7 @@ from . import rng as rng
 from . import saddle as saddle
 from ._io import data_path as data_path
 from .analysis import detect_plateaus as detect_plateaus
+from .analysis import event_time as event_time
 from .analysis import first_crossing as first_crossing
 from .analysis import fit_line as fit_line
 from .analysis import fit_power_law as fit_power_law
@@ -133,6 +134,7 @@ __all__ = [
     "escape_time",
     "expect",
     "family",
+    "event_time",
     "first_crossing",
     "fit_finite_size",
     "fit_line",

@@ -11,8 +11,8 @@ Two kinds of helpers:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +22,16 @@ from jaxtyping import Array, ArrayLike, Float, Real
 from . import _validate as V
 from .trajectory import Trajectory
 
-__all__ = ["first_crossing", "value_at", "growth_rate", "detect_plateaus", "fit_line", "fit_power_law", "LineFit"]
+__all__ = [
+    "first_crossing",
+    "event_time",
+    "value_at",
+    "growth_rate",
+    "detect_plateaus",
+    "fit_line",
+    "fit_power_law",
+    "LineFit",
+]
 
 
 def first_crossing(
@@ -84,6 +93,70 @@ def first_crossing(
         w = jnp.where((i > 0) & (dy != 0), (threshold - y0) / jnp.where(dy != 0, dy, 1.0), 1.0)
         t_hit = t0 + jnp.clip(w, 0.0, 1.0) * (t_hit - t0)
     return jnp.where(found, t_hit, jnp.nan)
+
+
+def event_time(traj: Trajectory, event: Callable[[Any, Mapping[str, Any]], Any]) -> Float[Array, "*batch"]:
+    """Time at which ``event(t, obs)`` first changes sign along the save points of ``traj``,
+    placed linearly between the two save times around the change; NaN where it never does.
+
+    ``event`` is what every package's ``solve(..., event=...)`` takes: a function of the time
+    and the named observables at one save point (``lambda t, o: o["loss"] - 0.1``), giving one
+    real number, or a boolean (then the first save time at which it turns true). A `solve`
+    stops at its event, found by a root find of the ODE to solver accuracy; here the event is
+    read on saved points, so its resolution is that of the save grid. Every package's
+    ``train(..., event=...)`` records this time as ``t_event``. Batched trajectories (a sweep,
+    ``vmap``) give one time per run. Traceable.
+    """
+    from .ode import _NamedObservables  # the same KeyError listing the names as in `solve`
+
+    if not isinstance(traj, Trajectory):
+        raise ValueError(f"event_time(traj, event): traj must be a Trajectory, got {type(traj).__name__}")
+    check_saved_event(event, traj)
+
+    def one(t, ys):
+        return jnp.asarray(event(t, _NamedObservables(ys)))
+
+    g = one
+    for _ in range(traj.ts.ndim):
+        g = jax.vmap(g)
+    values = g(traj.ts, dict(traj.ys))
+    ts = traj.ts
+    if jnp.issubdtype(values.dtype, jnp.bool_):
+        hit = values[..., 1:] & ~values[..., :-1]  # turns true between save i and i + 1
+        i = jnp.argmax(hit, axis=-1)
+        t_hit = jnp.take_along_axis(ts[..., 1:], i[..., None], axis=-1)[..., 0]
+    else:
+        g0, g1 = values[..., :-1], values[..., 1:]
+        hit = ((g0 > 0) & (g1 <= 0)) | ((g0 < 0) & (g1 >= 0))
+        i = jnp.argmax(hit, axis=-1)
+        pick = lambda a: jnp.take_along_axis(a, i[..., None], axis=-1)[..., 0]
+        a, b = pick(g0), pick(g1)
+        t0, t1 = pick(ts[..., :-1]), pick(ts[..., 1:])
+        t_hit = t0 + (t1 - t0) * a / jnp.where(a != b, a - b, 1.0)
+    return jnp.where(jnp.any(hit, axis=-1), t_hit, jnp.nan)
+
+
+def check_saved_event(event: Any, traj: Any) -> None:
+    """``event(t, obs)`` must be callable and give one number on one save point of ``traj`` (a
+    `Trajectory` or its shapes, from ``eqx.filter_eval_shape``): a named error, computing
+    nothing."""
+    from .ode import _NamedObservables
+
+    if not callable(event):
+        raise ValueError(f"event must be callable (t, observables) -> scalar, got {event!r:.80}")
+    nb = len(traj.ts.shape)  # save axis last of ts; observables carry it at the same place
+    t = jax.ShapeDtypeStruct((), traj.ts.dtype)
+    obs = {k: jax.ShapeDtypeStruct(v.shape[nb:], v.dtype) for k, v in traj.ys.items()}
+    out = V.abstract_call("event failed on the run's observables", lambda t, o: event(t, _NamedObservables(o)), t, obs)
+    V.one_number("event", out, allow_bool=True)
+
+
+def with_event_time(traj: Trajectory, event: Any) -> Trajectory:
+    """``traj`` with ``t_event`` the time of `event_time` (``traj`` itself for ``event=None``):
+    what every package's ``train(..., event=...)`` returns."""
+    if event is None:
+        return traj
+    return Trajectory(traj.ts, traj.ys, traj.meta, event_time(traj, event), traj.stats)
 
 
 def value_at(

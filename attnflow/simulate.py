@@ -31,8 +31,9 @@ import optax
 from . import _validate as V
 from ._errors import fail_if
 from ._jit import filter_jit
+from .analysis import check_saved_event, with_event_time
 from .ode import DivergenceError
-from .options import LogGrid, SaveGrid
+from .options import LogGrid, SaveGrid, TimeGrid
 from .trajectory import Trajectory, flatten_names
 
 __all__ = ["simulate", "check_divergence", "FullBatch", "OnlineSGD", "Minibatch", "TrainingMode"]
@@ -59,7 +60,18 @@ class FullBatch(TrainingMode):
         return self.data
 
     def default_observe(self, loss):
-        return lambda model: {"loss": loss(model, self.data)}
+        return _LossOn(loss, self.data)
+
+
+class _LossOn(eqx.Module):
+    """``{"loss": loss(model, data)}``: a value equal for the same ``loss``, so a repeated
+    `simulate` with the default observables reuses its compilation."""
+
+    loss: Callable = eqx.field(static=True)
+    data: Any
+
+    def __call__(self, model):
+        return {"loss": self.loss(model, self.data)}
 
 
 class OnlineSGD(TrainingMode):
@@ -99,7 +111,7 @@ def simulate(
     loss: Callable[[Any, Any], jax.Array],
     model: Any,
     optimizer: optax.GradientTransformation,
-    steps: int,
+    steps: int | None,
     *,
     mode: TrainingMode | None = None,
     key: Any = 0,
@@ -123,7 +135,9 @@ def simulate(
     optimizer:
         An Optax transformation (see `attnflow.per_circuit` for per-circuit rates).
     steps:
-        Number of optimizer steps.
+        Number of optimizer steps. ``None`` with ``save=TimeGrid(steps)``: train to the grid's
+        last step; the grid's steps may then be traced (a caller's compiled function that
+        takes them as an argument compiles once for every run with as many save points).
     mode:
         `FullBatch` (default), `OnlineSGD` or `Minibatch`.
     key:
@@ -150,8 +164,14 @@ def simulate(
     -------
     `Trajectory` with ``ts`` of shape ``(T,)`` (and the final model if ``return_model``;
     and the divergence step if ``throw=False``).
+
+    The step grid is an argument of the compiled loop, not part of it: runs of other lengths
+    with as many save points reuse one compilation.
     """
-    steps = V.positive_int("steps", steps)
+    if steps is None and not isinstance(save, TimeGrid):
+        raise ValueError(f"steps=None needs save=TimeGrid(steps) (the run ends at its last step), got save={save!r}")
+    if steps is not None:
+        steps = V.positive_int("steps", steps)
     mode = FullBatch() if mode is None else mode
     if not isinstance(mode, TrainingMode):
         raise ValueError(f"mode must be FullBatch, OnlineSGD or Minibatch, got {mode!r}")
@@ -161,18 +181,23 @@ def simulate(
     if not isinstance(save, SaveGrid):
         raise ValueError(f"save must be a SaveGrid (LinearGrid, LogGrid or TimeGrid), got {save!r}")
     V.positive("clock", clock)
-    s_save = save.steps(steps)
+    if steps is None and V.any_traced(save.ts):
+        # the caller traced its grid (and checked it before tracing: whole steps, increasing)
+        s_save = jnp.asarray(save.ts).astype(jnp.int32)
+    else:
+        s_save = save.steps(int(np.max(np.asarray(save.ts))) if steps is None else steps)
+        steps = int(s_save[-1]) if steps is None else steps
     observe = observe or mode.default_observe(loss)
     key = V.prng_key(key)  # an integer seed (possibly traced, for vmap over seeds) or a key
     params, static = eqx.partition(model, filter_spec)
     V.finite_tree("model", params)
     _check_loss(loss, params, static, mode, key)
-    traced = V.any_traced((params, key, clock, mode, optimizer))
+    traced = V.any_traced((params, key, clock, mode, optimizer, s_save))
 
     out_params, ys, bad = _run(
-        loss, params, static, optimizer, mode, key, observe, tuple(int(s) for s in s_save), progress
+        loss, params, static, optimizer, mode, key, observe, jnp.asarray(s_save, dtype=jnp.int32), progress
     )
-    ts = jnp.asarray(clock) * jnp.asarray(s_save, dtype=jnp.result_type(float))
+    ts = jnp.asarray(clock) * jnp.asarray(s_save).astype(jnp.result_type(float))
     if throw and traced:
         ts, ys, out_params = fail_if(
             (ts, ys, out_params),
@@ -210,7 +235,7 @@ def simulate(
                     f"(t = {float(ts[i]):.6g}), while the parameters stayed finite: the observable is undefined "
                     "there (a log or division at zero?)"
                 )
-    m = {"steps": steps, "mode": type(mode).__name__}
+    m = {"mode": type(mode).__name__} if steps is None else {"steps": steps, "mode": type(mode).__name__}
     m.update(meta or {})
     traj = Trajectory(ts, ys, m)
     out: tuple = (traj,)
@@ -245,10 +270,23 @@ def check_divergence(traj: Trajectory, step: Any, clock: Any = 1.0) -> Trajector
     return traj
 
 
+def run_training(run: Callable, args: tuple, *, clock: Any, total: int, event: Any = None) -> Trajectory:
+    """A theory package's compiled training ``run(*args) -> (trajectory, divergence step)``
+    (`simulate` with ``throw=False``, the step grid traced), as its ``train`` returns it: an
+    ``event`` checked on the run's observables before any computing (by tracing ``run``, which
+    its call then reuses), a diverged run stopped with the step (`check_divergence`), the step
+    count in the metadata, and ``t_event`` the first time ``event(t, obs)`` changes sign on
+    the saved points (`attnflow.event_time`)."""
+    if event is not None:
+        check_saved_event(event, eqx.filter_eval_shape(run, *args)[0])
+    traj, bad = run(*args)
+    return with_event_time(check_divergence(traj, bad, clock).with_meta(steps=total), event)
+
+
 @filter_jit
 def _run(loss, params, static, optimizer, mode, key, observe, s_save, progress):
     opt_state = optimizer.init(params)
-    lengths = jnp.asarray(np.diff(np.asarray(s_save)), dtype=jnp.int32)
+    lengths = jnp.diff(s_save)
 
     def observe_p(p):
         out = observe(eqx.combine(p, static))
@@ -285,13 +323,10 @@ def _run(loss, params, static, optimizer, mode, key, observe, s_save, progress):
             jax.debug.callback(_progress_tick, length)
         return (p, o, k, bad, step + length), observe_p(p)
 
-    y0 = observe_p(params)
-    init = (params, opt_state, key, jnp.asarray(-1, jnp.int32), jnp.asarray(s_save[0], jnp.int32))
-    if s_save[0] > 0:
-        p, o, k, bad = jax.lax.fori_loop(0, s_save[0], step_fn, init[:4])
-        init = (p, o, k, bad, init[4])
-        y0 = observe_p(p)
-    (p, _, _, bad, _), ys = jax.lax.scan(segment, init, lengths)
+    # the first save step may be past 0 (a grid from t_min): train to it, then observe
+    p, o, k, bad = jax.lax.fori_loop(0, s_save[0], step_fn, (params, opt_state, key, jnp.asarray(-1, jnp.int32)))
+    y0 = observe_p(p)
+    (p, _, _, bad, _), ys = jax.lax.scan(segment, (p, o, k, bad, s_save[0]), lengths)
     ys = {name: jnp.concatenate([jnp.asarray(y0[name])[None], ys[name]]) for name in y0}
     if progress:
         jax.debug.callback(_progress_close)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -12,7 +13,7 @@ import optax
 from .. import _validate as V
 from .._jit import filter_jit
 from ..options import LinearGrid, SaveGrid, TimeGrid
-from ..simulate import FullBatch, OnlineSGD, check_divergence, simulate
+from ..simulate import FullBatch, OnlineSGD, run_training, simulate
 from ..trajectory import Trajectory
 from .model import TwoLayerLinear
 from .observe import model_observables
@@ -39,6 +40,7 @@ def train(
     dt: float = 0.01,
     batch: int | None = None,
     save: SaveGrid | None = None,
+    event: Callable[[Any, Mapping[str, Any]], Any] | None = None,
     progress: bool = False,
 ) -> Trajectory:
     """The network ``W2 W1`` of ``setup`` trained to time ``t1`` from the balanced, aligned start
@@ -50,9 +52,13 @@ def train(
     (``key`` seeds the draws; the same mean gradient, plus noise). Records
     `attnflow.deeplinear.OBSERVABLES` at the save grid (default `DEFAULT_TRAIN_SAVE`, in time
     units). A diverging run raises `attnflow.DivergenceError` naming the step.
+    ``event(t, obs) -> scalar`` (as in `solve`) sets ``t_event``: the first time it changes sign
+    on the saved points, placed linearly between them (`attnflow.event_time`); the run goes on
+    to ``t1``.
 
-    Compiled once per (``t1``, ``dt``, save grid, ``batch``, sizes): new learning rates, mode
-    strengths or initial strengths reuse it; ``key`` may be traced (a sweep over seeds).
+    Compiled once per (``dt``, number of save points, ``batch``, sizes): new ``t1``, learning
+    rates, mode strengths or initial strengths reuse it; ``key`` may be traced (a sweep over
+    seeds).
     """
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.deeplinear.Setup, got {setup!r}")
@@ -60,12 +66,12 @@ def train(
         batch = V.positive_int("batch", batch)
     total, steps = (save or DEFAULT_TRAIN_SAVE).steps_for(t1, dt)
     key = V.prng_key(key)
-    traj, bad = _train(setup, key, total, tuple(int(s) for s in steps), float(dt), batch, progress)
-    return check_divergence(traj, bad, dt)
+    args = (setup, key, np.asarray(steps, np.int32), float(dt), batch, progress)
+    return run_training(_train, args, clock=dt, total=total, event=event)
 
 
 @filter_jit
-def _train(setup, key, total, steps, dt, batch, progress):
+def _train(setup, key, steps, dt, batch, progress):
     teacher = setup.teacher
     model = TwoLayerLinear.aligned(teacher, setup.u0)
     if batch is None:
@@ -84,11 +90,11 @@ def _train(setup, key, total, steps, dt, batch, progress):
         loss,
         model,
         optax.sgd(setup.eta * dt),
-        total,
+        None,
         mode=mode,
         key=key,
         observe=lambda m: model_observables(m, teacher),
-        save=TimeGrid(np.asarray(steps)),
+        save=TimeGrid(steps),
         clock=dt,
         progress=progress,
         throw=False,

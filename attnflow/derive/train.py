@@ -3,6 +3,7 @@ initial overlaps, on the clock ``t = steps / D``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -15,7 +16,7 @@ from .._jit import filter_jit
 from ..expect import psd_sqrt
 from ..optim import per_circuit
 from ..options import LinearGrid, SaveGrid, TimeGrid
-from ..simulate import OnlineSGD, check_divergence, simulate
+from ..simulate import OnlineSGD, run_training, simulate
 from ..trajectory import Trajectory
 from .observe import weight_observables
 from .setup import Setup
@@ -59,6 +60,7 @@ def train(
     key: Any = 0,
     D: int = REFERENCE_D,
     save: SaveGrid | None = None,
+    event: Callable[[Any, Mapping[str, Any]], Any] | None = None,
     progress: bool = False,
 ) -> Trajectory:
     """Online SGD of ``setup``'s student on fresh inputs of its data model, one sample per step,
@@ -74,8 +76,11 @@ def train(
     samples). Records `attnflow.derive.OBSERVABLES` at the save grid (default
     `DEFAULT_TRAIN_SAVE`, in time units); ``error`` is the population error of the current
     weights by the setup's quadrature. A diverging run raises `attnflow.DivergenceError`.
-    Compiled once per (``t1``, ``D``, save grid, model functions): new rates, overlaps or keys
-    reuse it.
+    ``event(t, obs) -> scalar`` (as in `solve`) sets ``t_event``: the first time it changes sign
+    on the saved points, placed linearly between them (`attnflow.event_time`); the run goes on
+    to ``t1``.
+    Compiled once per (``D``, number of save points, model functions): new ``t1``, rates,
+    overlaps or keys reuse it.
     """
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.derive.Setup, got {setup!r:.80}")
@@ -84,12 +89,12 @@ def train(
     if t1 <= 0:
         raise ValueError(f"t1 must be positive, got {t1}")
     total, steps = (save or DEFAULT_TRAIN_SAVE).steps_for(t1, 1.0 / D)
-    traj, bad = _train(setup, V.prng_key(key), rule(setup), total, tuple(int(s) for s in steps), D, progress)
-    return check_divergence(traj, bad, 1.0 / D)
+    args = (setup, V.prng_key(key), rule(setup), np.asarray(steps, np.int32), D, progress)
+    return run_training(_train, args, clock=1.0 / D, total=total, event=event)
 
 
 @filter_jit
-def _train(setup, key, rl, total, steps, D, progress):
+def _train(setup, key, rl, steps, D, progress):
     k_frame, k_run = jax.random.split(key)
     W_star, W0 = weights_from_overlaps(setup.R0, setup.Q0, setup.T, D, k_frame)
     params = {"W": W0}
@@ -124,11 +129,11 @@ def _train(setup, key, rl, total, steps, D, progress):
         loss,
         params,
         opt,
-        total,
+        None,
         mode=OnlineSGD(sampler, 1),
         key=k_run,
         observe=lambda p: weight_observables(setup, p, W_star, rl),
-        save=TimeGrid(np.asarray(steps)),
+        save=TimeGrid(steps),
         clock=1.0 / D,
         progress=progress,
         throw=False,

@@ -14,7 +14,7 @@ import optax
 from .. import _validate as V
 from .._jit import filter_jit
 from ..options import LogGrid, SaveGrid, TimeGrid
-from ..simulate import OnlineSGD, check_divergence, simulate
+from ..simulate import OnlineSGD, run_training, simulate
 from ..trajectory import Trajectory
 from .data import MarkovChain, random_windows
 from .model import OneLayerAttention, next_token_loss
@@ -84,6 +84,7 @@ def train(
     initial: dict | None = None,
     save: SaveGrid | None = None,
     observe: Callable[[dict, Setup], Mapping] | None = None,
+    event: Callable[[Any, Mapping[str, Any]], Any] | None = None,
     progress: bool = False,
 ) -> Trajectory:
     """The network (M1) of ``setup`` trained by online SGD to time ``t1``, from ``setup.theta0()``
@@ -101,9 +102,12 @@ def train(
     time units). At the reference `Setup` and the default options the gap to `solve` up to
     `REFERENCE_T` is below `TRAIN_TOLERANCE` (``loss``, ``sv_W0`` and ``entropy``): the flow is the limit of
     infinite context, small ``dt`` and large batch. A diverging run raises
-    `attnflow.DivergenceError` naming the step. Compiled once per step count, save grid,
-    ``context``, ``batch``, widths and ``observe``: new ``tau``, ``eta``, ``eps`` and chains
-    reuse it.
+    `attnflow.DivergenceError` naming the step.
+    ``event(t, obs) -> scalar`` (as in `solve`) sets ``t_event``: the first time it changes sign
+    on the saved points, placed linearly between them (`attnflow.event_time`); the run goes on
+    to ``t1``.
+    Compiled once per ``dt``, number of save points, ``context``, ``batch``, widths and
+    ``observe``: new ``t1``, ``tau``, ``eta``, ``eps`` and chains reuse it.
     """
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.focus.Setup, got {setup!r}")
@@ -125,25 +129,24 @@ def train(
                 f"token ids must lie in [0, {setup.d}) for this chain, got {tokens.min()} .. {tokens.max()}"
             )
     total, steps = (save or DEFAULT_TRAIN_SAVE).steps_for(t1, dt)
-    traj, bad = _train(
+    args = (
         setup,
         dict(theta0),
         V.prng_key(key),
         tokens,
         observe,
-        total,
-        tuple(int(s) for s in steps),
+        np.asarray(steps, np.int32),
         float(dt),
         context,
         batch,
         start,
         progress,
     )
-    return check_divergence(traj, bad, dt)
+    return run_training(_train, args, clock=dt, total=total, event=event)
 
 
 @filter_jit
-def _train(setup, theta0, key, tokens, observe, total, steps, dt, context, batch, start, progress):
+def _train(setup, theta0, key, tokens, observe, steps, dt, context, batch, start, progress):
     model = OneLayerAttention.from_theta(theta0, setup.tau)
     trainable = eqx.tree_at(lambda m: m.tau, jax.tree_util.tree_map(lambda _: True, model), False)
     if tokens is None:
@@ -158,11 +161,11 @@ def _train(setup, theta0, key, tokens, observe, total, steps, dt, context, batch
         next_token_loss,
         model,
         optax.sgd(setup.eta * dt),
-        total,
+        None,
         mode=OnlineSGD(contexts, batch),
         key=key,
         observe=observe_model,
-        save=TimeGrid(np.asarray(steps)),
+        save=TimeGrid(steps),
         clock=dt,
         filter_spec=trainable,
         progress=progress,

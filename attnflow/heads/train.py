@@ -3,6 +3,7 @@ its initial condition."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -15,7 +16,7 @@ from .._jit import filter_jit
 from ..expect import psd_sqrt
 from ..optim import label_by_path, per_circuit
 from ..options import LinearGrid, SaveGrid, TimeGrid
-from ..simulate import OnlineSGD, check_divergence, simulate
+from ..simulate import OnlineSGD, run_training, simulate
 from ..trajectory import Trajectory
 from .data import SingleLocationTask
 from .model import MultiHead, sample_loss
@@ -93,6 +94,7 @@ def train(
     save: SaveGrid | None = None,
     eval_samples: int = EVAL_SAMPLES,
     dtype: Any = None,
+    event: Callable[[Any, Mapping[str, Any]], Any] | None = None,
     progress: bool = False,
 ) -> Trajectory:
     """Online SGD of ``setup``'s model in dimension ``D`` to time ``t1`` on the clock
@@ -111,9 +113,12 @@ def train(
 
     Against ``solve`` of the same setup the gap shrinks as ``D^{-1/2}``: at the defaults
     (``Setup()``, ``t1 = 12``, ``D = 1000``) it stays within `TRAIN_TOLERANCE`. A diverging
-    run raises `attnflow.DivergenceError` naming the step. Compiled once per (``D``, ``t1``, save
-    grid, setup structure, ``eval_samples``, dtype): new learning rates, prior parameters or
-    initial conditions reuse it.
+    run raises `attnflow.DivergenceError` naming the step.
+    ``event(t, obs) -> scalar`` (as in `solve`) sets ``t_event``: the first time it changes sign
+    on the saved points, placed linearly between them (`attnflow.event_time`); the run goes on
+    to ``t1``.
+    Compiled once per (``D``, number of save points, setup structure, ``eval_samples``, dtype):
+    new ``t1``, learning rates, prior parameters or initial conditions reuse it.
     """
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.heads.Setup, got {setup!r}")
@@ -131,10 +136,8 @@ def train(
     total, steps = (DEFAULT_TRAIN_SAVE if save is None else save).steps_for(t1, dt)
     M0, Q0 = setup.initial_overlaps()
     check_overlaps("initial condition", M0, Q0, setup.H, setup.F)
-    traj, bad = _train(
-        setup, M0, Q0, V.prng_key(key), D, total, tuple(int(s) for s in steps), eval_samples, dtype.name, progress
-    )
-    return check_divergence(traj, bad, dt)
+    args = (setup, M0, Q0, V.prng_key(key), D, np.asarray(steps, np.int32), eval_samples, dtype.name, progress)
+    return run_training(_train, args, clock=dt, total=total, event=event)
 
 
 def _label(learned):
@@ -147,7 +150,7 @@ def _label(learned):
 
 
 @filter_jit
-def _train(setup, M0, Q0, key, D, total, steps, eval_samples, dtype, progress):
+def _train(setup, M0, Q0, key, D, steps, eval_samples, dtype, progress):
     task = SingleLocationTask(D, setup.L, setup.prior, key=TASK_SEED, target=setup.target, dtype=dtype)
     k_frame, k_sgd = jax.random.split(key)
     K = keys_from_overlaps(M0, Q0, task.spikes, key=k_frame).astype(dtype)
@@ -177,11 +180,11 @@ def _train(setup, M0, Q0, key, D, total, steps, eval_samples, dtype, progress):
         loss,
         model,
         optimizer,
-        total,
+        None,
         mode=OnlineSGD(task.sample, setup.minibatch),
         key=k_sgd,
         observe=observe,
-        save=TimeGrid(np.asarray(steps)),
+        save=TimeGrid(steps),
         clock=1.0 / D,
         progress=progress,
         throw=False,

@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -20,10 +20,10 @@ import optax
 
 from .. import _validate as V
 from .._jit import filter_jit
-from ..ode import integrate
+from ..ode import integrate, observable_event
 from ..optim import per_circuit
 from ..options import LogGrid, SaveGrid, SolverOptions, TimeGrid
-from ..simulate import FullBatch, OnlineSGD, check_divergence, simulate
+from ..simulate import FullBatch, OnlineSGD, check_divergence, run_training, simulate
 from ..trajectory import Trajectory
 from .data import CodeGenerator
 from .metrics import relevant_mass, separability
@@ -106,6 +106,7 @@ def train(
     conserved: bool = False,
     save: SaveGrid | None = None,
     solver: SolverOptions | None = None,
+    event: Callable[[Any, Mapping[str, Any]], Any] | None = None,
     progress: bool = False,
 ) -> Trajectory:
     """The full matrices of ``setup``'s theory task (`Setup.task`, ``V = M b + |C|`` tokens, the
@@ -133,7 +134,13 @@ def train(
     `solve`; factorised QK has no known correction). For the reference ``Setup()`` and
     ``t1 <= 3000`` the gap per observable is below `TRAIN_TOLERANCE`.
 
-    New learning rates (``setup.replace(eta_qk=...)``) reuse the compiled run.
+    ``event(t, obs) -> scalar`` (as in `solve`) sets ``t_event``: under gradient flow the
+    solve stops there, found by the solver as in `solve`; under descent it is the first time
+    the event changes sign on the saved points, placed linearly between them
+    (`attnflow.event_time`), and the run goes on to ``t1``.
+
+    New learning rates (``setup.replace(eta_qk=...)``) and, for descent, new ``t1`` with as
+    many save points reuse the compiled run.
     """
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.qkov.Setup, got {setup!r}")
@@ -151,6 +158,7 @@ def train(
         "clock": "t; gradient flow dW/dt = -eta grad L per circuit",
     }
     if dt is None:
+        observe = _flow_observe_conserved if conserved else _flow_observe
         solver = solver or FLOW_SOLVER
         if progress:
             solver = solver.replace(progress=True)
@@ -161,30 +169,30 @@ def train(
             args=setup,
             save=save,
             solver=solver,
-            observe=_flow_observe_conserved if conserved else _flow_observe,
+            observe=observe,
+            event=observable_event(event, observe),
             meta={**meta, "method": "gradient flow"},
         )
     dt = V.finite_scalar("dt", dt)
     V.positive("dt", dt)
     total, steps = save.steps_for(t1, dt)
     init = {k: jnp.asarray(st[k], jnp.result_type(float)) for k in ("mu_ov", "mu_qk")}
-    traj, bad = _descend(
+    args = (
         setup,
         V.prng_key(key),
         init,
-        total,
-        tuple(int(s) for s in steps),
+        np.asarray(steps, np.int32),
         dt,
         batch,
         conserved,
         progress,
         {**meta, "method": "gradient descent" if batch is None else "online SGD"},
     )
-    return check_divergence(traj, bad, dt)
+    return run_training(_descend, args, clock=dt, total=total, event=event)
 
 
 @filter_jit
-def _descend(setup, key, initial, total, steps, dt, batch, conserved, progress, meta):
+def _descend(setup, key, initial, steps, dt, batch, conserved, progress, meta):
     task = setup.task
     model = make_aligned(task, setup.parametrisation, initial["mu_ov"], initial["mu_qk"], score_scale=setup.score_scale)
     opt = per_circuit(circuit_labels(model), {k: v * dt for k, v in _rates(setup).items()}, allow_unused=True)
@@ -200,11 +208,11 @@ def _descend(setup, key, initial, total, steps, dt, batch, conserved, progress, 
         loss,
         model,
         opt,
-        total,
+        None,
         mode=mode,
         key=key,
         observe=lambda m: _observe(m, task, conserved),
-        save=TimeGrid(np.asarray(steps)),
+        save=TimeGrid(steps),
         clock=dt,
         progress=progress,
         throw=False,
