@@ -181,12 +181,15 @@ def simulate(
     if not isinstance(save, SaveGrid):
         raise ValueError(f"save must be a SaveGrid (LinearGrid, LogGrid or TimeGrid), got {save!r}")
     V.positive("clock", clock)
-    if steps is None and V.any_traced(save.ts):
+    s_save: Any
+    if isinstance(save, TimeGrid) and steps is None and V.any_traced(save.ts):
         # the caller traced its grid (and checked it before tracing: whole steps, increasing)
         s_save = jnp.asarray(save.ts).astype(jnp.int32)
+    elif isinstance(save, TimeGrid) and steps is None:
+        s_save = save.steps(int(np.max(np.asarray(save.ts))))
+        steps = int(s_save[-1])
     else:
-        s_save = save.steps(int(np.max(np.asarray(save.ts))) if steps is None else steps)
-        steps = int(s_save[-1]) if steps is None else steps
+        s_save = save.steps(steps)
     observe = observe or mode.default_observe(loss)
     key = V.prng_key(key)  # an integer seed (possibly traced, for vmap over seeds) or a key
     params, static = eqx.partition(model, filter_spec)
