@@ -189,6 +189,7 @@ def simulate(
         s_save = save.steps(int(np.max(np.asarray(save.ts))))
         steps = int(s_save[-1])
     else:
+        assert steps is not None  # refused above unless save is a TimeGrid
         s_save = save.steps(steps)
     observe = observe or mode.default_observe(loss)
     key = V.prng_key(key)  # an integer seed (possibly traced, for vmap over seeds) or a key
