@@ -625,8 +625,11 @@ def _compiled(
     nested_dims: tuple | None = None,
     lanes: int | None = None,
     local: bool = False,
+    version: str | None = None,
 ) -> Any:
     """One jitted, sharded, vmapped ``fn`` per (fn, devices, layout), reused across calls.
+    ``version``: ``fn``'s fingerprint where the sweep computes it (an ``out_dir``), so that a
+    setting ``fn`` reads that changed in the same session gives a new trace, not the old one.
 
     Flat (``nested_dims=None``): ``vmap`` over a list of points, each axis an array of the
     same length. Nested: one ``vmap`` per axis in ``nested_dims`` order, the first outermost;
@@ -699,7 +702,7 @@ def _compiled(
         )
         return jitted, messages
 
-    return _memo(_CACHE, (fn, devices, dims, nested_dims, lanes, local), make)
+    return _memo(_CACHE, (fn, devices, dims, nested_dims, lanes, local, version), make)
 
 
 def _out_struct(compiled: Any, example: dict) -> Any:
@@ -923,7 +926,9 @@ def sweep(
     # shardings that shard_map changes); one device needs no shard_map
     layout = (fn, tuple(devices), dims, dims if nest else None, check_lanes(lanes))
     local = n_dev > 1 and layout not in _NO_SHARD_MAP
-    compiled, messages = _compiled(*layout, local)
+    fn_parts = _fingerprint_parts(fn) if out_path is not None else None
+    version = _combined(fn_parts) if fn_parts is not None else None
+    compiled, messages = _compiled(*layout, local, version)
 
     def chunk_points(i):
         if nest:
@@ -945,7 +950,7 @@ def sweep(
     except Exception as err:
         if not local:
             raise
-        compiled, messages = _compiled(*layout, False)
+        compiled, messages = _compiled(*layout, False, version)
         out_struct = _out_struct(compiled, example)  # fn's own errors surface here
         local = False
         _memo(_NO_SHARD_MAP, layout, lambda: True)  # warned once; later sweeps of this fn go straight to jit sharding
@@ -960,7 +965,7 @@ def sweep(
 
     if out_path is not None:
         _check_manifest(
-            out_path, dims, coords, chunk_size, treedef, leaves_struct, meta, _fingerprint_parts(fn), asked, n_dev
+            out_path, dims, coords, chunk_size, treedef, leaves_struct, meta, fn_parts, asked, n_dev
         )
 
     def chunk_file(i: int) -> Path:
@@ -1502,6 +1507,17 @@ def _digest(obj: Any, h: Any, depth: int, seen: dict[int, tuple[int, Any]], root
         return
     if isinstance(obj, types.ModuleType):
         h.update(f"<module {obj.__name__}>".encode())
+        read_names = _READ_NAMES.get()
+        if read_names is not None and not _is_library(obj.__name__):
+            # the user's own module (a config.py): the attributes the function's code names
+            # (``cfg.T1``) are settings like an object's; a library's module counts by name
+            seen[id(obj)] = (len(seen), obj)
+            _digest(
+                {k: v for k, v in vars(obj).items() if k in read_names and not k.startswith("__")},
+                h,
+                depth + 1,
+                seen,
+            )
         return
     if isinstance(obj, pathlib.PurePath):  # its text (a Path's slots hold caches and a salted hash)
         h.update(f"<path {os.fspath(obj)}>".encode())

@@ -514,6 +514,30 @@ def test_resume_reads_settings_held_by_plain_objects(tmp_path):
     np.testing.assert_array_equal(res.values, [2.0, 4.0])
 
 
+def test_resume_reads_settings_of_the_users_own_modules(tmp_path, monkeypatch):
+    """``cfg.T1`` read from the user's own module (a config.py) counts like an object's setting;
+    a module's other attributes and a library's modules do not."""
+    import importlib
+
+    (tmp_path / "af_test_cfg.py").write_text("T1 = 2.0\nOTHER = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = importlib.import_module("af_test_cfg")
+    grid = {"eta": np.array([1.0, 2.0])}
+
+    def fn(eta):
+        return eta * cfg.T1 + np.sqrt(4.0)
+
+    out = tmp_path / "runs"
+    assert af.sweep(fn, grid, out_dir=out, progress=False).meta["computed_chunks"] == 1
+    cfg.OTHER = 2  # not read by fn
+    assert af.sweep(fn, grid, out_dir=out, progress=False).meta["computed_chunks"] == 0
+    cfg.T1 = 4.0
+    with pytest.raises(ValueError, match=r"the function .* changed: closure value 'cfg'"):
+        af.sweep(fn, grid, out_dir=out, progress=False)
+    res = af.sweep(fn, grid, out_dir=tmp_path / "fresh", progress=False)
+    np.testing.assert_array_equal(res.values, [6.0, 10.0])
+
+
 def test_fingerprints_ignore_caches_and_the_state_of_library_objects(tmp_path):
     """What an object caches (a Path's string and salted hash, a slot named with ``_``) and the
     state of a library's objects (a logger) do not change the fingerprint; a Path's text does."""
