@@ -569,8 +569,15 @@ class _Observer(eqx.Module):
 def _check_event(event, t0, y0, args) -> None:
     """The event must give one real number: named error before any computing."""
     dyn_args, static_args = eqx.partition(args, eqx.is_array)
+    failure = "event failed on the initial state"
+    if isinstance(event, ObservableEvent):
+        failure = (
+            "event(t, obs) failed on the initial observables (the event of an ODE's and every package's solve is "
+            "event(t, obs) on the named observables; for event(t, y, args) on the state use "
+            "af.integrate(ode, y0, t1, event=...))"
+        )
     out = V.abstract_call(
-        "event failed on the initial state",
+        failure,
         lambda t, y, a: event(t, y, eqx.combine(a, static_args)),
         t0,
         y0,

@@ -51,8 +51,9 @@ def fixed_point(
     Calling it again with the same ``field`` function and solver settings reuses the
     compiled solve (floats in ``args`` are data).
     """
-    from .ode import as_data, field_and_args
+    from .ode import as_data, field_and_args, require_x64
 
+    require_x64("fixed_point")  # rtol 1e-10 is below float32's resolution: a float32 root "converges" anywhere near
     field, args = field_and_args("fixed_point", field, args)
     V.finite_tree("y_guess", y_guess)
     if not callable(field):
@@ -72,8 +73,13 @@ def fixed_point(
         res = fn(sol.value, targs)
         size = max(float(jnp.max(jnp.abs(x))) for x in jax.tree_util.tree_leaves(res))
         if sol.result != optx.RESULTS.successful or not np.isfinite(size):
+            # the last iterate's size too: a field that decays far out (|field| tiny) is not a root
+            y_max = max(float(jnp.max(jnp.abs(x))) for x in jax.tree_util.tree_leaves(sol.value))
+            guess = max(float(jnp.max(jnp.abs(x))) for x in jax.tree_util.tree_leaves(y_guess))
             raise RuntimeError(
-                f"fixed_point: root find did not converge (result: {sol.result}, |field| = {size:.3g}); "
+                f"fixed_point: root find did not converge (result: {sol.result}); at its last iterate "
+                f"|field| = {size:.3g} and max |y| = {y_max:.3g} (the guess had {guess:.3g}"
+                f"{'; the iterates ran away from it, where the field decays' if y_max > 10 * (guess + 1) else ''}); "
                 "try another initial guess, more max_steps, or a damped solver (optx.LevenbergMarquardt)"
             )
     return sol.value
@@ -143,13 +149,21 @@ def spectrum(
     """Eigenvalues and pytree-shaped eigenvectors of the Jacobian of ``field`` at ``y``.
 
     ``symmetric=None`` detects a symmetric Jacobian (a gradient flow's is) and then uses
-    ``eigh`` (real, orthonormal eigenvectors); otherwise ``eig``.
+    ``eigh`` (real, orthonormal eigenvectors); otherwise ``eig``. Traceable: under ``jit``,
+    ``vmap`` or `attnflow.sweep` (where a Jacobian's values cannot be inspected) it uses
+    ``eigh`` with ``symmetric=True`` and JAX's ``eig`` otherwise, which JAX implements for the
+    CPU; outside any trace a general Jacobian goes to NumPy's ``eig``.
 
     ``basis``: an ``(n, k)`` matrix with orthonormal columns spanning a subspace of the
     flattened state (``ravel_pytree(y)``); the spectrum is then that of the Jacobian
     restricted to it, ``B^T J B`` (for example the antisymmetric sector of a
     permutation-symmetric state), with eigenvectors mapped back, ``B v``.
     """
+    from .ode import require_x64
+
+    # in float32 the Jacobian's rounding (~1e-7 |J|) exceeds the default tol of `unstable`:
+    # null directions would count as unstable
+    require_x64("spectrum")
     J = jacobian(field, y, args, t)
     _, unravel = ravel_pytree(y)
     B = None if basis is None else jnp.asarray(basis, dtype=J.dtype)
@@ -161,14 +175,20 @@ def spectrum(
             if off > 1e-8:
                 raise ValueError(f"basis must have orthonormal columns, but |B^T B - I| reaches {off:.3g}")
         J = B.T @ J @ B
-    is_symmetric = bool(jnp.allclose(J, J.T, rtol=1e-10, atol=1e-12 * (1 + float(jnp.max(jnp.abs(J))))))
-    if symmetric is None:
-        symmetric = is_symmetric
-    elif symmetric and not is_symmetric:
-        asym = float(jnp.max(jnp.abs(J - J.T)))
-        raise ValueError(f"symmetric=True, but the Jacobian is not symmetric (|J - J^T| reaches {asym:.3g})")
+    traced = V.any_traced(J)
+    if traced:
+        symmetric = bool(symmetric)  # the values cannot be looked at: the general eig unless told
+    else:
+        is_symmetric = bool(jnp.allclose(J, J.T, rtol=1e-10, atol=1e-12 * (1 + float(jnp.max(jnp.abs(J))))))
+        if symmetric is None:
+            symmetric = is_symmetric
+        elif symmetric and not is_symmetric:
+            asym = float(jnp.max(jnp.abs(J - J.T)))
+            raise ValueError(f"symmetric=True, but the Jacobian is not symmetric (|J - J^T| reaches {asym:.3g})")
     if symmetric:
         w, v = jnp.linalg.eigh(0.5 * (J + J.T))
+    elif traced:  # under jit / vmap / sweep: JAX's eig (implemented for the CPU)
+        w, v = jnp.linalg.eig(J)
     else:
         w, v = np.linalg.eig(np.asarray(J))
         w, v = jnp.asarray(w), jnp.asarray(v)

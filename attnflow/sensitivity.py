@@ -34,6 +34,7 @@ import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from . import _validate as V
 from .options import SolverOptions
@@ -55,6 +56,26 @@ class Sensitivity(eqx.Module):
 
     value: Any
     grad: dict[str, Any]
+
+    def __repr__(self) -> str:
+        # numbers, not only shapes, where the outcome is a few numbers (a time, a loss)
+        class _Shape:  # a large array by dtype and shape, as Equinox prints a module
+            def __init__(self, x):
+                self.text = f"{np.dtype(x.dtype).str[1:]}{list(x.shape)}"
+
+            def __repr__(self):
+                return self.text
+
+        def show(x):
+            if not hasattr(x, "shape"):
+                return x
+            return _Shape(x) if x.size > 8 else np.asarray(x).tolist()
+
+        value = jax.tree_util.tree_map(show, self.value)
+        grad = {k: jax.tree_util.tree_map(show, g) for k, g in self.grad.items()}
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((self.value, self.grad))):
+            return super().__repr__()
+        return f"Sensitivity(value={value!r}, grad={grad!r})"
 
 
 def _check(fn: Any, params: Mapping[str, Any]) -> dict[str, jax.Array]:

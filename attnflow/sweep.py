@@ -964,9 +964,7 @@ def sweep(
     leaves_struct, treedef = jax.tree_util.tree_flatten(out_struct)
 
     if out_path is not None:
-        _check_manifest(
-            out_path, dims, coords, chunk_size, treedef, leaves_struct, meta, fn_parts, asked, n_dev
-        )
+        _check_manifest(out_path, dims, coords, chunk_size, treedef, leaves_struct, meta, fn_parts, asked, n_dev)
 
     def chunk_file(i: int) -> Path:
         assert out_path is not None

@@ -294,8 +294,9 @@ class Trajectory:
     def at(self, t: Any, names: Iterable[str] | None = None, log_time: bool = False) -> dict[str, jax.Array]:
         """Linearly interpolate observables at times ``t`` (1-D), per batch element.
 
-        ``log_time=True`` interpolates in ``log t`` (better on log-spaced saves); a time 0 is
-        taken as the limit ``t -> 0+``. Outside the saved range the end values are held.
+        ``log_time=True`` interpolates in ``log t`` (better on log-spaced saves); between a save
+        at ``t = 0`` and the first positive save time, where ``log t`` is not defined, linearly
+        in ``t``. Outside the saved range the end values are held.
         """
         t = jnp.atleast_1d(jnp.asarray(t, dtype=self.ts.dtype))
         names = name_list(names, self.names)
@@ -304,9 +305,13 @@ class Trajectory:
         tiny = jnp.finfo(self.ts.dtype).tiny  # log time: t = 0 (the start of every save grid) as t -> 0+
 
         def interp1(ts, y):
-            x, xp = (jnp.log(jnp.maximum(t, tiny)), jnp.log(jnp.maximum(ts, tiny))) if log_time else (t, ts)
             flat = y.reshape(y.shape[0], -1)
-            out = jax.vmap(lambda col: jnp.interp(x, xp, col), in_axes=1, out_axes=1)(flat)
+            out = jax.vmap(lambda col: jnp.interp(t, ts, col), in_axes=1, out_axes=1)(flat)
+            if log_time:
+                x, xp = jnp.log(jnp.maximum(t, tiny)), jnp.log(jnp.maximum(ts, tiny))
+                logged = jax.vmap(lambda col: jnp.interp(x, xp, col), in_axes=1, out_axes=1)(flat)
+                first_positive = jnp.min(jnp.where(ts > 0, ts, jnp.inf))
+                out = jnp.where((t < first_positive)[:, None], out, logged)
             return out.reshape((t.shape[0],) + y.shape[1:])
 
         fn = interp1

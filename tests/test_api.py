@@ -685,3 +685,57 @@ def test_a_size_given_a_traced_value_says_to_sweep_it_as_static():
         )
     with pytest.raises(ValueError, match=r"t1 must be a concrete number here.*af\.Static"):
         jax.vmap(lambda t1: dl.train(s, t1).final()["loss"])(jnp.array([1.0, 2.0]))
+
+
+def test_saddle_tools_need_float64_and_say_where_a_root_find_ran():
+    from attnflow import focus, qkov
+
+    o = dl.ode(dl.Setup())
+    with jax.enable_x64(False):  # float32 rounding (1e-7 |J|) would pass null directions off as unstable
+        with pytest.raises(RuntimeError, match="fixed_point runs in float64 but JAX 64-bit mode is off"):
+            af.fixed_point(o, jnp.ones(4))
+        with pytest.raises(RuntimeError, match="spectrum runs in float64"):
+            af.unstable_subspace(o, jnp.ones(4))
+    with pytest.raises(ValueError, match="pi is float32.*after attnflow.enable_x64"):  # made before x64 was on
+        focus.check_pi(jnp.array([0.75, 0.19, 0.05, 0.01], dtype=jnp.float32))
+    # qkov's reduced flow has no root: Newton runs off to where the field decays; the message says so
+    q = qkov.ode(qkov.Setup())
+    with pytest.raises(RuntimeError, match=r"\|field\| = .* and max \|y\| = .*the iterates ran away from it"):
+        af.fixed_point(q, q.y0)
+
+
+def test_messages_of_an_odes_event_and_a_sensitivity():
+    o = dl.ode(dl.Setup())
+    with pytest.raises(ValueError, match=r"event\(t, obs\) failed.*af.integrate\(ode, y0, t1, event=...\)"):
+        o.solve(1.0, event=lambda t, y, a: y[0] - 1.0)
+    assert (
+        repr(af.sensitivity(lambda a, b: a**2 * b, a=2.0, b=3.0))
+        == "Sensitivity(value=12.0, grad={'a': 12.0, 'b': 4.0})"
+    )
+    assert (
+        repr(af.sensitivity(lambda a: jnp.arange(20.0) * a, a=2.0)) == "Sensitivity(value=f8[20], grad={'a': f8[20]})"
+    )
+
+
+def test_log_time_interpolation_is_linear_before_the_first_positive_save():
+    ts = np.array([0.0, 0.1, 1.0, 10.0])
+    tr = af.Trajectory(ts, {"y": ts.copy()})
+    np.testing.assert_allclose(tr.at([0.05], log_time=True)["y"], [0.05], rtol=1e-12)  # y = t: linear in t there
+    # past it, in log t: between 1 and 10 at t = sqrt(10), halfway in log
+    np.testing.assert_allclose(tr.at([10**0.5], log_time=True)["y"], [5.5], rtol=1e-12)
+
+
+def test_spectrum_of_a_general_jacobian_in_a_sweep():
+    def oscillator(t, y, a):  # damped: eigenvalues -gamma/2 +- i sqrt(k - gamma^2/4)
+        return jnp.array([y[1], -a["k"] * y[0] - a["gamma"] * y[1]])
+
+    def rate(k):
+        sp = af.spectrum(oscillator, jnp.zeros(2), {"k": k, "gamma": 0.5})
+        return jnp.real(sp.values[0]), jnp.abs(jnp.imag(sp.values[0]))
+
+    res = af.sweep(rate, {"k": np.array([1.0, 4.0])}, progress=False)
+    re, im = res.values
+    np.testing.assert_allclose(re, [-0.25, -0.25], rtol=1e-12)
+    np.testing.assert_allclose(im, np.sqrt(np.array([1.0, 4.0]) - 0.0625), rtol=1e-12)
+    host = af.spectrum(oscillator, jnp.zeros(2), {"k": 4.0, "gamma": 0.5})  # outside a trace: NumPy's eig
+    np.testing.assert_allclose(host.lambda_max, -0.25, rtol=1e-12)

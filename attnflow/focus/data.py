@@ -68,6 +68,7 @@ def check_pi(pi: Any, tol: float = CHAIN_TOL) -> None:
     """Raise ``ValueError`` naming the entry unless ``pi`` is a 1-D probability vector of length
     ``>= 2`` with positive entries summing to 1 within ``tol`` (or the rounding of JAX's default
     float, when coarser)."""
+    single = getattr(pi, "dtype", None) == np.float32  # made while JAX's 64-bit mode was off
     pi = np.asarray(pi, dtype=float)
     tol = _precision(tol, pi.size)
     if pi.ndim != 1 or pi.size < 2:
@@ -76,7 +77,12 @@ def check_pi(pi: Any, tol: float = CHAIN_TOL) -> None:
     if bad.size:
         raise ValueError(f"pi must be strictly positive; entry {int(bad[0])} is {float(pi[bad[0]]):g}")
     if abs(pi.sum() - 1.0) > tol:
-        raise ValueError(f"pi must sum to 1, got sum {float(pi.sum()):.15g} (pi = {pi.tolist()})")
+        hint = (
+            "; pi is float32, rounded to 1e-7: build it (or the Setup holding it) after attnflow.enable_x64()"
+            if single
+            else ""
+        )
+        raise ValueError(f"pi must sum to 1, got sum {float(pi.sum()):.15g} (pi = {pi.tolist()}){hint}")
 
 
 def lazy_lam_min(pi: Any) -> float:
