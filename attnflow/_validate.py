@@ -157,7 +157,7 @@ def finite_tree(name: str, tree: Any) -> None:
             where = jax.tree_util.keystr(path) or "(root)"
             bad = np.argwhere(~np.isfinite(arr))
             first = tuple(int(i) for i in bad[0]) if bad.size else ()
-            raise ValueError(f"{name}{where} must be finite; entry {first} is {arr[first] if first else arr!r}")
+            raise ValueError(f"{name}{where} must be finite; entry {first} is {arr[first].item() if first else arr!r}")
 
 
 def _static_but_traced(name: str, value: Any) -> None:

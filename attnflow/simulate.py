@@ -56,6 +56,9 @@ class FullBatch(TrainingMode):
 
     data: Any = None
 
+    def __check_init__(self):
+        V.finite_tree("data", self.data)  # a NaN in the data would read as a divergence at step 0
+
     def batch(self, key):
         return self.data
 
@@ -100,11 +103,13 @@ class Minibatch(TrainingMode):
         sizes = {np.shape(x)[0] for x in jax.tree_util.tree_leaves(self.dataset)}
         if len(sizes) != 1:
             raise ValueError(f"dataset leaves must share their leading (sample) axis, got sizes {sorted(sizes)}")
+        V.finite_tree("dataset", self.dataset)
 
     def batch(self, key):
         n = jax.tree_util.tree_leaves(self.dataset)[0].shape[0]
         idx = jax.random.randint(key, (self.batch_size,), 0, n)
-        return jax.tree_util.tree_map(lambda x: x[idx], self.dataset)
+        # NumPy leaves too (a traced index cannot index a NumPy array)
+        return jax.tree_util.tree_map(lambda x: jnp.asarray(x)[idx], self.dataset)
 
 
 def simulate(

@@ -190,7 +190,15 @@ class SweepResult:
                     slack = 16 * eps * max(abs(lo), abs(hi), 1e-300)
                     if not lo - slack <= x <= hi + slack:
                         raise ValueError(f"{d} = {x:g} is outside the sweep's axis {d} (from {lo:g} to {hi:g})")
-                    idx.append(int(np.argmin(np.abs(c - x))))
+                    i = int(np.argmin(np.abs(c - x)))
+                    near = float(c.reshape(-1)[i])
+                    if abs(near - x) > 1e-6 * max(abs(x), abs(near)) + slack:
+                        # nearest is documented, but a mistyped value would otherwise pick a neighbour unseen
+                        warnings.warn(
+                            f"{d} = {x:g} is not on the sweep's axis {d}: taking the nearest point, {d} = {near:g}",
+                            stacklevel=3,
+                        )
+                    idx.append(i)
                 else:
                     hits = np.flatnonzero(c == point[d])
                     if not hits.size:

@@ -42,6 +42,9 @@ def test_save_grids():
     assert total == 100 and list(s) == [0, 10, 52]
     with pytest.raises(ValueError, match=r"save times 0.12 and 0.14 round to the same step 1 \(dt = 0.1\)"):
         af.TimeGrid([0.0, 0.12, 0.14, 0.5, 1.0]).steps_for(1.0, 0.1)  # four points back for five asked
+    with pytest.warns(UserWarning, match=r"1 save time\(s\) are not multiples of dt = 0.01.*t = 1.2345 at t = 1.23"):
+        _, s = af.TimeGrid([0.0, 0.5, 1.2345, 2.0]).steps_for(2.0, 0.01)
+    assert list(s) == [0, 50, 123, 200]
     total, s = af.LogGrid(10, t_min=0.5).steps_for(8.0, 0.01)
     assert total == 800 and s[1] == 50 and s[-1] == 800
     for bad, match in (

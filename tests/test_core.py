@@ -404,6 +404,24 @@ def test_simulate_minibatch_and_seeds_vmap():
     np.testing.assert_allclose(many[1], run(1), rtol=1e-10)
     assert not np.allclose(many[0], many[1])  # different seeds, different batches
     assert bool(jnp.all(many[:, -1] < 0.05 * many[:, 0]))
+    # a NumPy dataset trains alike; NaN data is refused, naming the entry, before any step
+    as_numpy = af.simulate(
+        loss,
+        model,
+        optax.sgd(0.02),
+        500,
+        mode=af.Minibatch(tuple(map(np.asarray, data)), 32),
+        key=1,
+        observe=lambda m: {"loss": loss(m, data)},
+        save=af.LogGrid(10),
+    )["loss"]
+    np.testing.assert_allclose(as_numpy, many[1], rtol=1e-10)
+    bad = np.asarray(x).copy()
+    bad[3, 2] = np.nan
+    with pytest.raises(ValueError, match=r"dataset\[0\] must be finite; entry \(3, 2\) is nan"):
+        af.Minibatch((bad, data[1]), 32)
+    with pytest.raises(ValueError, match=r"data\[0\] must be finite; entry \(3, 2\) is nan"):
+        af.FullBatch((bad, data[1]))
 
 
 def test_simulate_save_steps_are_log_spaced_and_exact():

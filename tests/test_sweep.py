@@ -407,7 +407,8 @@ def test_a_value_a_setup_refuses_fails_its_sweep_point(tmp_path):
 
 def test_sel_refuses_values_off_the_grid_and_meta_changes_are_named(tmp_path):
     res = af.sweep(lambda a, b: a + b, {"a": np.array([0.5, 1.0]), "b": np.array([1.0, 2.0, 3.0])}, progress=False)
-    assert float(res.sel(a=0.6, b=3.0)) == 3.5  # nearest inside the range
+    with pytest.warns(UserWarning, match=r"a = 0.6 is not on the sweep's axis a: taking the nearest point, a = 0.5"):
+        assert float(res.sel(a=0.6, b=3.0)) == 3.5  # nearest inside the range
     r32 = af.sweep(lambda eta: 2 * eta, {"eta": jnp.linspace(0.1, 0.7, 3)}, progress=False)  # float32 axis
     assert float(r32.sel(eta=0.7)) == pytest.approx(1.4)
     with pytest.raises(ValueError, match=r"a = 100 is outside the sweep's axis a \(from 0.5 to 1\)"):
