@@ -51,6 +51,28 @@ def _columns(y: np.ndarray) -> np.ndarray:
     return y.reshape(y.shape[0], -1)
 
 
+def _components(name: str, ref: np.ndarray, given: Any) -> tuple[list[int], list[str | None]]:
+    """The columns of observable ``name`` to draw (of ``ref``, shape ``(T, *features)``) and their
+    labels. A square matrix symmetric at every saved time (an overlap ``Q``) draws its upper
+    triangle only: each off-diagonal entry once. Labels: ``given`` (one list for every panel, or
+    ``{name: list}``) indexed by the flattened entry, else ``name[i]`` / ``name[i,j]`` for up to 10
+    drawn entries (more would not fit a legend, and the colours repeat)."""
+    shape = ref.shape[1:]
+    cols = list(range(int(np.prod(shape, dtype=int))))
+    square = len(shape) == 2 and shape[0] == shape[1] > 1 and np.all(np.isfinite(ref))
+    if square and np.allclose(ref, np.swapaxes(ref, -1, -2), rtol=1e-12, atol=1e-14 * (1 + np.abs(ref).max())):
+        cols = [k for k in cols if k // shape[1] <= k % shape[1]]
+    if isinstance(given, Mapping):
+        given = given.get(name)
+    if len(cols) == 1:
+        return cols, [None]
+    if given is not None:
+        return cols, [str(given[k]) for k in cols]
+    if len(cols) > 10:
+        return cols, [None] * len(cols)
+    return cols, [f"{name}[{','.join(str(int(i)) for i in np.unravel_index(k, shape))}]" for k in cols]
+
+
 def overlay(
     theory: Trajectory | None,
     simulations: Trajectory | Sequence[Trajectory] | None = None,
@@ -59,7 +81,7 @@ def overlay(
     log_time: bool = False,
     log_y: Sequence[str] = (),
     labels: dict[str, str] | None = None,
-    component_labels: Sequence[str] | None = None,
+    component_labels: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
     time_label: str = "t",
     theory_label: str = "theory",
     simulation_label: str = "simulation",
@@ -73,7 +95,10 @@ def overlay(
     ``simulations`` may be one `Trajectory`, a batched one (leading seed axes) or a list. Several
     runs saved at the same times are drawn as their mean (markers) and min-max band; runs saved at
     different times (another ``t1`` or save grid) are drawn one by one.
-    Observables with feature axes draw one colour per component (``component_labels``).
+    Observables with feature axes draw one colour per component, labelled ``name[i,j]`` (up to
+    10 components) or by ``component_labels`` (one list for every panel, or ``{name: list}``,
+    indexed by the flattened entry); a square matrix symmetric at every saved time (an overlap
+    matrix ``Q``) draws each off-diagonal entry once (its upper triangle).
     At most ``max_markers`` simulation points are drawn per curve (evenly in save index).
     Failed runs of a sweep (NaN times) are left out, and their number is in the legend.
     """
@@ -104,15 +129,17 @@ def overlay(
     labels = labels or {}
     fig, axes = _panels(len(names), ncols, figsize_per_panel)
     for ax, name in zip(axes, names):
+        sim = [r for r in runs if name in r]
+        ref = np.asarray(theory[name] if theory is not None and name in theory else sim[0][name])
+        cols, col_labels = _components(name, ref, component_labels)
         if theory is not None and name in theory:
             t = np.asarray(theory.ts)
             y = _columns(np.asarray(theory[name]))
-            for j in range(y.shape[1]):
-                lab = theory_label if j == 0 else None
-                if component_labels is not None and y.shape[1] > 1:
-                    lab = f"{theory_label} {component_labels[j]}"
-                ax.plot(t, y[:, j], "-", color=_COLORS[j % 10], lw=1.8, label=lab)
-        sim = [r for r in runs if name in r]
+            for c, j in enumerate(cols):
+                lab = theory_label if c == 0 else None
+                if col_labels[c] is not None:
+                    lab = f"{theory_label} {col_labels[c]}"
+                ax.plot(t, y[:, j], "-", color=_COLORS[c % 10], lw=1.8, label=lab)
         if len(sim) == 1 or (len(sim) > 1 and not _same_times(sim)):
             # runs saved at different times are drawn one by one: a band would mix their clocks
             label = simulation_label if len(sim) == 1 else f"{simulation_label} ({len(sim)} runs, own save times)"
@@ -120,32 +147,32 @@ def overlay(
                 keep = _marker_indices(len(run.ts), max_markers)
                 t = np.asarray(run.ts)[keep]
                 y = _columns(np.asarray(run[name]))[keep]
-                for j in range(y.shape[1]):
+                for c, j in enumerate(cols):
                     ax.plot(
                         t,
                         y[:, j],
                         "o",
                         ms=3.5,
                         mfc="none",
-                        color=_COLORS[j % 10],
+                        color=_COLORS[c % 10],
                         alpha=0.9,
-                        label=label if j == 0 and k == 0 else None,
+                        label=label if c == 0 and k == 0 else None,
                     )
         elif len(sim) > 1:
             keep = _marker_indices(len(sim[0].ts), max_markers)
             t = np.asarray(sim[0].ts)[keep]
             ys = np.stack([_columns(np.asarray(r[name]))[keep] for r in sim])  # (seed, T, comp)
-            for j in range(ys.shape[2]):
-                c = _COLORS[j % 10]
-                ax.fill_between(t, ys[:, :, j].min(0), ys[:, :, j].max(0), color=c, alpha=0.18, lw=0)
+            for c, j in enumerate(cols):
+                color = _COLORS[c % 10]
+                ax.fill_between(t, ys[:, :, j].min(0), ys[:, :, j].max(0), color=color, alpha=0.18, lw=0)
                 ax.plot(
                     t,
                     ys[:, :, j].mean(0),
                     "o",
                     ms=3,
                     mfc="none",
-                    color=c,
-                    label=f"{simulation_label} (mean, min-max of {len(sim)})" if j == 0 else None,
+                    color=color,
+                    label=f"{simulation_label} (mean, min-max of {len(sim)})" if c == 0 else None,
                 )
         _style_panel(ax, name, log_time, log_y, time_label, labels)
         ax.legend(fontsize=7)

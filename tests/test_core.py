@@ -622,6 +622,22 @@ def test_overlay_draws_runs_on_other_clocks_one_by_one():
     assert "(mean, min-max of 2)" in ax.get_legend_handles_labels()[1][0]
 
 
+def test_overlay_names_matrix_entries_and_draws_a_symmetric_matrix_once():
+    ts = jnp.linspace(0, 1, 6)
+    R = ts[:, None, None] * jnp.array([[1.0, 2.0], [3.0, 4.0]])
+    Q = ts[:, None, None] * jnp.array([[1.0, 0.5], [0.5, 2.0]]) + jnp.eye(2)  # symmetric at every time
+    theory = af.Trajectory(ts, {"R": R, "Q": Q})
+    fig = af.overlay(theory, theory, ["R", "Q"], component_labels={"Q": ["a", "b", "b'", "c"]})
+    ax_r, ax_q = [a for a in fig.axes if a.get_visible()]
+    labels_r = ax_r.get_legend_handles_labels()[1]
+    assert labels_r == ["theory R[0,0]", "theory R[0,1]", "theory R[1,0]", "theory R[1,1]", "simulation"]
+    assert len(ax_r.lines) == 8  # four entries, theory and simulation
+    # Q: Q[1,0] (= Q[0,1]) is not drawn again; the labels given for Q by flattened entry
+    assert ax_q.get_legend_handles_labels()[1] == ["theory a", "theory b", "theory c", "simulation"]
+    np.testing.assert_allclose(ax_q.lines[2].get_ydata(), Q[:, 1, 1])
+    assert ax_q.lines[1].get_color() == ax_q.lines[4].get_color()  # an entry's theory and runs share a colour
+
+
 def test_family_of_a_sweep_or_a_batched_trajectory():
     ts = jnp.linspace(0, 1, 5)
     res = af.sweep(lambda c: af.Trajectory(ts, {"y": c * ts}), {"c": np.array([0.5, 2.0])}, progress=False)
