@@ -217,3 +217,15 @@ def test_conserved_quantity_gd_drift_is_second_order():
     # per-step drift O(eta^2), over 1/eta steps: O(eta) total
     ratio = drifts[0] / drifts[1]
     assert ratio > 1.6 and ratio < 2.4, drifts
+
+
+def test_train_warns_past_the_stability_limit_of_gradient_descent():
+    # eta dt s_max = 34 * 0.01 * 3 = 1.02: the map's slope at u = s is 1 - 2.04, it oscillates (no NaN to stop it)
+    with pytest.warns(UserWarning, match=r"eta dt s_max = 1.02 >= 1"):
+        tr = dl.train(dl.Setup(eta=34.0), 1.0)
+    assert abs(float(tr.final()["u"][0]) - 3.0) > 0.3  # far from u = s, and finite
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dl.train(dl.Setup(eta=30.0), 1.0)  # 0.9: converges, no warning

@@ -255,6 +255,11 @@ def test_scaled_rule_integrates_the_standard_normal():
             derive.SparseGaussHermite(12, scale=bad)
         with pytest.raises(ValueError, match="scale must be a number in"):
             derive.GaussHermite(12, scale=bad)
+    # a grid far past the default budget says what it costs and what costs less
+    with pytest.warns(
+        UserWarning, match=r"GaussHermite\(points=12\) in d = 5 dimensions makes 248,832 nodes, 3.8 times"
+    ):
+        derive.GaussHermite(12).rule(5)
 
 
 def test_rules_above_node_chunk_are_summed_in_chunks(monkeypatch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -65,6 +66,16 @@ def train(
     if batch is not None:
         batch = V.positive_int("batch", batch)
     total, steps = (save or DEFAULT_TRAIN_SAVE).steps_for(t1, dt)
+    if not V.any_traced((setup.eta, setup.s)):
+        # the map u -> u (1 + eta dt (s - u))^2 has slope 1 - 2 eta dt s at u = s: past eta dt s = 1 it
+        # settles into an oscillation (or blows up) instead of u = s, with nothing non-finite to stop it
+        rate = float(setup.eta) * float(dt) * float(np.max(np.asarray(setup.s)))
+        if rate >= 1.0:
+            warnings.warn(
+                f"gradient descent with eta dt s_max = {rate:.3g} >= 1: it does not converge to u = s "
+                "(it oscillates or diverges); lower eta or dt",
+                stacklevel=2,
+            )
     key = V.prng_key(key)
     args = (setup, key, np.asarray(steps, np.int32), float(dt), batch, progress)
     return run_training(_train, args, clock=dt, total=total, event=event)

@@ -17,6 +17,7 @@ import functools
 import itertools
 import math
 import numbers
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -111,6 +112,15 @@ class GaussHermite(Quadrature):
             raise ValueError(
                 f"GaussHermite(points={self.points}) in d = {dim} dimensions makes {self.points}**{dim} nodes; "
                 "use fewer points or MonteCarlo"
+            )
+        if self.points**dim > 2 * HERMITE_BUDGET:
+            # every evaluation of the field sums over all nodes: a solve makes hundreds of them
+            warnings.warn(
+                f"GaussHermite(points={self.points}) in d = {dim} dimensions makes {self.points**dim:,} nodes, "
+                f"{self.points**dim / HERMITE_BUDGET:.1f} times the default budget HERMITE_BUDGET = "
+                f"{HERMITE_BUDGET:,}: every evaluation of the field sums over them all. Fewer points with "
+                "scale=0.8 (erf-like units), SparseGaussHermite or MonteCarlo cost less",
+                stacklevel=2,
             )
         return scaled_rule(*hermite_rule(self.points, dim), self.scale)
 
