@@ -255,7 +255,8 @@ def integrate(
     event: Callable[[Any, Any, Any], Any] | diffrax.Event | None = None,
     dtype: Any = jnp.float64,
     meta: Mapping[str, Any] | None = None,
-) -> Trajectory:
+    return_state: bool = False,
+) -> Any:
     """Integrate ``dy/dt = field(t, y, args)`` from ``t0`` to ``t1``.
 
     Parameters
@@ -295,13 +296,17 @@ def integrate(
         Floating dtype of the state (float64 by default; requires `enable_x64`).
     meta:
         Extra metadata stored in the trajectory.
+    return_state:
+        Also return the final state (the pytree ``y`` at ``t1``, or at the event), to
+        continue from it or to read what the observables leave out.
 
     Returns
     -------
     Trajectory with ``ts`` of shape ``(T,)`` and one array of shape ``(T, ...)`` per
-    observable. A solve that uses up ``max_steps`` raises `MaxStepsError` naming the time
-    reached; a non-finite value raises `DivergenceError` naming the time (inside
-    ``jit``/``vmap``: an ``equinox`` runtime error with the same advice).
+    observable (and the final state with ``return_state=True``). A solve that uses up
+    ``max_steps`` raises `MaxStepsError` naming the time reached; a non-finite value raises
+    `DivergenceError` naming the time (inside ``jit``/``vmap``: an ``equinox`` runtime error
+    with the same advice).
     """
     if isinstance(field, ODE):
         # an ODE brings its args, observables and defaults; what is given here overrides them
@@ -416,19 +421,21 @@ def integrate(
         endpoints,
     )
     for bad, message in input_failures:  # first, so that a point fails with its input's reason
-        out_ts, out_ys = fail_if((out_ts, out_ys), bad, message)
+        out_ts, out_ys, y_end = fail_if((out_ts, out_ys, y_end), bad, message)
     if traced:
         # Inside jit/vmap the time cannot be formatted into the message; fail loudly anyway.
         # Attach the checks to every output so none is dead-code-eliminated away.
         finite = jnp.all(jnp.array([jnp.all(jnp.isfinite(v)) for v in jax.tree_util.tree_leaves(out_ys)]))
-        out_ts, out_ys = fail_if(
-            (out_ts, out_ys),
+        out_ts, out_ys, y_end = fail_if(
+            (out_ts, out_ys, y_end),
             ~_ok(result),
             f"integrate: solver failed before t1 (max_steps={solver.max_steps} reached or step size "
             "collapsed); increase max_steps, loosen rtol/atol, or use an implicit solver",
         )
-        out_ts, out_ys = fail_if(
-            (out_ts, out_ys), ~finite, "integrate: non-finite value (NaN/Inf) in the solution: the ODE diverged"
+        out_ts, out_ys, y_end = fail_if(
+            (out_ts, out_ys, y_end),
+            ~finite,
+            "integrate: non-finite value (NaN/Inf) in the solution: the ODE diverged",
         )
     else:
         _check_solution(field, args, result, t_end, y_end, out_ts, out_ys, solver.max_steps, t1)
@@ -441,7 +448,8 @@ def integrate(
     elif not V.any_traced((rtol, atol)) and np.ndim(rtol) == 0 and np.ndim(atol) == 0:
         m.update(rtol=float(rtol), atol=float(atol))
     m.update(meta or {})
-    return Trajectory(out_ts, out_ys, m, t_event=t_event, stats=stats)
+    traj = Trajectory(out_ts, out_ys, m, t_event=t_event, stats=stats)
+    return (traj, y_end) if return_state else traj
 
 
 class ODE(eqx.Module):

@@ -279,17 +279,19 @@ def check_divergence(traj: Trajectory, step: Any, clock: Any = 1.0) -> Trajector
     return traj
 
 
-def run_training(run: Callable, args: tuple, *, clock: Any, total: int, event: Any = None) -> Trajectory:
-    """A theory package's compiled training ``run(*args) -> (trajectory, divergence step)``
-    (`simulate` with ``throw=False``, the step grid traced), as its ``train`` returns it: an
-    ``event`` checked on the run's observables before any computing (by tracing ``run``, which
-    its call then reuses), a diverged run stopped with the step (`check_divergence`), the step
-    count in the metadata, and ``t_event`` the first time ``event(t, obs)`` changes sign on
-    the saved points (`attnflow.event_time`)."""
+def run_training(run: Callable, args: tuple, *, clock: Any, total: int, event: Any = None) -> Any:
+    """A theory package's compiled training ``run(*args) -> (trajectory, divergence step)``, or
+    ``(trajectory, trained model, divergence step)`` (`simulate` with ``throw=False``, the
+    step grid traced), as its ``train`` returns it: an ``event`` checked on the run's
+    observables before any computing (by tracing ``run``, which its call then reuses), a
+    diverged run stopped with the step (`check_divergence`), the step count in the metadata,
+    ``t_event`` the first time ``event(t, obs)`` changes sign on the saved points
+    (`attnflow.event_time`); and the model, when ``run`` returns one."""
     if event is not None:
         check_saved_event(event, eqx.filter_eval_shape(run, *args)[0])
-    traj, bad = run(*args)
-    return with_event_time(check_divergence(traj, bad, clock).with_meta(steps=total), event)
+    out = run(*args)
+    traj = with_event_time(check_divergence(out[0], out[-1], clock).with_meta(steps=total), event)
+    return (traj, out[1]) if len(out) == 3 else traj
 
 
 @filter_jit

@@ -114,3 +114,34 @@ def test_simulate_step_grid_is_an_argument():
     assert "steps" not in run(np.array([0, 5, 7], np.int32)).meta
     with pytest.raises(ValueError, match="steps=None needs save=TimeGrid"):
         af.simulate(loss, model, opt, None)
+
+
+def test_train_returns_the_trained_network():
+    from attnflow import derive
+
+    s = dl.Setup()
+    run, net = dl.train(s, 2.0, return_model=True)
+    assert isinstance(net, dl.TwoLayerLinear)
+    obs = dl.model_observables(net, s.teacher)
+    np.testing.assert_allclose(obs["u"], run.final()["u"], rtol=1e-12)
+    np.testing.assert_allclose(dl.train(s, 2.0)["u"], run["u"], rtol=0)  # the same run with or without it
+    q = qkov.Setup()
+    for kw in ({}, {"dt": 0.5}):  # gradient flow (the state at t1) and descent
+        run, net = qkov.train(q, 50.0, return_model=True, **kw)
+        np.testing.assert_allclose(qkov.model_observables(net, q.task)["loss"], run.final()["loss"], rtol=1e-10)
+    R0, Q0 = [[0.1, 0.0], [0.0, 0.05]], [[0.5, 0.1], [0.1, 0.4]]
+    ds = derive.Setup(derive.soft_committee, derive.soft_committee, R0, Q0, quadrature=derive.GaussHermite(6))
+    run, w = derive.train(ds, 1.0, D=100, return_model=True)
+    np.testing.assert_allclose(w["W"] @ w["W_star"].T / 100, run.final()["R"], rtol=1e-12)
+    np.testing.assert_allclose(w["W"] @ w["W"].T / 100, run.final()["Q"], rtol=1e-12)
+
+
+def test_integrate_returns_the_final_state():
+    s = dl.Setup()  # eta = 1: the closed form's clock
+    o = dl.ode(s)
+    traj, u = af.integrate(o, o.y0, 3.0, return_state=True)
+    np.testing.assert_allclose(u, traj.final()["u"], rtol=1e-12)
+    np.testing.assert_allclose(u, dl.mode_strength(3.0, s.s, s.u0), rtol=1e-7)
+    # continuing from it is the solve to a later time
+    later = af.integrate(o, u, 5.0, t0=3.0)
+    np.testing.assert_allclose(later.final()["u"], af.integrate(o, o.y0, 5.0).final()["u"], rtol=1e-7)

@@ -15,7 +15,6 @@ from .. import _validate as V
 from .._jit import filter_jit
 from ..options import LinearGrid, SaveGrid, TimeGrid
 from ..simulate import FullBatch, OnlineSGD, run_training, simulate
-from ..trajectory import Trajectory
 from .model import TwoLayerLinear
 from .observe import model_observables
 from .setup import Setup
@@ -42,8 +41,9 @@ def train(
     batch: int | None = None,
     save: SaveGrid | None = None,
     event: Callable[[Any, Mapping[str, Any]], Any] | None = None,
+    return_model: bool = False,
     progress: bool = False,
-) -> Trajectory:
+) -> Any:
     """The network ``W2 W1`` of ``setup`` trained to time ``t1`` from the balanced, aligned start
     (``W2 W1 = u0 U V^T``, the start of the mode ODE).
 
@@ -56,6 +56,8 @@ def train(
     ``event(t, obs) -> scalar`` (as in `solve`) sets ``t_event``: the first time it changes sign
     on the saved points, placed linearly between them (`attnflow.event_time`); the run goes on
     to ``t1``.
+
+    ``return_model=True`` returns ``(trajectory, trained network)``: the `TwoLayerLinear` at ``t1``.
 
     Compiled once per (``dt``, number of save points, ``batch``, sizes): new ``t1``, learning
     rates, mode strengths or initial strengths reuse it; ``key`` may be traced (a sweep over
@@ -77,12 +79,12 @@ def train(
                 stacklevel=2,
             )
     key = V.prng_key(key)
-    args = (setup, key, np.asarray(steps, np.int32), float(dt), batch, progress)
+    args = (setup, key, np.asarray(steps, np.int32), float(dt), batch, bool(return_model), progress)
     return run_training(_train, args, clock=dt, total=total, event=event)
 
 
 @filter_jit
-def _train(setup, key, steps, dt, batch, progress):
+def _train(setup, key, steps, dt, batch, return_model, progress):
     teacher = setup.teacher
     model = TwoLayerLinear.aligned(teacher, setup.u0)
     if batch is None:
@@ -109,5 +111,6 @@ def _train(setup, key, steps, dt, batch, progress):
         clock=dt,
         progress=progress,
         throw=False,
+        return_model=return_model,
         meta={"theory": "deeplinear", "dt": dt, "batch": batch},
     )

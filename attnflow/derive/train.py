@@ -17,7 +17,6 @@ from ..expect import psd_sqrt
 from ..optim import per_circuit
 from ..options import LinearGrid, SaveGrid, TimeGrid
 from ..simulate import OnlineSGD, run_training, simulate
-from ..trajectory import Trajectory
 from .observe import weight_observables
 from .setup import Setup
 from .theory import rule
@@ -61,8 +60,9 @@ def train(
     D: int = REFERENCE_D,
     save: SaveGrid | None = None,
     event: Callable[[Any, Mapping[str, Any]], Any] | None = None,
+    return_model: bool = False,
     progress: bool = False,
-) -> Trajectory:
+) -> Any:
     """Online SGD of ``setup``'s student on fresh inputs of its data model, one sample per step,
     labels ``teacher(W* x / sqrt(D)) + sigma xi``, to ``t1 = steps / D``: Gaussian inputs
     ``x ~ N(0, I_D)``, or (`SingleLocation`) ``L`` tokens with the signal ``theta . W* / sqrt(D)``
@@ -79,6 +79,9 @@ def train(
     ``event(t, obs) -> scalar`` (as in `solve`) sets ``t_event``: the first time it changes sign
     on the saved points, placed linearly between them (`attnflow.event_time`); the run goes on
     to ``t1``.
+    ``return_model=True`` returns ``(trajectory, trained network)``: ``{"W": W, "v": v,
+    "W_star": W*}``, the student's weights ``(K, D)`` (and readouts, if trained) and the
+    teacher's ``(M, D)``.
     Compiled once per (``D``, number of save points, model functions): new ``t1``, rates,
     overlaps or keys reuse it.
     """
@@ -89,12 +92,12 @@ def train(
     if t1 <= 0:
         raise ValueError(f"t1 must be positive, got {t1}")
     total, steps = (save or DEFAULT_TRAIN_SAVE).steps_for(t1, 1.0 / D)
-    args = (setup, V.prng_key(key), rule(setup), np.asarray(steps, np.int32), D, progress)
+    args = (setup, V.prng_key(key), rule(setup), np.asarray(steps, np.int32), D, bool(return_model), progress)
     return run_training(_train, args, clock=1.0 / D, total=total, event=event)
 
 
 @filter_jit
-def _train(setup, key, rl, steps, D, progress):
+def _train(setup, key, rl, steps, D, return_model, progress):
     k_frame, k_run = jax.random.split(key)
     W_star, W0 = weights_from_overlaps(setup.R0, setup.Q0, setup.T, D, k_frame)
     params = {"W": W0}
@@ -125,7 +128,7 @@ def _train(setup, key, rl, steps, D, progress):
 
         return jnp.mean(jax.vmap(one)(lam, nu, ctx, xi))
 
-    return simulate(
+    out = simulate(
         loss,
         params,
         opt,
@@ -137,5 +140,10 @@ def _train(setup, key, rl, steps, D, progress):
         clock=1.0 / D,
         progress=progress,
         throw=False,
+        return_model=return_model,
         meta={"theory": "derive", "D": D, "clock": "t = steps / D", "batch": 1},
     )
+    if return_model:  # the student's weights with the teacher's, which the overlaps are measured against
+        traj, trained, bad = out
+        return traj, {**trained, "W_star": W_star}, bad
+    return out

@@ -15,7 +15,6 @@ from .. import _validate as V
 from .._jit import filter_jit
 from ..options import LogGrid, SaveGrid, TimeGrid
 from ..simulate import OnlineSGD, run_training, simulate
-from ..trajectory import Trajectory
 from .data import MarkovChain, random_windows
 from .model import OneLayerAttention, next_token_loss
 from .observe import record
@@ -85,8 +84,9 @@ def train(
     save: SaveGrid | None = None,
     observe: Callable[[dict, Setup], Mapping] | None = None,
     event: Callable[[Any, Mapping[str, Any]], Any] | None = None,
+    return_model: bool = False,
     progress: bool = False,
-) -> Trajectory:
+) -> Any:
     """The network (M1) of ``setup`` trained by online SGD to time ``t1``, from ``setup.theta0()``
     (the draw `attnflow.focus.solve` starts from) or the weights ``initial`` (a dict like it).
 
@@ -106,6 +106,8 @@ def train(
     ``event(t, obs) -> scalar`` (as in `solve`) sets ``t_event``: the first time it changes sign
     on the saved points, placed linearly between them (`attnflow.event_time`); the run goes on
     to ``t1``.
+    ``return_model=True`` returns ``(trajectory, trained network)``: the `OneLayerAttention` at
+    ``t1`` (``model.theta`` its weights as a dict like ``setup.theta0()``).
     Compiled once per ``dt``, number of save points, ``context``, ``batch``, widths and
     ``observe``: new ``t1``, ``tau``, ``eta``, ``eps`` and chains reuse it.
     """
@@ -140,13 +142,14 @@ def train(
         context,
         batch,
         start,
+        bool(return_model),
         progress,
     )
     return run_training(_train, args, clock=dt, total=total, event=event)
 
 
 @filter_jit
-def _train(setup, theta0, key, tokens, observe, steps, dt, context, batch, start, progress):
+def _train(setup, theta0, key, tokens, observe, steps, dt, context, batch, start, return_model, progress):
     model = OneLayerAttention.from_theta(theta0, setup.tau)
     trainable = eqx.tree_at(lambda m: m.tau, jax.tree_util.tree_map(lambda _: True, model), False)
     if tokens is None:
@@ -170,6 +173,7 @@ def _train(setup, theta0, key, tokens, observe, steps, dt, context, batch, start
         filter_spec=trainable,
         progress=progress,
         throw=False,
+        return_model=return_model,
         meta={
             "theory": "focus",
             "dt": dt,

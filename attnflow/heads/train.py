@@ -17,7 +17,6 @@ from ..expect import psd_sqrt
 from ..optim import label_by_path, per_circuit
 from ..options import LinearGrid, SaveGrid, TimeGrid
 from ..simulate import OnlineSGD, run_training, simulate
-from ..trajectory import Trajectory
 from .data import SingleLocationTask
 from .model import MultiHead, sample_loss
 from .observe import model_observables
@@ -95,8 +94,9 @@ def train(
     eval_samples: int = EVAL_SAMPLES,
     dtype: Any = None,
     event: Callable[[Any, Mapping[str, Any]], Any] | None = None,
+    return_model: bool = False,
     progress: bool = False,
-) -> Trajectory:
+) -> Any:
     """Online SGD of ``setup``'s model in dimension ``D`` to time ``t1`` on the clock
     ``t = steps / D`` of `attnflow.heads.solve`. ``D = None`` (the default) is the ``D`` of
     ``setup.init`` (`FiniteDDraw`, `SymmetricSeed`) when it has a concrete one, else
@@ -117,6 +117,8 @@ def train(
     ``event(t, obs) -> scalar`` (as in `solve`) sets ``t_event``: the first time it changes sign
     on the saved points, placed linearly between them (`attnflow.event_time`); the run goes on
     to ``t1``.
+    ``return_model=True`` returns ``(trajectory, trained network)``: the `MultiHead` at ``t1``
+    (keys ``(H, D)`` and activation).
     Compiled once per (``D``, number of save points, setup structure, ``eval_samples``, dtype):
     new ``t1``, learning rates, prior parameters or initial conditions reuse it.
     """
@@ -136,7 +138,18 @@ def train(
     total, steps = (DEFAULT_TRAIN_SAVE if save is None else save).steps_for(t1, dt)
     M0, Q0 = setup.initial_overlaps()
     check_overlaps("initial condition", M0, Q0, setup.H, setup.F)
-    args = (setup, M0, Q0, V.prng_key(key), D, np.asarray(steps, np.int32), eval_samples, dtype.name, progress)
+    args = (
+        setup,
+        M0,
+        Q0,
+        V.prng_key(key),
+        D,
+        np.asarray(steps, np.int32),
+        eval_samples,
+        dtype.name,
+        bool(return_model),
+        progress,
+    )
     return run_training(_train, args, clock=dt, total=total, event=event)
 
 
@@ -150,7 +163,7 @@ def _label(learned):
 
 
 @filter_jit
-def _train(setup, M0, Q0, key, D, steps, eval_samples, dtype, progress):
+def _train(setup, M0, Q0, key, D, steps, eval_samples, dtype, return_model, progress):
     task = SingleLocationTask(D, setup.L, setup.prior, key=TASK_SEED, target=setup.target, dtype=dtype)
     k_frame, k_sgd = jax.random.split(key)
     K = keys_from_overlaps(M0, Q0, task.spikes, key=k_frame).astype(dtype)
@@ -188,6 +201,7 @@ def _train(setup, M0, Q0, key, D, steps, eval_samples, dtype, progress):
         clock=1.0 / D,
         progress=progress,
         throw=False,
+        return_model=return_model,
         meta={
             "theory": "heads",
             "clock": "t = steps / D",

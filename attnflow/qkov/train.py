@@ -107,8 +107,9 @@ def train(
     save: SaveGrid | None = None,
     solver: SolverOptions | None = None,
     event: Callable[[Any, Mapping[str, Any]], Any] | None = None,
+    return_model: bool = False,
     progress: bool = False,
-) -> Trajectory:
+) -> Any:
     """The full matrices of ``setup``'s theory task (`Setup.task`, ``V = M b + |C|`` tokens, the
     model of `Setup.parametrisation` with ``n_out = M``, query not attended), trained to time
     ``t1`` from the invariant-manifold start (`Setup.model`, the start of `solve`):
@@ -138,6 +139,9 @@ def train(
     solve stops there, found by the solver as in `solve`; under descent it is the first time
     the event changes sign on the saved points, placed linearly between them
     (`attnflow.event_time`), and the run goes on to ``t1``.
+
+    ``return_model=True`` returns ``(trajectory, trained network)``: the `QKOVModel` at ``t1``
+    (or at the event, under gradient flow).
 
     New learning rates (``setup.replace(eta_qk=...)``) and, for descent, new ``t1`` with as
     many save points reuse the compiled run.
@@ -172,6 +176,7 @@ def train(
             observe=observe,
             event=observable_event(event, observe),
             meta={**meta, "method": "gradient flow"},
+            return_state=return_model,
         )
     dt = V.finite_scalar("dt", dt)
     V.positive("dt", dt)
@@ -185,6 +190,7 @@ def train(
         dt,
         batch,
         conserved,
+        bool(return_model),
         progress,
         {**meta, "method": "gradient descent" if batch is None else "online SGD"},
     )
@@ -192,7 +198,7 @@ def train(
 
 
 @filter_jit
-def _descend(setup, key, initial, steps, dt, batch, conserved, progress, meta):
+def _descend(setup, key, initial, steps, dt, batch, conserved, return_model, progress, meta):
     task = setup.task
     model = make_aligned(task, setup.parametrisation, initial["mu_ov"], initial["mu_qk"], score_scale=setup.score_scale)
     opt = per_circuit(circuit_labels(model), {k: v * dt for k, v in _rates(setup).items()}, allow_unused=True)
@@ -216,6 +222,7 @@ def _descend(setup, key, initial, steps, dt, batch, conserved, progress, meta):
         clock=dt,
         progress=progress,
         throw=False,
+        return_model=return_model,
         meta=meta,
     )
 
