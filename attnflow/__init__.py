@@ -61,9 +61,11 @@ from .plot import overlay as overlay
 from .plot import save_figure as save_figure
 from .prior import Prior as Prior
 from .report import Report as Report
+from .saddle import FixedPointBranch as FixedPointBranch
 from .saddle import Spectrum as Spectrum
 from .saddle import escape_time as escape_time
 from .saddle import fixed_point as fixed_point
+from .saddle import fixed_point_branch as fixed_point_branch
 from .saddle import jacobian as jacobian
 from .saddle import spectrum as spectrum
 from .saddle import unstable_subspace as unstable_subspace
@@ -140,6 +142,8 @@ __all__ = [
     "fit_line",
     "fit_power_law",
     "fixed_point",
+    "fixed_point_branch",
+    "FixedPointBranch",
     "gauss_hermite",
     "gradient_flow",
     "growth_rate",

@@ -7,6 +7,8 @@ For a vector field ``field(t, y, args)`` on a pytree state ``y``, or a theory's 
 - `jacobian`: the Jacobian ``d field / d y`` as a matrix on the flattened state;
 - `spectrum`: eigenvalues sorted by real part (largest first) with eigenvectors mapped
   back to the pytree shape;
+- `fixed_point_branch`: fixed points followed along a parameter (natural continuation), with
+  the spectrum at each;
 - `escape_time`: the linearised estimate ``log(r / eps) / lambda_max`` for leaving an
   unstable fixed point from a perturbation of size ``eps``.
 """
@@ -28,7 +30,16 @@ from . import _validate as V
 if TYPE_CHECKING:
     from .ode import ODE
 
-__all__ = ["fixed_point", "jacobian", "spectrum", "Spectrum", "unstable_subspace", "escape_time"]
+__all__ = [
+    "fixed_point",
+    "fixed_point_branch",
+    "FixedPointBranch",
+    "jacobian",
+    "spectrum",
+    "Spectrum",
+    "unstable_subspace",
+    "escape_time",
+]
 
 
 def fixed_point(
@@ -208,6 +219,86 @@ def spectrum(
 def unstable_subspace(field: Callable | ODE, y: Any, args: Any = None, tol: float = 1e-9) -> tuple[jax.Array, list]:
     """Unstable eigenvalues (real part > ``tol``) and their pytree eigenvectors at ``y``."""
     return spectrum(field, y, args).unstable(tol)
+
+
+class FixedPointBranch(eqx.Module):
+    """Fixed points along a parameter (`fixed_point_branch`): at ``values[i]`` the state
+    ``states`` (a pytree whose leaves carry a leading axis of the parameter values), the size
+    of the field there, ``residual[i] = max |field|`` (a point where the root find failed, at a
+    fold or past it, shows as a large residual), and ``eigenvalues[i]`` of the Jacobian,
+    sorted by real part, largest first."""
+
+    values: jax.Array
+    states: Any
+    residual: jax.Array
+    eigenvalues: jax.Array
+
+    @property
+    def lambda_max(self) -> jax.Array:
+        """The largest real part of the eigenvalues at each parameter value: ``> 0`` where the
+        fixed point is unstable (a saddle), and a change of sign where it changes stability."""
+        return jnp.real(self.eigenvalues[:, 0])
+
+    def converged(self, tol: float = 1e-8) -> jax.Array:
+        """Where the root find converged: ``residual <= tol``."""
+        return self.residual <= tol
+
+
+def fixed_point_branch(
+    ode_of: Callable[[Any], ODE],
+    values: Any,
+    y_guess: Any,
+    *,
+    solver: optx.AbstractRootFinder | optx.AbstractLeastSquaresSolver | None = None,
+    rtol: float = 1e-10,
+    atol: float = 1e-12,
+    max_steps: int = 256,
+    symmetric: bool = False,
+) -> FixedPointBranch:
+    """The fixed point of ``ode_of(p)`` followed along the parameter values ``values`` (1-D, in
+    the order given): natural continuation, each root find (`fixed_point`) started from the
+    secant extrapolation of the two before it (the first from ``y_guess``), with the spectrum
+    of the Jacobian there (`spectrum`; ``symmetric=True`` for a gradient flow: ``eigh``).
+
+    ``ode_of(p)`` returns an `attnflow.ODE`: ``lambda eta: P.ode(s.replace(eta=eta))`` for a
+    theory, ``lambda mu: af.ODE(field, {"mu": mu}, y0)`` for your own field. One compiled
+    ``lax.scan`` over the values (traceable, so it can sit in a sweep). Natural continuation
+    cannot turn round a fold: past one, the points do not converge, and ``residual`` says so.
+    """
+    from .ode import ODE, field_and_args, require_x64
+
+    require_x64("fixed_point_branch")
+    if not callable(ode_of):
+        raise ValueError(f"ode_of must be callable (parameter) -> af.ODE, got {ode_of!r:.80}")
+    values = jnp.asarray(values, dtype=jnp.result_type(float))
+    if values.ndim != 1 or values.shape[0] < 1:
+        raise ValueError(f"values must be a 1-D array of parameter values, got shape {values.shape}")
+    V.finite_tree("values", values)
+    first = ode_of(values[0])
+    if not isinstance(first, ODE):
+        raise ValueError(
+            f"ode_of(value) must return an af.ODE (P.ode(setup) or af.ODE(field, args, y0)), got {first!r:.80}"
+        )
+    V.finite_tree("y_guess", y_guess)
+    field0, args0 = field_and_args("fixed_point_branch", first, None)
+    _check_field_shape("fixed_point_branch", field0, y_guess, args0, 0.0)
+    y_guess = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype=jnp.result_type(float)), y_guess)
+
+    def step(carry, p):
+        y1, y2, p1, p2, k = carry
+        # secant predictor along the branch: y(p) ~ y1 + (y1 - y2) (p - p1) / (p1 - p2)
+        slope = jnp.where((k >= 2) & (p1 != p2), (p - p1) / jnp.where(p1 != p2, p1 - p2, 1.0), 0.0)
+        guess = jax.tree_util.tree_map(lambda a, b: a + slope * (a - b), y1, y2)
+        ode = ode_of(p)
+        y = fixed_point(ode, guess, solver=solver, rtol=rtol, atol=atol, max_steps=max_steps, throw=False)
+        field, args = field_and_args("fixed_point_branch", ode, None)
+        size = jnp.max(jnp.stack([jnp.max(jnp.abs(x)) for x in jax.tree_util.tree_leaves(field(0.0, y, args))]))
+        eig = spectrum(ode, y, symmetric=symmetric).values
+        return (y, y1, p, p1, k + 1), (y, size, eig.astype(jnp.result_type(eig, 1j)))
+
+    start = (y_guess, y_guess, values[0], values[0], jnp.asarray(0))
+    _, (states, residual, eigenvalues) = jax.lax.scan(step, start, values)
+    return FixedPointBranch(values, states, residual, eigenvalues)
 
 
 def escape_time(lam: Any, eps: Any, r: Any = 1.0) -> jax.Array:

@@ -742,3 +742,34 @@ def test_spectrum_of_a_general_jacobian_in_a_sweep():
     np.testing.assert_allclose(im, np.sqrt(np.array([1.0, 4.0]) - 0.0625), rtol=1e-12)
     host = af.spectrum(oscillator, jnp.zeros(2), {"k": 4.0, "gamma": 0.5})  # outside a trace: NumPy's eig
     np.testing.assert_allclose(host.lambda_max, -0.25, rtol=1e-12)
+
+
+def _pitchfork(t, y, a):
+    return a["mu"] * y - y**3
+
+
+def _fold(t, y, a):  # saddle-node: fixed points -sqrt(-mu) (stable) for mu < 0, none for mu > 0
+    return a["mu"] + y**2
+
+
+def test_fixed_point_branch_follows_a_pitchfork_and_flags_a_fold():
+    mus = np.linspace(2.0, 0.1, 20)
+    br = af.fixed_point_branch(lambda mu: af.ODE(_pitchfork, {"mu": mu}, jnp.ones(1)), mus, jnp.array([1.5]))
+    np.testing.assert_allclose(br.states[:, 0], np.sqrt(mus), rtol=1e-12)  # the branch y = sqrt(mu)
+    np.testing.assert_allclose(br.lambda_max, -2 * mus, rtol=1e-10)  # stable, eigenvalue mu - 3 y^2 = -2 mu
+    assert bool(br.converged().all())
+    # towards the fold at mu = 0 and past it: converged before, flagged after
+    mus = np.array([-1.0, -0.5, -0.2, -0.05, 0.2, 0.5])
+    fold = af.fixed_point_branch(lambda mu: af.ODE(_fold, {"mu": mu}, jnp.ones(1)), mus, jnp.array([-1.0]))
+    np.testing.assert_allclose(fold.states[:4, 0], -np.sqrt(-mus[:4]), rtol=1e-10)
+    assert fold.converged().tolist() == [True] * 4 + [False] * 2
+    # a theory's ODE along a learning rate: deeplinear's learned point u = s, eigenvalues -2 eta s
+    s = dl.Setup()
+    etas = np.array([0.5, 1.0, 2.0])
+    dlb = af.fixed_point_branch(lambda eta: dl.ode(s.replace(eta=eta)), etas, jnp.array([2.9, 2.1, 0.9, 0.6]))
+    np.testing.assert_allclose(dlb.states, np.broadcast_to(s.s, (3, 4)), rtol=1e-10)
+    np.testing.assert_allclose(dlb.lambda_max, -2 * etas * 0.5, rtol=1e-10)
+    with pytest.raises(ValueError, match="ode_of\\(value\\) must return an af.ODE"):
+        af.fixed_point_branch(lambda mu: _pitchfork, mus, jnp.ones(1))
+    with pytest.raises(ValueError, match="values must be a 1-D array"):
+        af.fixed_point_branch(lambda mu: af.ODE(_pitchfork, {"mu": mu}, jnp.ones(1)), 1.0, jnp.ones(1))
