@@ -693,3 +693,20 @@ def test_single_location_learned_activation_parameters_match_heads(which):
     worst, rows = _agreement(hs, student, _heads_points(4, seed=1), B=8, n=2**14, v=v, act=act.params())
     print(which, "max |derive - heads| / SE:", worst, rows)
     assert worst < 5.0, rows
+
+
+def test_plateau_is_the_symmetric_fixed_point_and_its_rate_times_the_escape():
+    R0, Q0 = 0.1 * jnp.ones((2, 2)), 0.5 * jnp.eye(2)
+    s = derive.Setup(derive.soft_committee, derive.soft_committee, R0, Q0, quadrature=derive.GaussHermite(10))
+    p = derive.plateau(s)
+    field = derive.ode(derive.symmetrised(s))(0.0, p.state)
+    assert max(float(jnp.max(jnp.abs(v))) for v in field.values()) < 1e-9
+    np.testing.assert_allclose(p.state["R"], p.state["R"][0, 0], rtol=1e-10)  # no unit singled out
+    assert float(p.lambda_max) > 0 and 0 < float(p.error) < float(derive.generalisation_error(s, R0, Q0))
+    # the escape from a specialisation r0 takes log(1/r0)/lambda_max plus a constant
+    escaped = lambda t, o: o["error"] - 0.5 * p.error
+    t_esc = [
+        float(derive.solve(s.replace(R0=R0 + r0 * jnp.eye(2)), 2000.0, event=escaped).t_event) for r0 in (1e-4, 1e-6)
+    ]
+    np.testing.assert_allclose((t_esc[1] - t_esc[0]) * float(p.lambda_max), np.log(100.0), rtol=0.03)
+    assert derive.symmetrised(s.replace(R0=R0 + jnp.diag(jnp.array([0.2, 0.0])))).R0[0, 1] == pytest.approx(0.15)

@@ -39,6 +39,7 @@ from .setup import squared_loss as squared_loss
 from .theory import DEFAULT_SAVE as DEFAULT_SAVE
 from .theory import DEFAULT_SOLVER as DEFAULT_SOLVER
 from .theory import NODE_CHUNK as NODE_CHUNK
+from .theory import Plateau as Plateau
 from .theory import Rule as Rule
 from .theory import covariance as covariance
 from .theory import expectations as expectations
@@ -46,8 +47,10 @@ from .theory import field as field
 from .theory import generalisation_error as generalisation_error
 from .theory import initial_state as initial_state
 from .theory import ode as ode
+from .theory import plateau as plateau
 from .theory import rule as rule
 from .theory import solve as solve
+from .theory import symmetrised as symmetrised
 from .theory import vector_field as vector_field
 from .train import DEFAULT_TRAIN_SAVE as DEFAULT_TRAIN_SAVE
 from .train import REFERENCE_D as REFERENCE_D
@@ -83,6 +86,9 @@ __all__ = [
     "signal_token",
     "soft_committee",
     "ode",
+    "plateau",
+    "Plateau",
+    "symmetrised",
     "solve",
     "squared_loss",
     "state_observables",

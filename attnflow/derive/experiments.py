@@ -8,16 +8,15 @@ from dataclasses import asdict, dataclass
 
 import jax.numpy as jnp
 import numpy as np
-import optimistix as optx
 from matplotlib.figure import Figure
 
 from ..analysis import first_crossing
 from ..options import LinearGrid, SolverOptions
 from ..report import Report, Timer, option, register
-from ..saddle import fixed_point, spectrum
 from ..sweep import sweep
 from .setup import GaussHermite, Setup, soft_committee
-from .theory import field, generalisation_error, rule, solve
+from .theory import plateau as symmetric_plateau
+from .theory import rule, solve
 from .train import train
 
 
@@ -81,16 +80,10 @@ class CommitteeConfig:
 
 
 def plateau(setup: Setup, r_sym: float, q0: float, rl) -> tuple[dict, float, float]:
-    """The symmetric fixed point (``R`` all equal, ``Q = q I + c (1 - I)``) of ``setup``'s field, its
-    error and the top eigenvalue ``lambda_max`` of the field's Jacobian there (the rate at which
-    the specialisation grows on the plateau)."""
-    sym = setup.replace(R0=r_sym * jnp.ones((2, 2)), Q0=q0 * jnp.eye(2))
-    guess = solve(sym, 60.0 / float(sym.eta), save=LinearGrid(2), rule=rl).final()
-    y0 = {"R": guess["R"], "Q": guess["Q"]}
-    # least squares: the antisymmetric part of Q is a null direction of the field (Q enters symmetrised)
-    y = fixed_point(field, y0, (sym, rl), solver=optx.LevenbergMarquardt(rtol=1e-10, atol=1e-12))
-    lam = float(np.real(spectrum(field, y, (sym, rl)).lambda_max))
-    return y, float(generalisation_error(sym, y["R"], y["Q"], None, rl)), lam
+    """`attnflow.derive.plateau` from ``R`` all ``r_sym`` and ``Q = q0 I``: the symmetric fixed
+    point, its error and ``lambda_max``."""
+    p = symmetric_plateau(setup.replace(R0=r_sym * jnp.ones((2, 2)), Q0=q0 * jnp.eye(2)), rule=rl)
+    return p.state, float(p.error), float(p.lambda_max)
 
 
 @register(

@@ -25,7 +25,7 @@ delta_ll' lambda_kl')] + eta^2 E[sum_l' delta_kl' delta_ll']``, over independent
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +51,9 @@ __all__ = [
     "field",
     "initial_state",
     "solve",
+    "Plateau",
+    "plateau",
+    "symmetrised",
 ]
 
 Rule = tuple[jax.Array, jax.Array]
@@ -272,3 +275,53 @@ def solve(
     computed in the step loop only when the event reads it).
     """
     return ode(setup, rule=rule).solve(t1, save=save, solver=solver, event=event)
+
+
+class Plateau(NamedTuple):
+    """The symmetric fixed point of `plateau`: ``state`` (``{"R", "Q"[, "v"]}``), the
+    generalisation ``error`` (5) there and ``lambda_max``, the largest real part of the
+    Jacobian's eigenvalues: the rate at which a small specialisation ``r0`` grows, so that the
+    escape takes about ``log(1 / r0) / lambda_max``."""
+
+    state: dict
+    error: jax.Array
+    lambda_max: jax.Array
+
+
+def symmetrised(setup: Setup) -> Setup:
+    """``setup`` with its initial overlaps made permutation-symmetric: every entry of ``R0``
+    its mean, ``Q0 = q I + c (1 - I)`` with ``q`` and ``c`` the means of its diagonal and
+    off-diagonal entries (the readouts as they are). No student unit is then singled out, and
+    the flow stays on the symmetric subspace: the plateau."""
+    K = setup.K
+    R0 = jnp.mean(setup.R0) * jnp.ones_like(setup.R0)
+    q = jnp.mean(jnp.diag(setup.Q0))
+    c = (jnp.sum(setup.Q0) - jnp.trace(setup.Q0)) / (K * (K - 1)) if K > 1 else 0.0
+    return setup.replace(R0=R0, Q0=q * jnp.eye(K) + c * (1 - jnp.eye(K)))
+
+
+def plateau(setup: Setup, *, t_guess: float | None = None, rule: Rule | None = None) -> Plateau:
+    """The symmetric plateau of ``setup``'s derived ODE (2)-(4): the flow from the symmetrised
+    start (`symmetrised`) to ``t_guess`` (default ``60 / eta``) gives the guess, from which a
+    Levenberg-Marquardt root find (`attnflow.fixed_point`; damped, because the antisymmetric
+    part of ``Q`` is a null direction of the field, ``Q`` entering it symmetrised) converges to
+    the fixed point; its `Plateau` holds the state, the error and ``lambda_max`` (the escape
+    rate, `attnflow.spectrum`)."""
+    import optimistix as optx
+
+    from ..options import LinearGrid
+    from ..saddle import fixed_point, spectrum
+
+    if not isinstance(setup, Setup):
+        raise ValueError(f"setup must be an attnflow.derive.Setup, got {setup!r:.80}")
+    sym = symmetrised(setup)
+    rl = _rule_of(sym) if rule is None else rule
+    horizon = 60.0 / float(sym.eta) if t_guess is None else V.finite_scalar("t_guess", t_guess)
+    if horizon <= 0:
+        raise ValueError(f"t_guess must be positive, got {horizon:g}")
+    o = ode(sym, rule=rl)
+    guess = o.solve(horizon, save=LinearGrid(2)).final()
+    y0 = {k: guess[k] for k in o.y0}
+    y = fixed_point(o, y0, solver=optx.LevenbergMarquardt(rtol=1e-10, atol=1e-12))
+    lam = jnp.real(spectrum(o, y).lambda_max)
+    return Plateau(y, generalisation_error(sym, y["R"], y["Q"], y.get("v"), rl), lam)
