@@ -88,7 +88,7 @@ def test_protocol_defaults_solve_vs_train():
     # the documented tolerance: gradient descent at the default dt = 0.01 is the Euler scheme of the
     # mode ODE, max |u_GD - u| = 0.066 and max |loss_GD - loss| = 0.13 to t = 8 (error O(dt))
     s = dl.Setup()
-    th, sim = dl.solve(s, 8.0), dl.train(s, 8.0, key=0)
+    th, sim = dl.solve(s, dl.REFERENCE_T), dl.train(s, dl.REFERENCE_T, key=0)
     gap = af.compare(th, sim)
     assert set(gap) == set(dl.OBSERVABLES) == set(dl.TRAIN_TOLERANCE) == {"u", "loss"}
     assert all(gap[k] < tol for k, tol in dl.TRAIN_TOLERANCE.items()), gap

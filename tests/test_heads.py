@@ -52,7 +52,7 @@ from attnflow.heads import (
     unspecialised_point,
 )
 
-REFERENCE_T = 12.0  # horizon of the protocol test: the reference heads specialise at t ~ 10
+REFERENCE_T = hd.REFERENCE_T  # horizon of the protocol test: the reference heads specialise at t ~ 10
 
 
 def test_protocol_defaults_and_no_recompile_for_a_new_eta():

@@ -51,7 +51,7 @@ from attnflow.qkov import (
 )
 
 RATIOS = [0.01, 0.1, 1.0, 10.0, 100.0]
-T_REF = 3000.0  # horizon of the protocol test (TRAIN_TOLERANCE holds for t1 <= 3000)
+T_REF = qkov.REFERENCE_T  # horizon of the protocol test (TRAIN_TOLERANCE holds for t1 <= 3000)
 
 
 def horizon(s):

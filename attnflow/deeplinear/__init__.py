@@ -31,6 +31,7 @@ from .theory import ode as ode
 from .theory import population_loss as population_loss
 from .theory import solve as solve
 from .train import DEFAULT_TRAIN_SAVE as DEFAULT_TRAIN_SAVE
+from .train import REFERENCE_T as REFERENCE_T
 from .train import TRAIN_TOLERANCE as TRAIN_TOLERANCE
 from .train import train as train
 
@@ -42,6 +43,7 @@ __all__ = [
     "REFERENCE_MODES",
     "Setup",
     "TEACHER_SEED",
+    "REFERENCE_T",
     "TRAIN_TOLERANCE",
     "Teacher",
     "TwoLayerLinear",

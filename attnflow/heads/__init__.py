@@ -99,6 +99,7 @@ from .theory import unspecialised_point as unspecialised_point
 from .train import DEFAULT_TRAIN_SAVE as DEFAULT_TRAIN_SAVE
 from .train import EVAL_SAMPLES as EVAL_SAMPLES
 from .train import EVAL_SEED as EVAL_SEED
+from .train import REFERENCE_T as REFERENCE_T
 from .train import TASK_SEED as TASK_SEED
 from .train import TRAIN_TOLERANCE as TRAIN_TOLERANCE
 from .train import keys_from_overlaps as keys_from_overlaps
@@ -124,6 +125,7 @@ __all__ = [
     "REFERENCE_SIGNAL",
     "SPECIALISATION_HORIZON",
     "TASK_SEED",
+    "REFERENCE_T",
     "TRAIN_TOLERANCE",
     "Activation",
     "AllPermutations",

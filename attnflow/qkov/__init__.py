@@ -133,6 +133,7 @@ from .train import FLOW_SOLVER as FLOW_SOLVER
 from .train import GENERATOR_BATCH as GENERATOR_BATCH
 from .train import GENERATOR_OBSERVABLES as GENERATOR_OBSERVABLES
 from .train import GENERATOR_SAVE as GENERATOR_SAVE
+from .train import REFERENCE_T as REFERENCE_T
 from .train import TRAIN_TOLERANCE as TRAIN_TOLERANCE
 from .train import fixed_attention_logits as fixed_attention_logits
 from .train import linear_ramp as linear_ramp
@@ -177,6 +178,7 @@ __all__ = [
     "REFERENCE_R001",
     "SPECIALS",
     "TASKS",
+    "REFERENCE_T",
     "TRAIN_TOLERANCE",
     "CodeGenerator",
     "EpsIdentity",
