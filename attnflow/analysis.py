@@ -101,7 +101,8 @@ def event_time(traj: Trajectory, event: Callable[[Any, Mapping[str, Any]], Any])
 
     ``event`` is what every package's ``solve(..., event=...)`` takes: a function of the time
     and the named observables at one save point (``lambda t, o: o["loss"] - 0.1``), giving one
-    real number, or a boolean (then the first save time at which it turns true). A `solve`
+    real number, or a boolean (then the first save time at which it holds, the first one
+    included, as a solve stops at once on an event true at its start). A `solve`
     stops at its event, found by a root find of the ODE to solver accuracy; here the event is
     read on saved points, so its resolution is that of the save grid. Every package's
     ``train(..., event=...)`` records this time as ``t_event``. Batched trajectories (a sweep,
@@ -122,9 +123,11 @@ def event_time(traj: Trajectory, event: Callable[[Any, Mapping[str, Any]], Any])
     values = g(traj.ts, dict(traj.ys))
     ts = traj.ts
     if jnp.issubdtype(values.dtype, jnp.bool_):
-        hit = values[..., 1:] & ~values[..., :-1]  # turns true between save i and i + 1
+        hit = values  # the first save at which it holds (the start too, as in a solve)
         i = jnp.argmax(hit, axis=-1)
-        t_hit = jnp.take_along_axis(ts[..., 1:], i[..., None], axis=-1)[..., 0]
+        t_hit = jnp.take_along_axis(ts, i[..., None], axis=-1)[..., 0]
+    elif ts.shape[-1] < 2:  # one save point: no change of sign to see
+        return jnp.full(ts.shape[:-1], jnp.nan, dtype=ts.dtype)
     else:
         g0, g1 = values[..., :-1], values[..., 1:]
         hit = ((g0 > 0) & (g1 <= 0)) | ((g0 < 0) & (g1 >= 0))

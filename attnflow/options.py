@@ -198,14 +198,6 @@ class TimeGrid(SaveGrid):
         if s[0] < 0 or s[-1] > total * dt * (1 + 1e-12):
             raise ValueError(f"save times must lie in [0, {total * dt:g}], got {s[0]:g} .. {s[-1]:g}")
         steps = np.round(s / dt).astype(np.int64)
-        off = np.flatnonzero(np.abs(steps * dt - s) > 1e-9 * np.maximum(np.abs(s), dt))
-        if off.size:
-            i = int(off[0])
-            warnings.warn(
-                f"{off.size} save time(s) are not multiples of dt = {dt:g} and are saved at the nearest step "
-                f"(t = {s[i]:g} at t = {steps[i] * dt:g}); the trajectory's ts are the times saved",
-                stacklevel=_caller_outside_attnflow(),
-            )
         same = np.flatnonzero(np.diff(steps) == 0)
         if same.size:
             # dropping one would return fewer save points than asked for, silently misaligned
@@ -213,6 +205,16 @@ class TimeGrid(SaveGrid):
             raise ValueError(
                 f"save times {s[i]:g} and {s[i + 1]:g} round to the same step {int(steps[i])} (dt = {dt:g}): "
                 "give times at least dt apart, or a smaller dt"
+            )
+        # relative to the times' own resolution too (float32 times of a step of 0.1 are off by 1e-9)
+        eps = np.finfo(np.asarray(self.ts).dtype).eps if np.asarray(self.ts).dtype.kind == "f" else 0.0
+        off = np.flatnonzero(np.abs(steps * dt - s) > max(1e-9, 8 * eps) * np.maximum(np.abs(s), dt))
+        if off.size:
+            i = int(off[0])
+            warnings.warn(
+                f"{off.size} save time(s) are not multiples of dt = {dt:g} and are saved at the nearest step "
+                f"(t = {s[i]:g} at t = {steps[i] * dt:g}); the trajectory's ts are the times saved",
+                stacklevel=_caller_outside_attnflow(),
             )
         return steps
 

@@ -51,16 +51,21 @@ def _columns(y: np.ndarray) -> np.ndarray:
     return y.reshape(y.shape[0], -1)
 
 
-def _components(name: str, ref: np.ndarray, given: Any) -> tuple[list[int], list[str | None]]:
-    """The columns of observable ``name`` to draw (of ``ref``, shape ``(T, *features)``) and their
-    labels. A square matrix symmetric at every saved time (an overlap ``Q``) draws its upper
-    triangle only: each off-diagonal entry once. Labels: ``given`` (one list for every panel, or
-    ``{name: list}``) indexed by the flattened entry, else ``name[i]`` / ``name[i,j]`` for up to 10
-    drawn entries (more would not fit a legend, and the colours repeat)."""
-    shape = ref.shape[1:]
+def _components(name: str, refs: Sequence[np.ndarray], given: Any) -> tuple[list[int], list[str | None]]:
+    """The columns of observable ``name`` to draw (of the arrays ``refs``, theory and runs, each
+    of shape ``(T, *features)``) and their labels. A square matrix symmetric at every saved time
+    in all of them (an overlap ``Q``) draws its upper triangle only: each off-diagonal entry
+    once. Labels: ``given`` (one list for every panel, or ``{name: list}``) indexed by the
+    flattened entry, else ``name[i]`` / ``name[i,j]`` for up to 10 drawn entries (more would not
+    fit a legend, and the colours repeat)."""
+    shape = refs[0].shape[1:]
     cols = list(range(int(np.prod(shape, dtype=int))))
-    square = len(shape) == 2 and shape[0] == shape[1] > 1 and np.all(np.isfinite(ref))
-    if square and np.allclose(ref, np.swapaxes(ref, -1, -2), rtol=1e-12, atol=1e-14 * (1 + np.abs(ref).max())):
+
+    def symmetric(a):
+        return np.allclose(a, np.swapaxes(a, -1, -2), rtol=1e-12, atol=1e-14 * (1 + np.abs(a).max()))
+
+    square = len(shape) == 2 and shape[0] == shape[1] > 1
+    if square and all(r.shape[1:] == shape and np.all(np.isfinite(r)) and symmetric(r) for r in refs):
         cols = [k for k in cols if k // shape[1] <= k % shape[1]]
     if isinstance(given, Mapping):
         given = given.get(name)
@@ -130,8 +135,9 @@ def overlay(
     fig, axes = _panels(len(names), ncols, figsize_per_panel)
     for ax, name in zip(axes, names):
         sim = [r for r in runs if name in r]
-        ref = np.asarray(theory[name] if theory is not None and name in theory else sim[0][name])
-        cols, col_labels = _components(name, ref, component_labels)
+        refs = [np.asarray(theory[name])] if theory is not None and name in theory else []
+        refs += [np.asarray(r[name]) for r in sim]
+        cols, col_labels = _components(name, refs, component_labels)
         if theory is not None and name in theory:
             t = np.asarray(theory.ts)
             y = _columns(np.asarray(theory[name]))

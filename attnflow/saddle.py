@@ -67,6 +67,7 @@ def fixed_point(
     require_x64("fixed_point")  # rtol 1e-10 is below float32's resolution: a float32 root "converges" anywhere near
     field, args = field_and_args("fixed_point", field, args)
     V.finite_tree("y_guess", y_guess)
+    y_guess = _as_float64(y_guess)
     if not callable(field):
         raise ValueError(f"field must be callable (t, y, args) -> dy/dt, got {field!r:.80}")
     _check_field_shape("fixed_point", field, y_guess, args, t)
@@ -107,6 +108,16 @@ class _Residual(eqx.Module):
         return self.field(t, y, args)
 
 
+def _as_float64(y: Any) -> Any:
+    """A state's real leaves in float64 (a float32 guess would keep the root find in float32)."""
+
+    def cast(x):
+        x = jnp.asarray(x)
+        return x if jnp.iscomplexobj(x) else x.astype(jnp.result_type(float))
+
+    return jax.tree_util.tree_map(cast, y)
+
+
 def _check_field_shape(who: str, field: Callable, y: Any, args: Any, t: Any) -> None:
     """``ValueError`` unless ``field(t, y, args)`` has the structure and shapes of ``y``."""
     out = V.abstract_call(f"{who}: field(t, y, args) failed at y", lambda y, a: field(t, y, a), y, args)
@@ -141,7 +152,7 @@ class Spectrum(eqx.Module):
     @property
     def lambda_max(self) -> jax.Array:
         """The largest real part of the eigenvalues (the growth rate at a saddle)."""
-        return jnp.real(self.values[0])
+        return jnp.real(self.values[..., 0])  # [..., 0]: a spectrum batched by vmap or a sweep
 
     def unstable(self, tol: float = 1e-9) -> tuple[jax.Array, list]:
         """Eigenvalues with real part > tol and their eigenvectors."""
@@ -175,6 +186,7 @@ def spectrum(
     # in float32 the Jacobian's rounding (~1e-7 |J|) exceeds the default tol of `unstable`:
     # null directions would count as unstable
     require_x64("spectrum")
+    y = _as_float64(y)
     J = jacobian(field, y, args, t)
     _, unravel = ravel_pytree(y)
     B = None if basis is None else jnp.asarray(basis, dtype=J.dtype)
@@ -237,7 +249,7 @@ class FixedPointBranch(eqx.Module):
     def lambda_max(self) -> jax.Array:
         """The largest real part of the eigenvalues at each parameter value: ``> 0`` where the
         fixed point is unstable (a saddle), and a change of sign where it changes stability."""
-        return jnp.real(self.eigenvalues[:, 0])
+        return jnp.real(self.eigenvalues[..., 0])
 
     def converged(self, tol: float = 1e-8) -> jax.Array:
         """Where the root find converged: ``residual <= tol``."""
@@ -282,7 +294,7 @@ def fixed_point_branch(
     V.finite_tree("y_guess", y_guess)
     field0, args0 = field_and_args("fixed_point_branch", first, None)
     _check_field_shape("fixed_point_branch", field0, y_guess, args0, 0.0)
-    y_guess = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype=jnp.result_type(float)), y_guess)
+    y_guess = _as_float64(y_guess)
 
     def step(carry, p):
         y1, y2, p1, p2, k = carry

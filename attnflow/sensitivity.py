@@ -59,6 +59,9 @@ class Sensitivity(eqx.Module):
 
     def __repr__(self) -> str:
         # numbers, not only shapes, where the outcome is a few numbers (a time, a loss)
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((self.value, self.grad))):
+            return super().__repr__()
+
         class _Shape:  # a large array by dtype and shape, as Equinox prints a module
             def __init__(self, x):
                 self.text = f"{np.dtype(x.dtype).str[1:]}{list(x.shape)}"
@@ -73,8 +76,6 @@ class Sensitivity(eqx.Module):
 
         value = jax.tree_util.tree_map(show, self.value)
         grad = {k: jax.tree_util.tree_map(show, g) for k, g in self.grad.items()}
-        if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((self.value, self.grad))):
-            return super().__repr__()
         return f"Sensitivity(value={value!r}, grad={grad!r})"
 
 

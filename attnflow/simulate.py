@@ -70,7 +70,7 @@ class _LossOn(eqx.Module):
     """``{"loss": loss(model, data)}``: a value equal for the same ``loss``, so a repeated
     `simulate` with the default observables reuses its compilation."""
 
-    loss: Callable = eqx.field(static=True)
+    loss: Callable  # a function is static to filter_jit by itself; a loss module's arrays stay data
     data: Any
 
     def __call__(self, model):
@@ -140,9 +140,12 @@ def simulate(
     optimizer:
         An Optax transformation (see `attnflow.per_circuit` for per-circuit rates).
     steps:
-        Number of optimizer steps. ``None`` with ``save=TimeGrid(steps)``: train to the grid's
-        last step; the grid's steps may then be traced (a caller's compiled function that
-        takes them as an argument compiles once for every run with as many save points).
+        Number of optimizer steps (training goes on past the last save step, so that the
+        returned model is the one after ``steps``). ``None`` with ``save=TimeGrid(steps)``:
+        train to the grid's last step. A caller's compiled function may pass the grid's steps
+        (and ``steps``) traced, as arguments: it then compiles once for every run with as many
+        save points; a traced grid is taken as given (whole, increasing steps in
+        ``[0, steps]``: check it before tracing, as `SaveGrid.steps_for` does).
     mode:
         `FullBatch` (default), `OnlineSGD` or `Minibatch`.
     key:
@@ -175,7 +178,10 @@ def simulate(
     """
     if steps is None and not isinstance(save, TimeGrid):
         raise ValueError(f"steps=None needs save=TimeGrid(steps) (the run ends at its last step), got save={save!r}")
-    if steps is not None:
+    grid_traced = isinstance(save, TimeGrid) and V.any_traced(save.ts)
+    if steps is not None and V.any_traced(steps) and not grid_traced:
+        raise ValueError("steps may be traced only with a traced save=TimeGrid(steps) (a caller's compiled grid)")
+    if steps is not None and not V.any_traced(steps):
         steps = V.positive_int("steps", steps)
     mode = FullBatch() if mode is None else mode
     if not isinstance(mode, TrainingMode):
@@ -187,15 +193,23 @@ def simulate(
         raise ValueError(f"save must be a SaveGrid (LinearGrid, LogGrid or TimeGrid), got {save!r}")
     V.positive("clock", clock)
     s_save: Any
-    if isinstance(save, TimeGrid) and steps is None and V.any_traced(save.ts):
-        # the caller traced its grid (and checked it before tracing: whole steps, increasing)
-        s_save = jnp.asarray(save.ts).astype(jnp.int32)
+    if grid_traced:
+        # the caller traced its grid (and checked it before tracing: whole steps, increasing,
+        # within [0, steps])
+        s_save = jnp.asarray(save.ts).astype(jnp.int32)  # type: ignore[attr-defined]
     elif isinstance(save, TimeGrid) and steps is None:
-        s_save = save.steps(int(np.max(np.asarray(save.ts))))
+        last = np.max(np.asarray(save.ts))
+        if not last > 0:
+            raise ValueError(
+                f"steps=None trains to the last step of the TimeGrid, which must be positive, got {last:g}"
+            )
+        s_save = save.steps(int(last))
         steps = int(s_save[-1])
     else:
         assert steps is not None  # refused above unless save is a TimeGrid
         s_save = save.steps(steps)
+    # training goes on to `steps` past a grid that ends before it (the returned model is at `steps`)
+    end = s_save[-1] if steps is None else steps
     observe = observe or mode.default_observe(loss)
     key = V.prng_key(key)  # an integer seed (possibly traced, for vmap over seeds) or a key
     params, static = eqx.partition(model, filter_spec)
@@ -204,7 +218,16 @@ def simulate(
     traced = V.any_traced((params, key, clock, mode, optimizer, s_save))
 
     out_params, ys, bad = _run(
-        loss, params, static, optimizer, mode, key, observe, jnp.asarray(s_save, dtype=jnp.int32), progress
+        loss,
+        params,
+        static,
+        optimizer,
+        mode,
+        key,
+        observe,
+        jnp.asarray(s_save, dtype=jnp.int32),
+        jnp.asarray(end, dtype=jnp.int32),
+        progress,
     )
     ts = jnp.asarray(clock) * jnp.asarray(s_save).astype(jnp.result_type(float))
     if throw and traced:
@@ -244,7 +267,9 @@ def simulate(
                     f"(t = {float(ts[i]):.6g}), while the parameters stayed finite: the observable is undefined "
                     "there (a log or division at zero?)"
                 )
-    m = {"mode": type(mode).__name__} if steps is None else {"steps": steps, "mode": type(mode).__name__}
+    m: dict[str, Any] = {"mode": type(mode).__name__}
+    if steps is not None and not V.any_traced(steps):
+        m["steps"] = steps  # a traced count cannot sit in the (static) metadata: its caller adds it
     m.update(meta or {})
     traj = Trajectory(ts, ys, m)
     out: tuple = (traj,)
@@ -295,7 +320,7 @@ def run_training(run: Callable, args: tuple, *, clock: Any, total: int, event: A
 
 
 @filter_jit
-def _run(loss, params, static, optimizer, mode, key, observe, s_save, progress):
+def _run(loss, params, static, optimizer, mode, key, observe, s_save, end, progress):
     opt_state = optimizer.init(params)
     lengths = jnp.diff(s_save)
 
@@ -337,7 +362,8 @@ def _run(loss, params, static, optimizer, mode, key, observe, s_save, progress):
     # the first save step may be past 0 (a grid from t_min): train to it, then observe
     p, o, k, bad = jax.lax.fori_loop(0, s_save[0], step_fn, (params, opt_state, key, jnp.asarray(-1, jnp.int32)))
     y0 = observe_p(p)
-    (p, _, _, bad, _), ys = jax.lax.scan(segment, (p, o, k, bad, s_save[0]), lengths)
+    (p, o, k, bad, _), ys = jax.lax.scan(segment, (p, o, k, bad, s_save[0]), lengths)
+    p, o, k, bad = jax.lax.fori_loop(s_save[-1], end, step_fn, (p, o, k, bad))  # past the last save
     ys = {name: jnp.concatenate([jnp.asarray(y0[name])[None], ys[name]]) for name in y0}
     if progress:
         jax.debug.callback(_progress_close)

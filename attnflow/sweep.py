@@ -174,8 +174,10 @@ class SweepResult:
         return self.values[name]
 
     def index(self, **point: Any) -> tuple[int, ...]:
-        """Grid index of the point whose coordinates are closest to ``point`` (per named axis).
-        A numeric value outside an axis's range, or a label not on it, raises ``ValueError``."""
+        """Grid index of the point whose coordinates are closest to ``point`` (per named axis),
+        with a warning naming the point taken when a value is not on its axis (relative
+        distance above ``1e-6``). A numeric value outside an axis's range, or a label not on
+        it, raises ``ValueError``."""
         unknown = set(point) - set(self.dims)
         if unknown:
             raise ValueError(f"unknown sweep axis {sorted(unknown)}; axes are {self.dims}")
@@ -1464,7 +1466,7 @@ _READ_NAMES: contextvars.ContextVar[frozenset[str] | None] = contextvars.Context
 _MAX_DEPTH = 10  # how deep the fingerprint follows values (a function's globals, an object's attributes, ...)
 
 
-def _digest(obj: Any, h: Any, depth: int, seen: dict[int, tuple[int, Any]], root: bool = False) -> None:
+def _digest(obj: Any, h: Any, depth: int, seen: dict[Any, tuple[int, Any]], root: bool = False) -> None:
     """Feed ``obj`` into the hash ``h``. ``seen``: the functions, classes and objects already
     digested, by ``id``, each with its number (and kept alive, so that no id is reused);
     one met again (a cycle, or shared) counts by that number. ``root``: ``obj`` is the swept
@@ -1516,8 +1518,13 @@ def _digest(obj: Any, h: Any, depth: int, seen: dict[int, tuple[int, Any]], root
         read_names = _READ_NAMES.get()
         if read_names is not None and not _is_library(obj.__name__):
             # the user's own module (a config.py): the attributes the function's code names
-            # (``cfg.T1``) are settings like an object's; a library's module counts by name
-            seen[id(obj)] = (len(seen), obj)
+            # (``cfg.T1``) are settings like an object's; a library's module counts by name.
+            # Seen per set of names: another function reading another attribute reads it again
+            module_key = (id(obj), read_names)
+            if module_key in seen:
+                h.update(f"<ref {seen[module_key][0]}>".encode())
+                return
+            seen[module_key] = (len(seen), obj)
             _digest(
                 {k: v for k, v in vars(obj).items() if k in read_names and not k.startswith("__")},
                 h,
@@ -1572,7 +1579,20 @@ def _digest(obj: Any, h: Any, depth: int, seen: dict[int, tuple[int, Any]], root
         for leaf in leaves:
             _digest(leaf, h, depth + 1, seen)
         return
-    seen[id(obj)] = (len(seen), obj)
+    cls = type(obj)
+    holder = (
+        isinstance(obj, (argparse.Namespace, types.SimpleNamespace))
+        or dataclasses.is_dataclass(obj)
+        or not _named_only(cls.__module__, cls.__qualname__)
+    )
+    read_names = _READ_NAMES.get()  # reached from a function: only the attributes its code names
+    # a holder of settings is seen per set of names read (another function reading another
+    # attribute of it reads it again); any other object once
+    seen_key: Any = (id(obj), read_names) if holder else id(obj)
+    if seen_key in seen:
+        h.update(f"<ref {seen[seen_key][0]}>".encode())
+        return
+    seen[seen_key] = (len(seen), obj)
     try:
         wrapped = getattr(obj, "__wrapped__", None) if callable(obj) else None
     except Exception:  # an object whose attribute lookup fails: read as an opaque object
@@ -1585,14 +1605,7 @@ def _digest(obj: Any, h: Any, depth: int, seen: dict[int, tuple[int, Any]], root
     # argparse.Namespace, a dataclass, an object of the user's own class). A library's other
     # objects (a logger, a file) count by class: their state changes by itself
     _digest(type(obj), h, depth + 1, seen)
-    cls = type(obj)
-    holder = (
-        isinstance(obj, (argparse.Namespace, types.SimpleNamespace))
-        or dataclasses.is_dataclass(obj)
-        or not _named_only(cls.__module__, cls.__qualname__)
-    )
     attrs = _attributes(obj) if holder else None
-    read_names = _READ_NAMES.get()  # reached from a function: only the attributes its code names
     if attrs:
         _digest(
             {k: v for k, v in attrs.items() if not k.startswith("_") and (read_names is None or k in read_names)},
@@ -1656,7 +1669,7 @@ def _attributes(obj: Any) -> dict[str, Any] | None:
     return slots or None
 
 
-def _digest_treedef(treedef: Any, h: Any, depth: int, seen: dict[int, tuple[int, Any]]) -> None:
+def _digest_treedef(treedef: Any, h: Any, depth: int, seen: dict[Any, tuple[int, Any]]) -> None:
     """A pytree's structure: each node's class and static data, read as values (so a static
     function field counts by its code; the structure's ``str`` shows it by address only)."""
     data = treedef.node_data()

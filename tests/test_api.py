@@ -45,6 +45,11 @@ def test_save_grids():
     with pytest.warns(UserWarning, match=r"1 save time\(s\) are not multiples of dt = 0.01.*t = 1.2345 at t = 1.23"):
         _, s = af.TimeGrid([0.0, 0.5, 1.2345, 2.0]).steps_for(2.0, 0.01)
     assert list(s) == [0, 50, 123, 200]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # float32 times a step apart are whole steps to their own precision
+        af.TimeGrid(np.arange(21, dtype=np.float32) * np.float32(0.1)).steps_for(2.0, 0.01)
     total, s = af.LogGrid(10, t_min=0.5).steps_for(8.0, 0.01)
     assert total == 800 and s[1] == 50 and s[-1] == 800
     for bad, match in (
@@ -718,6 +723,7 @@ def test_messages_of_an_odes_event_and_a_sensitivity():
     assert (
         repr(af.sensitivity(lambda a: jnp.arange(20.0) * a, a=2.0)) == "Sensitivity(value=f8[20], grad={'a': f8[20]})"
     )
+    jax.jit(lambda a: repr(af.sensitivity(lambda x: x**2, x=a)) and a)(1.0)  # printing inside a trace works
 
 
 def test_log_time_interpolation_is_linear_before_the_first_positive_save():
@@ -742,6 +748,11 @@ def test_spectrum_of_a_general_jacobian_in_a_sweep():
     np.testing.assert_allclose(im, np.sqrt(np.array([1.0, 4.0]) - 0.0625), rtol=1e-12)
     host = af.spectrum(oscillator, jnp.zeros(2), {"k": 4.0, "gamma": 0.5})  # outside a trace: NumPy's eig
     np.testing.assert_allclose(host.lambda_max, -0.25, rtol=1e-12)
+    # a batched Spectrum (vmap) has one lambda_max per point
+    batched = jax.vmap(lambda g: af.spectrum(oscillator, jnp.zeros(2), {"k": 4.0, "gamma": g}))(jnp.array([0.5, 1.0]))
+    np.testing.assert_allclose(batched.lambda_max, [-0.25, -0.5], rtol=1e-12)
+    # a float32 guess is solved in float64
+    assert af.fixed_point(oscillator, jnp.ones(2, jnp.float32), {"k": 4.0, "gamma": 0.5}).dtype == jnp.float64
 
 
 def _pitchfork(t, y, a):

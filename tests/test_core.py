@@ -636,6 +636,10 @@ def test_overlay_names_matrix_entries_and_draws_a_symmetric_matrix_once():
     assert ax_q.get_legend_handles_labels()[1] == ["theory a", "theory b", "theory c", "simulation"]
     np.testing.assert_allclose(ax_q.lines[2].get_ydata(), Q[:, 1, 1])
     assert ax_q.lines[1].get_color() == ax_q.lines[4].get_color()  # an entry's theory and runs share a colour
+    # a run that is not symmetric where the theory is: every entry drawn
+    run = af.Trajectory(ts, {"Q": Q.at[:, 1, 0].add(0.3)})
+    ax = next(a for a in af.overlay(theory, run, "Q").axes if a.get_visible())
+    assert len(ax.lines) == 8
 
 
 def test_family_of_a_sweep_or_a_batched_trajectory():

@@ -710,3 +710,7 @@ def test_plateau_is_the_symmetric_fixed_point_and_its_rate_times_the_escape():
     ]
     np.testing.assert_allclose((t_esc[1] - t_esc[0]) * float(p.lambda_max), np.log(100.0), rtol=0.03)
     assert derive.symmetrised(s.replace(R0=R0 + jnp.diag(jnp.array([0.2, 0.0])))).R0[0, 1] == pytest.approx(0.15)
+    # teachers of different sizes: each student's overlaps the mean row (the overlaps stay realisable)
+    T = jnp.diag(jnp.array([1.0, 0.01]))
+    odd = s.replace(R0=jnp.diag(jnp.array([0.9, 0.09])), Q0=jnp.eye(2), T=T)
+    np.testing.assert_allclose(derive.symmetrised(odd).R0, [[0.45, 0.045], [0.45, 0.045]], rtol=1e-12)

@@ -537,6 +537,20 @@ def test_resume_reads_settings_of_the_users_own_modules(tmp_path, monkeypatch):
         af.sweep(fn, grid, out_dir=out, progress=False)
     res = af.sweep(fn, grid, out_dir=tmp_path / "fresh", progress=False)
     np.testing.assert_array_equal(res.values, [6.0, 10.0])
+    # two functions of the user's reading different attributes of one module: each attribute counts
+    (tmp_path / "af_test_helpers.py").write_text(
+        "import af_test_cfg as cfg\n\ndef g1(x):\n    return x * cfg.T1\n\n"
+        "def g2(x):\n    return x + cfg.OTHER\n\ndef both(x):\n    return g2(g1(x))\n"
+    )
+    helpers = importlib.import_module("af_test_helpers")
+    from attnflow.sweep import _fingerprint
+
+    def nested(eta):
+        return helpers.both(eta)
+
+    before = _fingerprint(nested)
+    cfg.OTHER = 3  # read by g2 only, after g1 read the module for T1
+    assert _fingerprint(nested) != before
 
 
 def test_fingerprints_ignore_caches_and_the_state_of_library_objects(tmp_path):

@@ -33,6 +33,12 @@ def test_event_time_is_the_linear_crossing_between_saves():
     np.testing.assert_allclose(af.event_time(traj, lambda t, o: t - 1.234)[0], 1.234, rtol=1e-12)
     failed = af.Trajectory(np.full(5, np.nan), {"y": np.full(5, np.nan)})
     assert np.isnan(af.event_time(failed, lambda t, o: o["y"]))
+    # a boolean event true from the start is at the first save, as a solve stops at once; one save point
+    np.testing.assert_allclose(af.event_time(traj, lambda t, o: o["y"] < 2.0), [0.0, 0.0, 0.0])
+    one = af.Trajectory(np.array([1.0]), {"y": np.array([0.5])})
+    assert (
+        np.isnan(af.event_time(one, lambda t, o: o["y"] - 0.1)) and af.event_time(one, lambda t, o: o["y"] > 0) == 1.0
+    )
     # traceable: under jit the same numbers
     np.testing.assert_allclose(jax.jit(lambda tr: af.event_time(tr, lambda t, o: o["y"] - 0.63))(traj), t)
 
@@ -112,6 +118,11 @@ def test_simulate_step_grid_is_an_argument():
     run = eqx.filter_jit(lambda st: af.simulate(loss, model, opt, None, save=af.TimeGrid(st)))
     np.testing.assert_allclose(run(np.array([0, 10, 30], np.int32))["loss"], third["loss"], rtol=1e-12)
     assert "steps" not in run(np.array([0, 5, 7], np.int32)).meta
+    # steps past the last save: the model returned is the one after `steps`
+    _, m = af.simulate(loss, model, opt, 30, save=af.TimeGrid([0, 10]), return_model=True)
+    np.testing.assert_allclose(m["w"], 0.9**30, rtol=1e-12)
+    with pytest.raises(ValueError, match="last step of the TimeGrid, which must be positive"):
+        af.simulate(loss, model, opt, None, save=af.TimeGrid([0]))
     with pytest.raises(ValueError, match="steps=None needs save=TimeGrid"):
         af.simulate(loss, model, opt, None)
 
@@ -125,6 +136,10 @@ def test_train_returns_the_trained_network():
     obs = dl.model_observables(net, s.teacher)
     np.testing.assert_allclose(obs["u"], run.final()["u"], rtol=1e-12)
     np.testing.assert_allclose(dl.train(s, 2.0)["u"], run["u"], rtol=0)  # the same run with or without it
+    # a save grid that ends before t1: the run (and the network returned) goes on to t1
+    early, net4 = dl.train(s, 4.0, save=af.TimeGrid([0.0, 1.0]), return_model=True)
+    assert early.meta["steps"] == 400 and float(early.ts[-1]) == 1.0
+    np.testing.assert_allclose(dl.model_observables(net4, s.teacher)["u"], dl.train(s, 4.0).final()["u"], rtol=1e-12)
     q = qkov.Setup()
     for kw in ({}, {"dt": 0.5}):  # gradient flow (the state at t1) and descent
         run, net = qkov.train(q, 50.0, return_model=True, **kw)

@@ -84,12 +84,21 @@ def train(
                 stacklevel=2,
             )
     key = V.prng_key(key)
-    args = (setup, key, np.asarray(steps, np.int32), float(dt), batch, bool(return_model), progress)
+    args = (
+        setup,
+        key,
+        np.asarray(steps, np.int32),
+        np.asarray(total, np.int32),
+        float(dt),
+        batch,
+        bool(return_model),
+        progress,
+    )
     return run_training(_train, args, clock=dt, total=total, event=event)
 
 
 @filter_jit
-def _train(setup, key, steps, dt, batch, return_model, progress):
+def _train(setup, key, steps, total, dt, batch, return_model, progress):
     teacher = setup.teacher
     model = TwoLayerLinear.aligned(teacher, setup.u0)
     if batch is None:
@@ -108,7 +117,7 @@ def _train(setup, key, steps, dt, batch, return_model, progress):
         loss,
         model,
         optax.sgd(setup.eta * dt),
-        None,
+        total,
         mode=mode,
         key=key,
         observe=lambda m: model_observables(m, teacher),

@@ -289,12 +289,23 @@ class Plateau(NamedTuple):
 
 
 def symmetrised(setup: Setup) -> Setup:
-    """``setup`` with its initial overlaps made permutation-symmetric: every entry of ``R0``
-    its mean, ``Q0 = q I + c (1 - I)`` with ``q`` and ``c`` the means of its diagonal and
-    off-diagonal entries (the readouts as they are). No student unit is then singled out, and
-    the flow stays on the symmetric subspace: the plateau."""
-    K = setup.K
-    R0 = jnp.mean(setup.R0) * jnp.ones_like(setup.R0)
+    """``setup`` with its initial overlaps made symmetric under permutations of the student
+    units: each row of ``R0`` the mean row, and, where the teacher is symmetric too (``T = t I
+    + s (1 - I)``), every entry the mean; ``Q0 = q I + c (1 - I)`` with ``q`` and ``c`` the
+    means of its diagonal and off-diagonal entries (the readouts as they are). No student unit
+    is then singled out, and the flow stays on the symmetric subspace: the plateau. (An average
+    of overlaps over permutations is again a realisable set of overlaps.)"""
+    K, M = setup.K, setup.M
+    T = setup.T
+    teacher_symmetric = M == 1 or bool(
+        jnp.allclose(
+            T, jnp.mean(jnp.diag(T)) * jnp.eye(M) + (jnp.sum(T) - jnp.trace(T)) / (M * (M - 1)) * (1 - jnp.eye(M))
+        )
+    )
+    if teacher_symmetric:
+        R0 = jnp.mean(setup.R0) * jnp.ones_like(setup.R0)
+    else:
+        R0 = jnp.ones((K, 1)) * jnp.mean(setup.R0, axis=0, keepdims=True)
     q = jnp.mean(jnp.diag(setup.Q0))
     c = (jnp.sum(setup.Q0) - jnp.trace(setup.Q0)) / (K * (K - 1)) if K > 1 else 0.0
     return setup.replace(R0=R0, Q0=q * jnp.eye(K) + c * (1 - jnp.eye(K)))

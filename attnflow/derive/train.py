@@ -92,12 +92,21 @@ def train(
     if t1 <= 0:
         raise ValueError(f"t1 must be positive, got {t1}")
     total, steps = (save or DEFAULT_TRAIN_SAVE).steps_for(t1, 1.0 / D)
-    args = (setup, V.prng_key(key), rule(setup), np.asarray(steps, np.int32), D, bool(return_model), progress)
+    args = (
+        setup,
+        V.prng_key(key),
+        rule(setup),
+        np.asarray(steps, np.int32),
+        np.asarray(total, np.int32),
+        D,
+        bool(return_model),
+        progress,
+    )
     return run_training(_train, args, clock=1.0 / D, total=total, event=event)
 
 
 @filter_jit
-def _train(setup, key, rl, steps, D, return_model, progress):
+def _train(setup, key, rl, steps, total, D, return_model, progress):
     k_frame, k_run = jax.random.split(key)
     W_star, W0 = weights_from_overlaps(setup.R0, setup.Q0, setup.T, D, k_frame)
     params = {"W": W0}
@@ -132,7 +141,7 @@ def _train(setup, key, rl, steps, D, return_model, progress):
         loss,
         params,
         opt,
-        None,
+        total,
         mode=OnlineSGD(sampler, 1),
         key=k_run,
         observe=lambda p: weight_observables(setup, p, W_star, rl),

@@ -138,6 +138,7 @@ def train(
         tokens,
         observe,
         np.asarray(steps, np.int32),
+        np.asarray(total, np.int32),
         float(dt),
         context,
         batch,
@@ -149,7 +150,7 @@ def train(
 
 
 @filter_jit
-def _train(setup, theta0, key, tokens, observe, steps, dt, context, batch, start, return_model, progress):
+def _train(setup, theta0, key, tokens, observe, steps, total, dt, context, batch, start, return_model, progress):
     model = OneLayerAttention.from_theta(theta0, setup.tau)
     trainable = eqx.tree_at(lambda m: m.tau, jax.tree_util.tree_map(lambda _: True, model), False)
     if tokens is None:
@@ -164,7 +165,7 @@ def _train(setup, theta0, key, tokens, observe, steps, dt, context, batch, start
         next_token_loss,
         model,
         optax.sgd(setup.eta * dt),
-        None,
+        total,
         mode=OnlineSGD(contexts, batch),
         key=key,
         observe=observe_model,

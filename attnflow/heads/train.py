@@ -151,6 +151,7 @@ def train(
         V.prng_key(key),
         D,
         np.asarray(steps, np.int32),
+        np.asarray(total, np.int32),
         eval_samples,
         dtype.name,
         bool(return_model),
@@ -169,7 +170,7 @@ def _label(learned):
 
 
 @filter_jit
-def _train(setup, M0, Q0, key, D, steps, eval_samples, dtype, return_model, progress):
+def _train(setup, M0, Q0, key, D, steps, total, eval_samples, dtype, return_model, progress):
     task = SingleLocationTask(D, setup.L, setup.prior, key=TASK_SEED, target=setup.target, dtype=dtype)
     k_frame, k_sgd = jax.random.split(key)
     K = keys_from_overlaps(M0, Q0, task.spikes, key=k_frame).astype(dtype)
@@ -199,7 +200,7 @@ def _train(setup, M0, Q0, key, D, steps, eval_samples, dtype, return_model, prog
         loss,
         model,
         optimizer,
-        None,
+        total,
         mode=OnlineSGD(task.sample, setup.minibatch),
         key=k_sgd,
         observe=observe,

@@ -193,6 +193,7 @@ def train(
         V.prng_key(key),
         init,
         np.asarray(steps, np.int32),
+        np.asarray(total, np.int32),
         dt,
         batch,
         conserved,
@@ -204,7 +205,7 @@ def train(
 
 
 @filter_jit
-def _descend(setup, key, initial, steps, dt, batch, conserved, return_model, progress, meta):
+def _descend(setup, key, initial, steps, total, dt, batch, conserved, return_model, progress, meta):
     task = setup.task
     model = make_aligned(task, setup.parametrisation, initial["mu_ov"], initial["mu_qk"], score_scale=setup.score_scale)
     opt = per_circuit(circuit_labels(model), {k: v * dt for k, v in _rates(setup).items()}, allow_unused=True)
@@ -220,7 +221,7 @@ def _descend(setup, key, initial, steps, dt, batch, conserved, return_model, pro
         loss,
         model,
         opt,
-        None,
+        total,
         mode=mode,
         key=key,
         observe=lambda m: _observe(m, task, conserved),
