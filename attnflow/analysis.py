@@ -96,8 +96,9 @@ def first_crossing(
 
 
 def event_time(traj: Trajectory, event: Callable[[Any, Mapping[str, Any]], Any]) -> Float[Array, "*batch"]:
-    """Time at which ``event(t, obs)`` first changes sign along the save points of ``traj``,
-    placed linearly between the two save times around the change; NaN where it never does.
+    """Time at which ``event(t, obs)`` first reaches or crosses zero along the save points of
+    ``traj`` (from a nonzero value), placed linearly between the two save times around it; NaN
+    where it never does.
 
     ``event`` is what every package's ``solve(..., event=...)`` takes: a function of the time
     and the named observables at one save point (``lambda t, o: o["loss"] - 0.1``), giving one

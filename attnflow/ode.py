@@ -534,15 +534,18 @@ class ODE(eqx.Module):
         save: SaveGrid | None = None,
         solver: SolverOptions | None = None,
         event: Callable[[Any, dict], Any] | None = None,
-    ) -> Trajectory:
+        return_state: bool = False,
+    ) -> Any:
         """`integrate` from ``y0`` (default ``self.y0``) at ``t0`` to ``t1``, saving on ``save``
         with ``solver`` (defaults: the ODE's), recording its observables.
 
         ``event(t, obs) -> scalar`` on the named observables stops the solve where it first
         changes sign, as in every package's ``solve`` (`ObservableEvent`); ``traj.t_event`` is
-        that time (NaN if it never does)."""
+        that time (NaN if it never does). ``return_state=True`` returns ``(traj, y_end)``, the
+        state at ``t1`` (or at the event), from which ``ode.solve(t2, y0=y_end, t0=t1)`` goes on."""
         event_fn = observable_event(event, self.observe or _default_observe)
-        return integrate(self, self.y0 if y0 is None else y0, t1, t0=t0, save=save, solver=solver, event=event_fn)
+        y0 = self.y0 if y0 is None else y0
+        return integrate(self, y0, t1, t0=t0, save=save, solver=solver, event=event_fn, return_state=return_state)
 
 
 def field_and_args(who: str, field: Any, args: Any) -> tuple[Callable, Any]:

@@ -71,6 +71,11 @@ def _components(name: str, refs: Sequence[np.ndarray], given: Any) -> tuple[list
         given = given.get(name)
     if len(cols) == 1:
         return cols, [None]
+    if given is not None and len(given) < len(cols) and len(given) <= max(cols):
+        raise ValueError(
+            f"overlay: component_labels has {len(given)} labels, but {name!r} has {int(np.prod(shape))} entries "
+            f"(shape {shape}): give one label per entry, or {{name: labels}} per observable"
+        )
     if given is not None:
         return cols, [str(given[k]) for k in cols]
     if len(cols) > 10:

@@ -201,6 +201,11 @@ def spectrum(
     traced = V.any_traced(J)
     if traced:
         symmetric = bool(symmetric)  # the values cannot be looked at: the general eig unless told
+        if symmetric:  # checked as it runs: eigh of a non-symmetric matrix is silently another matrix's
+            from ._errors import fail_if
+
+            not_symmetric = jnp.max(jnp.abs(J - J.T)) > 1e-8 * (1 + jnp.max(jnp.abs(J)))
+            J = fail_if(J, not_symmetric, "spectrum: symmetric=True, but the Jacobian is not symmetric")
     else:
         is_symmetric = bool(jnp.allclose(J, J.T, rtol=1e-10, atol=1e-12 * (1 + float(jnp.max(jnp.abs(J))))))
         if symmetric is None:
@@ -276,6 +281,9 @@ def fixed_point_branch(
     theory, ``lambda mu: af.ODE(field, {"mu": mu}, y0)`` for your own field. One compiled
     ``lax.scan`` over the values (traceable, so it can sit in a sweep). Natural continuation
     cannot turn round a fold: past one, the points do not converge, and ``residual`` says so.
+    A field with a null direction (a singular Jacobian along a whole family of roots) defeats
+    Newton (NaN points); a least-squares solver (``optx.LevenbergMarquardt``) converges there,
+    to some root of the family, which may not be the one you followed.
     """
     from .ode import ODE, field_and_args, require_x64
 

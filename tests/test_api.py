@@ -751,6 +751,9 @@ def test_spectrum_of_a_general_jacobian_in_a_sweep():
     # a batched Spectrum (vmap) has one lambda_max per point
     batched = jax.vmap(lambda g: af.spectrum(oscillator, jnp.zeros(2), {"k": 4.0, "gamma": g}))(jnp.array([0.5, 1.0]))
     np.testing.assert_allclose(batched.lambda_max, [-0.25, -0.5], rtol=1e-12)
+    # symmetric=True on a Jacobian that is not, under a trace: an error as it runs (not another matrix's eigh)
+    with pytest.raises(Exception, match="symmetric=True, but the Jacobian is not symmetric"):
+        jax.jit(lambda k: af.spectrum(oscillator, jnp.zeros(2), {"k": k, "gamma": 0.5}, symmetric=True).values)(4.0)
     # a float32 guess is solved in float64
     assert af.fixed_point(oscillator, jnp.ones(2, jnp.float32), {"k": 4.0, "gamma": 0.5}).dtype == jnp.float64
 

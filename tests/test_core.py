@@ -640,6 +640,8 @@ def test_overlay_names_matrix_entries_and_draws_a_symmetric_matrix_once():
     run = af.Trajectory(ts, {"Q": Q.at[:, 1, 0].add(0.3)})
     ax = next(a for a in af.overlay(theory, run, "Q").axes if a.get_visible())
     assert len(ax.lines) == 8
+    with pytest.raises(ValueError, match=r"component_labels has 2 labels, but 'R' has 4 entries"):
+        af.overlay(theory, None, "R", component_labels=["a", "b"])
 
 
 def test_family_of_a_sweep_or_a_batched_trajectory():

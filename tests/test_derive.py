@@ -714,3 +714,29 @@ def test_plateau_is_the_symmetric_fixed_point_and_its_rate_times_the_escape():
     T = jnp.diag(jnp.array([1.0, 0.01]))
     odd = s.replace(R0=jnp.diag(jnp.array([0.9, 0.09])), Q0=jnp.eye(2), T=T)
     np.testing.assert_allclose(derive.symmetrised(odd).R0, [[0.45, 0.045], [0.45, 0.045]], rtol=1e-12)
+
+
+def test_plateau_with_trained_readouts_is_symmetric_and_realisable():
+    R0, Q0 = jnp.array([[0.02, 0.0], [0.0, 0.01]]), 0.2 * jnp.eye(2)
+    s = derive.Setup(
+        derive.soft_committee,
+        derive.soft_committee,
+        R0,
+        Q0,
+        v0=jnp.array([0.9, 1.1]),
+        eta=0.5,
+        quadrature=derive.GaussHermite(8),
+    )
+    np.testing.assert_allclose(derive.symmetrised(s).v0, [1.0, 1.0])  # readouts too: no student singled out
+    p = derive.plateau(s)
+    Q, R, v = (np.asarray(p.state[k]) for k in ("Q", "R", "v"))
+    np.testing.assert_allclose(v, v[0], rtol=1e-9)
+    np.testing.assert_allclose(R, R[0, 0], rtol=1e-9)
+    assert np.linalg.eigvalsh(Q - R @ R.T).min() > 0  # overlaps some weights have (T = I)
+    assert float(p.lambda_max) > 0
+    # one student: the symmetric point is the minimum, not a plateau
+    one = derive.Setup(
+        derive.soft_committee, derive.soft_committee, [[0.1]], [[0.5]], quadrature=derive.GaussHermite(12)
+    )
+    with pytest.warns(UserWarning, match="the symmetric point is stable"):
+        derive.plateau(one)

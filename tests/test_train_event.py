@@ -157,6 +157,8 @@ def test_integrate_returns_the_final_state():
     traj, u = af.integrate(o, o.y0, 3.0, return_state=True)
     np.testing.assert_allclose(u, traj.final()["u"], rtol=1e-12)
     np.testing.assert_allclose(u, dl.mode_strength(3.0, s.s, s.u0), rtol=1e-7)
+    _, u2 = o.solve(3.0, return_state=True)  # the same through the ODE's own solve
+    np.testing.assert_allclose(u2, u, rtol=1e-12)
     # continuing from it is the solve to a later time
     later = af.integrate(o, u, 5.0, t0=3.0)
     np.testing.assert_allclose(later.final()["u"], af.integrate(o, o.y0, 5.0).final()["u"], rtol=1e-7)

@@ -24,6 +24,7 @@ delta_ll' lambda_kl')] + eta^2 E[sum_l' delta_kl' delta_ll']``, over independent
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -292,9 +293,10 @@ def symmetrised(setup: Setup) -> Setup:
     """``setup`` with its initial overlaps made symmetric under permutations of the student
     units: each row of ``R0`` the mean row, and, where the teacher is symmetric too (``T = t I
     + s (1 - I)``), every entry the mean; ``Q0 = q I + c (1 - I)`` with ``q`` and ``c`` the
-    means of its diagonal and off-diagonal entries (the readouts as they are). No student unit
-    is then singled out, and the flow stays on the symmetric subspace: the plateau. (An average
-    of overlaps over permutations is again a realisable set of overlaps.)"""
+    means of its diagonal and off-diagonal entries, and readouts ``v0`` of one entry per student
+    their mean. No student unit is then singled out, and the flow stays on the symmetric
+    subspace: the plateau. (An average of overlaps over permutations is again a realisable set
+    of overlaps.)"""
     K, M = setup.K, setup.M
     T = setup.T
     teacher_symmetric = M == 1 or bool(
@@ -308,7 +310,10 @@ def symmetrised(setup: Setup) -> Setup:
         R0 = jnp.ones((K, 1)) * jnp.mean(setup.R0, axis=0, keepdims=True)
     q = jnp.mean(jnp.diag(setup.Q0))
     c = (jnp.sum(setup.Q0) - jnp.trace(setup.Q0)) / (K * (K - 1)) if K > 1 else 0.0
-    return setup.replace(R0=R0, Q0=q * jnp.eye(K) + c * (1 - jnp.eye(K)))
+    v0 = setup.v0
+    if v0 is not None and jnp.ndim(v0) >= 1 and jnp.shape(v0)[0] == K:
+        v0 = jnp.broadcast_to(jnp.mean(v0, axis=0, keepdims=True), jnp.shape(v0))
+    return setup.replace(R0=R0, Q0=q * jnp.eye(K) + c * (1 - jnp.eye(K)), v0=v0)
 
 
 def plateau(setup: Setup, *, t_guess: float | None = None, rule: Rule | None = None) -> Plateau:
@@ -334,5 +339,35 @@ def plateau(setup: Setup, *, t_guess: float | None = None, rule: Rule | None = N
     guess = o.solve(horizon, save=LinearGrid(2)).final()
     y0 = {k: guess[k] for k in o.y0}
     y = fixed_point(o, y0, solver=optx.LevenbergMarquardt(rtol=1e-10, atol=1e-12))
+    _check_plateau(sym, y)
     lam = jnp.real(spectrum(o, y).lambda_max)
+    if float(lam) <= 0:
+        warnings.warn(
+            f"derive.plateau: the symmetric point is stable (lambda_max = {float(lam):.3g} <= 0): there is no "
+            "plateau to escape from here (with K = 1 or a matched student it is the minimum)",
+            stacklevel=2,
+        )
     return Plateau(y, generalisation_error(sym, y["R"], y["Q"], y.get("v"), rl), lam)
+
+
+def _check_plateau(sym: Setup, y: dict) -> None:
+    """The root of `plateau` must be overlaps some weights have, and symmetric: a damped root find
+    can settle on a root of the field past the realisable set (the field is defined there too)."""
+    R, Q, T = (np.asarray(a, dtype=float) for a in (y["R"], y["Q"], sym.T))
+    P = Q - R @ np.linalg.solve(T, R.T)
+    low = float(np.linalg.eigvalsh(0.5 * (P + P.T)).min())
+    if low < -1e-9 * (1 + np.abs(Q).max()):
+        raise ValueError(
+            f"derive.plateau: the root find settled at overlaps no weights have (Q - R T^-1 R^T has the eigenvalue "
+            f"{low:.3g} < 0; Q = {V.show(Q)}): give a longer t_guess, so that the flow brings the guess to the plateau"
+        )
+    K = Q.shape[0]
+    off = Q[~np.eye(K, dtype=bool)]
+    spread = max(np.ptp(R, axis=0).max(), np.ptp(np.diag(Q)), np.ptp(off) if off.size else 0.0)
+    if spread > 1e-6 * (1 + np.abs(Q).max()):
+        warnings.warn(
+            f"derive.plateau: the point found is not permutation-symmetric (entries differ by {spread:.2g}); "
+            f"with {type(sym.quadrature).__name__} the field itself breaks the symmetry (a Monte Carlo bank is "
+            "not invariant under permutations of the students): use GaussHermite or SparseGaussHermite",
+            stacklevel=3,
+        )
