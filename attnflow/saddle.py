@@ -278,8 +278,8 @@ def fixed_point_branch(
     of the Jacobian there (`spectrum`; ``symmetric=True`` for a gradient flow: ``eigh``).
 
     ``ode_of(p)`` returns an `attnflow.ODE`: ``lambda eta: P.ode(s.replace(eta=eta))`` for a
-    theory, ``lambda mu: af.ODE(field, {"mu": mu}, y0)`` for your own field. One compiled
-    ``lax.scan`` over the values (traceable, so it can sit in a sweep). Natural continuation
+    theory, ``lambda mu: af.ODE(field, {"mu": mu}, y0)`` for your own field. One ``lax.scan``
+    over the values, compiled once per call (traceable, so it can sit in a sweep). Natural continuation
     cannot turn round a fold: past one, the points do not converge, and ``residual`` says so.
     A field with a null direction (a singular Jacobian along a whole family of roots) defeats
     Newton (NaN points); a least-squares solver (``optx.LevenbergMarquardt``) converges there,

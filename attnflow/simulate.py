@@ -310,7 +310,7 @@ def run_training(run: Callable, args: tuple, *, clock: Any, total: int, event: A
     step grid traced), as its ``train`` returns it: an ``event`` checked on the run's
     observables before any computing (by tracing ``run``, which its call then reuses), a
     diverged run stopped with the step (`check_divergence`), the step count in the metadata,
-    ``t_event`` the first time ``event(t, obs)`` changes sign on the saved points
+    ``t_event`` the first time ``event(t, obs)`` reaches or crosses zero on the saved points
     (`attnflow.event_time`); and the model, when ``run`` returns one."""
     if event is not None:
         check_saved_event(event, eqx.filter_eval_shape(run, *args)[0])
