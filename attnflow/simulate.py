@@ -304,6 +304,32 @@ def check_divergence(traj: Trajectory, step: Any, clock: Any = 1.0) -> Trajector
     return traj
 
 
+def check_start(given: Any, reference: Any, what: str) -> Any:
+    """``given``, a network to train on from (``train(..., model=...)``), checked against the
+    shapes of ``reference`` (the setup's own start, e.g. from ``eqx.filter_eval_shape``): the
+    same structure and array shapes, else ``ValueError`` naming the first difference."""
+
+    def arrays(tree):
+        return eqx.filter(tree, lambda x: eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct))
+
+    if type(given) is not type(reference) or (
+        jax.tree_util.tree_structure(arrays(given)) != jax.tree_util.tree_structure(arrays(reference))  # type: ignore[operator]
+    ):
+        raise ValueError(
+            f"model must be {what} shaped like the setup's own start ({type(reference).__name__}), "
+            f"got {type(given).__name__}"
+        )
+    for (path, a), b in zip(
+        jax.tree_util.tree_leaves_with_path(arrays(given)), jax.tree_util.tree_leaves(arrays(reference)), strict=True
+    ):
+        if tuple(a.shape) != tuple(b.shape):
+            raise ValueError(
+                f"model{jax.tree_util.keystr(path)} has shape {tuple(a.shape)}, the setup's start {tuple(b.shape)}"
+            )
+    V.finite_tree("model", arrays(given))
+    return given
+
+
 def run_training(run: Callable, args: tuple, *, clock: Any, total: int, event: Any = None) -> Any:
     """A theory package's compiled training ``run(*args) -> (trajectory, divergence step)``, or
     ``(trajectory, trained model, divergence step)`` (`simulate` with ``throw=False``, the

@@ -162,3 +162,42 @@ def test_integrate_returns_the_final_state():
     # continuing from it is the solve to a later time
     later = af.integrate(o, u, 5.0, t0=3.0)
     np.testing.assert_allclose(later.final()["u"], af.integrate(o, o.y0, 5.0).final()["u"], rtol=1e-7)
+
+
+def test_train_goes_on_from_a_returned_network():
+    from attnflow import derive, focus
+
+    s = dl.Setup()
+    _, net = dl.train(s, 2.0, return_model=True)
+    # gradient descent is deterministic: two halves are the whole run
+    np.testing.assert_array_equal(dl.train(s, 2.0, model=net).final()["u"], dl.train(s, 4.0).final()["u"])
+    q = qkov.Setup()
+    for kw in ({}, {"dt": 0.5}):  # the full-matrix flow (to solver tolerance) and descent (exactly)
+        _, qnet = qkov.train(q, 50.0, return_model=True, **kw)
+        two = qkov.train(q, 50.0, model=qnet, **kw).final()["loss"]
+        np.testing.assert_allclose(two, qkov.train(q, 100.0, **kw).final()["loss"], rtol=1e-8)
+    with pytest.raises(ValueError, match=r"model.W_qk has shape \(412, 412\), the setup's start \(416, 416\)"):
+        m3 = qkov.Setup(M=3)
+        qkov.train(q, 5.0, model=m3.model(m3.initial_state()))
+    # SGD packages: the run starts where the network is (its own D), with fresh samples from another key
+    R0, Q0 = [[0.1, 0.0], [0.0, 0.05]], [[0.5, 0.1], [0.1, 0.4]]
+    ds = derive.Setup(derive.soft_committee, derive.soft_committee, R0, Q0, quadrature=derive.GaussHermite(6))
+    first, w = derive.train(ds, 1.0, D=100, return_model=True)
+    on = derive.train(ds, 1.0, model=w, key=1)
+    assert on.meta["D"] == 100
+    np.testing.assert_allclose(on["R"][0], first.final()["R"], rtol=1e-12)
+    with pytest.raises(ValueError, match=r"model\['W'\] must have shape \(2, 100\)"):
+        derive.train(ds, 1.0, model={"W": w["W"][:1], "W_star": w["W_star"]})
+    fs = focus.Setup()
+    first, fnet = focus.train(fs, 0.5, return_model=True)
+    np.testing.assert_allclose(focus.train(fs, 0.5, model=fnet, key=1)["loss"][0], first.final()["loss"], rtol=1e-12)
+    with pytest.raises(ValueError, match="not both"):
+        focus.train(fs, 0.5, model=fnet, initial=fs.theta0())
+    from attnflow import heads
+
+    hs = heads.Setup()
+    first, hnet = heads.train(hs, 0.5, D=200, return_model=True)
+    on = heads.train(hs, 0.5, model=hnet, key=1)  # D from the network
+    np.testing.assert_allclose(on["M"][0], first.final()["M"], rtol=1e-12)
+    with pytest.raises(ValueError, match=r"model.K has shape \(2, 200\), the setup's start \(2, 300\)"):
+        heads.train(hs, 0.5, model=hnet, D=300)

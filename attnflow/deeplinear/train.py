@@ -44,6 +44,7 @@ def train(
     key: Any = 0,
     dt: float = 0.01,
     batch: int | None = None,
+    model: TwoLayerLinear | None = None,
     save: SaveGrid | None = None,
     event: Callable[[Any, Mapping[str, Any]], Any] | None = None,
     return_model: bool = False,
@@ -55,7 +56,9 @@ def train(
     Each step advances the clock by ``dt`` with learning rate ``eta dt``: gradient descent on
     the population loss (``batch=None``, the Euler scheme of the flow that `solve` integrates,
     error ``O(dt)``), or online SGD on ``batch`` fresh whitened Gaussian inputs per step
-    (``key`` seeds the draws; the same mean gradient, plus noise). Records
+    (``key`` seeds the draws; the same mean gradient, plus noise). ``model`` (a
+    `TwoLayerLinear` of the teacher's sizes, any width, e.g. one returned by
+    ``return_model=True``) is trained on from instead, the clock starting at 0 again. Records
     `attnflow.deeplinear.OBSERVABLES` at the save grid (default `DEFAULT_TRAIN_SAVE`, in time
     units). A diverging run raises `attnflow.DivergenceError` naming the step.
     ``event(t, obs) -> scalar`` (as in `solve`) sets ``t_event``: the first time it changes sign
@@ -72,6 +75,13 @@ def train(
         raise ValueError(f"setup must be an attnflow.deeplinear.Setup, got {setup!r}")
     if batch is not None:
         batch = V.positive_int("batch", batch)
+    if model is not None:
+        n_in, n_out = setup.n_in, setup.n_out
+        if not isinstance(model, TwoLayerLinear) or model.W1.shape[1] != n_in or model.W2.shape[0] != n_out:
+            raise ValueError(
+                f"model must be a TwoLayerLinear with W1 (h, {n_in}) and W2 ({n_out}, h) for this teacher, "
+                f"got {model!r:.120}"
+            )
     total, steps = (save or DEFAULT_TRAIN_SAVE).steps_for(t1, dt)
     if not V.any_traced((setup.eta, setup.s)):
         # the map u -> u (1 + eta dt (s - u))^2 has slope 1 - 2 eta dt s at u = s: past eta dt s = 1 it
@@ -86,6 +96,7 @@ def train(
     key = V.prng_key(key)
     args = (
         setup,
+        model,
         key,
         np.asarray(steps, np.int32),
         np.asarray(total, np.int32),
@@ -98,9 +109,9 @@ def train(
 
 
 @filter_jit
-def _train(setup, key, steps, total, dt, batch, return_model, progress):
+def _train(setup, model, key, steps, total, dt, batch, return_model, progress):
     teacher = setup.teacher
-    model = TwoLayerLinear.aligned(teacher, setup.u0)
+    model = TwoLayerLinear.aligned(teacher, setup.u0) if model is None else model
     if batch is None:
         mode = FullBatch()
 

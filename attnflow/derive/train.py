@@ -57,7 +57,8 @@ def train(
     t1: float,
     *,
     key: Any = 0,
-    D: int = REFERENCE_D,
+    D: int | None = None,
+    model: dict | None = None,
     save: SaveGrid | None = None,
     event: Callable[[Any, Mapping[str, Any]], Any] | None = None,
     return_model: bool = False,
@@ -73,7 +74,9 @@ def train(
     eq. (4), Goldt et al. 2019); with tokens, ``grad_W l = sum_l (d l / d lambda_kl) x_l / sqrt(D)``
     (the docs page's eq. (6)). Teacher and student start at exactly the overlaps ``T``, ``R0``,
     ``Q0`` of the setup (`weights_from_overlaps`, frame from ``key``; ``key`` also seeds the
-    samples). Records `attnflow.derive.OBSERVABLES` at the save grid (default
+    samples). ``model`` (the weights ``{"W", "W_star"[, "v"]}`` that ``return_model=True``
+    returns; ``D`` theirs) is trained on from instead, the clock starting at 0 again (give
+    another ``key`` for fresh samples). Records `attnflow.derive.OBSERVABLES` at the save grid (default
     `DEFAULT_TRAIN_SAVE`, in time units); ``error`` is the population error of the current
     weights by the setup's quadrature. A diverging run raises `attnflow.DivergenceError`.
     ``event(t, obs) -> scalar`` (as in `solve`) sets ``t_event``: the first time it changes sign
@@ -87,13 +90,31 @@ def train(
     """
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.derive.Setup, got {setup!r:.80}")
-    D = V.positive_int("D", D, minimum=setup.K + setup.M)
+    if model is not None:  # train on from given weights (those returned by return_model=True)
+        if not isinstance(model, dict) or not {"W", "W_star"} <= set(model):
+            raise ValueError(
+                f"model must be a dict with 'W' and 'W_star' (and 'v'), as return_model=True gives, got {model!r:.80}"
+            )
+        D = int(np.shape(model["W"])[-1]) if D is None else D
+        want = {"W": (setup.K, D), "W_star": (setup.M, D)}
+        if setup.v0 is not None:
+            want["v"] = tuple(np.shape(setup.v0))
+        for name, shape in want.items():
+            if name not in model or tuple(np.shape(model[name])) != shape:
+                got = tuple(np.shape(model[name])) if name in model else "missing"
+                raise ValueError(
+                    f"model[{name!r}] must have shape {shape} (K = {setup.K}, M = {setup.M}, D = {D}), got {got}"
+                )
+        model = {k: jnp.asarray(model[k], dtype=jnp.result_type(float)) for k in want}
+        V.finite_tree("model", model)
+    D = V.positive_int("D", REFERENCE_D if D is None else D, minimum=setup.K + setup.M)
     t1 = V.finite_scalar("t1", t1)
     if t1 <= 0:
         raise ValueError(f"t1 must be positive, got {t1}")
     total, steps = (save or DEFAULT_TRAIN_SAVE).steps_for(t1, 1.0 / D)
     args = (
         setup,
+        model,
         V.prng_key(key),
         rule(setup),
         np.asarray(steps, np.int32),
@@ -106,12 +127,15 @@ def train(
 
 
 @filter_jit
-def _train(setup, key, rl, steps, total, D, return_model, progress):
+def _train(setup, start, key, rl, steps, total, D, return_model, progress):
     k_frame, k_run = jax.random.split(key)
-    W_star, W0 = weights_from_overlaps(setup.R0, setup.Q0, setup.T, D, k_frame)
+    if start is None:
+        W_star, W0 = weights_from_overlaps(setup.R0, setup.Q0, setup.T, D, k_frame)
+    else:
+        W_star, W0 = start["W_star"], start["W"]
     params = {"W": W0}
     if setup.v0 is not None:
-        params["v"] = setup.v0
+        params["v"] = setup.v0 if start is None else start["v"]
         opt = per_circuit({"W": "W", "v": "v"}, {"W": setup.eta, "v": setup.rate_v / D})
     else:
         opt = optax.sgd(setup.eta)

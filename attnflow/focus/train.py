@@ -81,6 +81,7 @@ def train(
     start: Literal["uniform", "pi"] = "uniform",
     tokens: Any = None,
     initial: dict | None = None,
+    model: OneLayerAttention | None = None,
     save: SaveGrid | None = None,
     observe: Callable[[dict, Setup], Mapping] | None = None,
     event: Callable[[Any, Mapping[str, Any]], Any] | None = None,
@@ -88,7 +89,9 @@ def train(
     progress: bool = False,
 ) -> Any:
     """The network (M1) of ``setup`` trained by online SGD to time ``t1``, from ``setup.theta0()``
-    (the draw `attnflow.focus.solve` starts from) or the weights ``initial`` (a dict like it).
+    (the draw `attnflow.focus.solve` starts from) or the weights ``initial`` (a dict like it), or
+    the network ``model`` (a `OneLayerAttention`, e.g. one returned by ``return_model=True``;
+    the clock starts at 0 again).
 
     Each step draws ``batch`` fresh sequences of ``context + 1`` tokens from ``setup.chain``
     (first token uniform, ``start="uniform"``, or from ``pi``, ``start="pi"``) or, with
@@ -119,6 +122,12 @@ def train(
     V.positive("dt", dt)
     if observe is not None and not callable(observe):
         raise ValueError(f"observe must be callable (theta, setup) -> {{name: array}}, got {observe!r}")
+    if model is not None:  # train on from a given network (one returned by return_model=True)
+        if initial is not None:
+            raise ValueError("give initial (weights as a dict) or model (a OneLayerAttention), not both")
+        if not isinstance(model, OneLayerAttention):
+            raise ValueError(f"model must be a OneLayerAttention (as return_model=True gives), got {model!r:.80}")
+        initial = dict(model.theta)
     theta0 = setup.initial_state(initial)
     if tokens is not None:
         tokens = np.asarray(tokens) if not V.any_traced(tokens) else tokens

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +17,7 @@ from .._jit import filter_jit
 from ..expect import psd_sqrt
 from ..optim import label_by_path, per_circuit
 from ..options import LinearGrid, SaveGrid, TimeGrid
-from ..simulate import OnlineSGD, run_training, simulate
+from ..simulate import OnlineSGD, check_start, run_training, simulate
 from .data import SingleLocationTask
 from .model import MultiHead, sample_loss
 from .observe import model_observables
@@ -96,6 +97,7 @@ def train(
     *,
     key: Any = 0,
     D: int | None = None,
+    model: MultiHead | None = None,
     save: SaveGrid | None = None,
     eval_samples: int = EVAL_SAMPLES,
     dtype: Any = None,
@@ -113,7 +115,10 @@ def train(
     draw's keeps the draw's overlaps: every size starts where the theory does); ``key`` seeds the key frame
     and the samples (one fresh batch of ``setup.minibatch`` per step; may be traced, a sweep over
     seeds). Keys move at ``eta``, learned activation parameters at ``eta_b / D``, with weight decay
-    ``-eta gamma k / D`` per step. Records `attnflow.heads.OBSERVABLES` at ``save`` (default
+    ``-eta gamma k / D`` per step. ``model`` (a `MultiHead` of this setup, e.g. one returned by
+    ``return_model=True``; ``D`` its keys' dimension) is trained on from instead of the start,
+    the clock starting at 0 again (give another ``key`` for fresh samples).
+    Records `attnflow.heads.OBSERVABLES` at ``save`` (default
     `DEFAULT_TRAIN_SAVE`, time units); ``error`` and ``attention`` on a held-out batch of
     ``eval_samples`` (``0``: not recorded). ``dtype``: of tokens and keys (default JAX's float).
 
@@ -135,6 +140,8 @@ def train(
             "sgd_noise=False is the gradient flow of the theory (no eta^2 term); train runs online SGD, whose "
             "noise is always there: train the setup with sgd_noise=True, and compare with solve of either"
         )
+    if model is not None and D is None and isinstance(model, MultiHead):
+        D = int(model.K.shape[-1])  # the network's own dimension
     D = V.positive_int("D", _default_D(setup) if D is None else D, minimum=setup.F + setup.H)
     eval_samples = V.positive_int("eval_samples", eval_samples, minimum=0)
     dtype = jnp.result_type(float) if dtype is None else jnp.dtype(dtype)
@@ -144,8 +151,13 @@ def train(
     total, steps = (DEFAULT_TRAIN_SAVE if save is None else save).steps_for(t1, dt)
     M0, Q0 = setup.initial_overlaps()
     check_overlaps("initial condition", M0, Q0, setup.H, setup.F)
+    if model is not None:  # train on from a given network (one returned by return_model=True)
+        check_start(
+            model, MultiHead(jnp.zeros((setup.H, D)), setup.activation), f"a MultiHead of this setup at D = {D}"
+        )
     args = (
         setup,
+        model,
         M0,
         Q0,
         V.prng_key(key),
@@ -170,7 +182,7 @@ def _label(learned):
 
 
 @filter_jit
-def _train(setup, M0, Q0, key, D, steps, total, eval_samples, dtype, return_model, progress):
+def _train(setup, start, M0, Q0, key, D, steps, total, eval_samples, dtype, return_model, progress):
     task = SingleLocationTask(D, setup.L, setup.prior, key=TASK_SEED, target=setup.target, dtype=dtype)
     k_frame, k_sgd = jax.random.split(key)
     K = keys_from_overlaps(M0, Q0, task.spikes, key=k_frame).astype(dtype)
@@ -178,6 +190,10 @@ def _train(setup, M0, Q0, key, D, steps, total, eval_samples, dtype, return_mode
         lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, setup.activation
     )
     model = MultiHead(K, activation)
+    if start is not None:  # a given network, in the run's dtype
+        model = jax.tree_util.tree_map(
+            lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x, start, is_leaf=lambda x: x is None
+        )
     labels = label_by_path(model, _label(activation.learned))
     optimizer = per_circuit(labels, {"keys": setup.eta, "act": setup.rate_b / D, "frozen": None}, allow_unused=True)
     target, decay = setup.target, setup.weight_decay / D

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,7 +24,7 @@ from .._jit import filter_jit
 from ..ode import integrate, observable_event
 from ..optim import per_circuit
 from ..options import LogGrid, SaveGrid, SolverOptions, TimeGrid
-from ..simulate import FullBatch, OnlineSGD, check_divergence, run_training, simulate
+from ..simulate import FullBatch, OnlineSGD, check_divergence, check_start, run_training, simulate
 from ..trajectory import Trajectory
 from .data import CodeGenerator
 from .metrics import relevant_mass, separability
@@ -109,6 +110,7 @@ def train(
     dt: float | None = None,
     batch: int | None = None,
     initial: dict | None = None,
+    model: QKOVModel | None = None,
     conserved: bool = False,
     save: SaveGrid | None = None,
     solver: SolverOptions | None = None,
@@ -128,6 +130,9 @@ def train(
     - ``dt`` and ``batch``: online SGD on ``batch`` fresh sequences of the task per step
       (``key`` seeds the draws; may be traced, a sweep over seeds), whose mean gradient is the
       same on the manifold.
+
+    ``model`` (a network of this setup's task, e.g. one returned by ``return_model=True``) is
+    trained on from instead of the start, the clock starting at 0 again.
 
     Records `attnflow.qkov.OBSERVABLES` at the save grid (default `DEFAULT_TRAIN_SAVE`, in time
     units; for gradient flow the same times as `solve`); ``conserved=True`` adds, per
@@ -160,6 +165,10 @@ def train(
             raise ValueError(f"online SGD (batch={batch}) needs a time step dt")
     save = save or DEFAULT_TRAIN_SAVE
     st = setup.initial_state(initial)
+    if model is not None:  # train on from a given network (one returned by return_model=True)
+        if initial is not None:
+            raise ValueError("give initial (circuit strengths of the start) or model (a network to train on), not both")
+        check_start(model, eqx.filter_eval_shape(setup.model, st), "a QKOVModel of this setup's task")
     meta = {
         "theory": "qkov",
         "parametrisation": setup.parametrisation,
@@ -174,7 +183,7 @@ def train(
             solver = solver.replace(progress=True)
         return integrate(
             _flow_field,
-            setup.model(st),
+            setup.model(st) if model is None else model,
             t1,
             args=setup,
             save=save,
@@ -192,6 +201,7 @@ def train(
         setup,
         V.prng_key(key),
         init,
+        model,
         np.asarray(steps, np.int32),
         np.asarray(total, np.int32),
         dt,
@@ -205,9 +215,12 @@ def train(
 
 
 @filter_jit
-def _descend(setup, key, initial, steps, total, dt, batch, conserved, return_model, progress, meta):
+def _descend(setup, key, initial, model, steps, total, dt, batch, conserved, return_model, progress, meta):
     task = setup.task
-    model = make_aligned(task, setup.parametrisation, initial["mu_ov"], initial["mu_qk"], score_scale=setup.score_scale)
+    if model is None:
+        model = make_aligned(
+            task, setup.parametrisation, initial["mu_ov"], initial["mu_qk"], score_scale=setup.score_scale
+        )
     opt = per_circuit(circuit_labels(model), {k: v * dt for k, v in _rates(setup).items()}, allow_unused=True)
     if batch is None:
         mode = FullBatch()
