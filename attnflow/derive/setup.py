@@ -215,6 +215,15 @@ class MonteCarlo(Quadrature):
         return z, np.full(self.samples, 1.0 / self.samples)
 
 
+def realisability_gap(R: Any, Q: Any, T: Any) -> float:
+    """The smallest eigenvalue of ``Q - R T^-1 R^T``: negative where no weights have the overlaps
+    ``(R, Q)`` against a teacher of overlaps ``T`` (the covariance ``[[Q, R], [R^T, T]]`` is
+    then not positive semidefinite)."""
+    R, Q, T = (np.asarray(a, dtype=float) for a in (R, Q, T))
+    P = Q - R @ np.linalg.solve(T, R.T)
+    return float(np.linalg.eigvalsh(0.5 * (P + P.T)).min())
+
+
 def default_quadrature(dim: int) -> Quadrature:
     """`GaussHermite` with as many points as `HERMITE_BUDGET` allows when that is at least 12 per
     dimension (``d <= 4``: 16 points, about 1e-6 for smooth activations), else `MonteCarlo` with ``2^16`` draws."""
@@ -442,8 +451,7 @@ class Setup(AbstractSetup):
         R = np.asarray(self.R0)
         if not np.allclose(Q, Q.T):
             raise ValueError(f"Q0 must be symmetric, got {V.show(Q)}")
-        P = Q - R @ np.linalg.solve(T, R.T)
-        if np.linalg.eigvalsh(0.5 * (P + P.T)).min() < -1e-10 * (1 + np.abs(Q).max()):
+        if realisability_gap(R, Q, T) < -1e-10 * (1 + np.abs(Q).max()):
             raise ValueError(
                 "Q0 - R0 T^{-1} R0^T must be positive semidefinite (no weights have these overlaps), "
                 f"got R0 = {V.show(R)}, Q0 = {V.show(Q)}"

@@ -37,7 +37,7 @@ from .._jit import filter_jit
 from ..ode import ODE
 from ..options import LogGrid, SaveGrid, SolverOptions
 from ..trajectory import Trajectory
-from .setup import Setup
+from .setup import Setup, realisability_gap
 
 __all__ = [
     "NODE_CHUNK",
@@ -353,9 +353,8 @@ def plateau(setup: Setup, *, t_guess: float | None = None, rule: Rule | None = N
 def _check_plateau(sym: Setup, y: dict) -> None:
     """The root of `plateau` must be overlaps some weights have, and symmetric: a damped root find
     can settle on a root of the field past the realisable set (the field is defined there too)."""
-    R, Q, T = (np.asarray(a, dtype=float) for a in (y["R"], y["Q"], sym.T))
-    P = Q - R @ np.linalg.solve(T, R.T)
-    low = float(np.linalg.eigvalsh(0.5 * (P + P.T)).min())
+    R, Q = np.asarray(y["R"], dtype=float), np.asarray(y["Q"], dtype=float)
+    low = realisability_gap(R, Q, sym.T)
     if low < -1e-9 * (1 + np.abs(Q).max()):
         raise ValueError(
             f"derive.plateau: the root find settled at overlaps no weights have (Q - R T^-1 R^T has the eigenvalue "
