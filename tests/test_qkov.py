@@ -415,6 +415,12 @@ def test_train_on_generator_and_ramp():
     with af.count_compilations() as c:
         tr2, _ = qkov.train_on_generator("CACO", 0.3, 0.5, 60, key=1, **kw)
     assert c.n == 0 and float(tr2["loss"][-1]) != float(tr["loss"][-1])
+    # a new length with as many save points compiles nothing; its first 60 steps are the same
+    with af.count_compilations() as c:
+        tr4, _ = qkov.train_on_generator("CACO", 0.5, 0.5, 120, key=1, **kw)
+    assert c.n == 0, c
+    assert tr4.meta["steps"] == 120 and float(tr4.ts[1]) == 60
+    np.testing.assert_allclose(tr4["loss"][1], tr["loss"][-1], rtol=1e-6)
     ramp = qkov.linear_ramp(0.01, 10.0, 100)
     assert float(ramp(0)) == pytest.approx(0.01) and float(ramp(100)) == pytest.approx(0.1)
     assert float(ramp(50)) == pytest.approx(0.055)
@@ -427,6 +433,14 @@ def test_fixed_attention_training_runs():
         0.6, factorised_ov=True, steps=50, batch=16, key=3, generator=CodeGenerator(16), eval_batches=4
     )
     assert float(tr["loss"][-1]) < float(tr["loss"][0]) and np.isfinite(float(final))
+    kw = dict(factorised_ov=True, batch=16, key=3, generator=CodeGenerator(16), eval_batches=4, save=af.LinearGrid(3))
+    short, _ = qkov.train_fixed_attention(0.6, steps=40, **kw)
+    with af.count_compilations() as c:
+        long, _ = qkov.train_fixed_attention(0.6, steps=80, **kw)
+    assert c.n == 0, c
+    # the same draws: the longer run passes through the shorter one's end at step 40
+    assert long.meta["steps"] == 80 and float(long.ts[1]) == 40
+    np.testing.assert_allclose(long["loss"][1], short["loss"][-1], rtol=1e-6)
 
 
 def test_dtap_binning_rules():

@@ -274,12 +274,13 @@ BATCH_SEED_OFFSET = 10_000
 """`train_on_generator` draws its batches from seed ``key + BATCH_SEED_OFFSET`` (the model from ``key``)."""
 
 
-def linear_ramp(base: Any, factor: Any, total_steps: int) -> optax.Schedule:
+def linear_ramp(base: Any, factor: Any, total_steps: Any) -> optax.Schedule:
     """The QK ramp of the authors' code: ``base * (1 + (factor - 1) step / total_steps)``, an
-    Optax schedule for `attnflow.per_circuit`; ``base`` and ``factor`` may be traced."""
+    Optax schedule for `attnflow.per_circuit`; ``base``, ``factor`` and ``total_steps`` may be
+    traced."""
     V.positive("base learning rate", base)
     V.positive("ramp factor", factor)
-    total = V.positive_int("total_steps", total_steps)
+    total = total_steps if V.any_traced(total_steps) else V.positive_int("total_steps", total_steps)
     base, factor = jnp.asarray(base), jnp.asarray(factor)
     return lambda step: base * (1.0 + (factor - 1.0) * step / total)
 
@@ -306,7 +307,8 @@ def train_on_generator(
     seed ``key``; each step draws ``batch`` fresh sequences of ``generator`` (default
     ``CodeGenerator()``, length 64) from seed ``key + BATCH_SEED_OFFSET`` and takes a plain SGD
     step with learning rate ``eta_qk`` on the QK matrices and ``eta_ov`` on the OV matrices
-    (arrays allowed, possibly traced: one compilation serves a sweep over rates and seeds).
+    (arrays allowed, possibly traced: one compilation serves a sweep over rates and seeds, and
+    every ``steps`` whose save grid has as many points).
     ``qk_ramp=R`` multiplies the QK rate by ``1 + (R - 1) step / steps`` (`linear_ramp`).
 
     Records `GENERATOR_OBSERVABLES` on ``eval_set`` ((tokens, targets, relevant mask); default
@@ -327,13 +329,14 @@ def train_on_generator(
         qk_ramp = jnp.asarray(qk_ramp, jnp.result_type(float))
     if eval_set is None:
         eval_set = generator.sample(jax.random.PRNGKey(EVAL_SEED), EVAL_SIZE)
-    s_save = tuple(int(s) for s in (save or GENERATOR_SAVE).steps(steps))
+    # the step count and save grid are traced: a new length with as many save points compiles nothing
+    s_save = np.asarray((save or GENERATOR_SAVE).steps(steps), np.int32)
     f = jnp.result_type(float)
     traj, model, bad = _generator_run(
         parametrisation,
         jnp.asarray(eta_qk, f),
         jnp.asarray(eta_ov, f),
-        steps,
+        np.asarray(steps, np.int32),
         jnp.asarray(key),
         init,
         generator,
@@ -343,7 +346,7 @@ def train_on_generator(
         s_save,
         progress,
     )
-    return check_divergence(traj, bad), model
+    return check_divergence(traj, bad).with_meta(steps=steps), model
 
 
 def _eval_observe(eval_set):
@@ -377,7 +380,7 @@ def _generator_run(
         mode=OnlineSGD(generator.sample, batch),
         key=seed + BATCH_SEED_OFFSET,
         observe=_eval_observe(eval_set),
-        save=TimeGrid(np.asarray(s_save)),
+        save=TimeGrid(s_save),
         progress=progress,
         return_model=True,
         throw=False,
@@ -430,7 +433,8 @@ def train_fixed_attention(
     Returns the trajectory of ``loss`` on `FIXED_EVAL_SEED`'s 2000 sequences (``ts`` counts
     steps; save grid ``save``, default `FIXED_ATTENTION_SAVE`) and the final loss, the mean
     over ``eval_batches`` fresh batches (seed `FINAL_EVAL_SEED`). ``alpha``, ``lr`` and an
-    integer ``key`` may be traced.
+    integer ``key`` may be traced; a new ``steps`` whose save grid has as many points compiles
+    nothing.
     """
     steps = V.positive_int("steps", steps)
     batch = V.positive_int("batch", batch)
@@ -441,12 +445,12 @@ def train_fixed_attention(
             raise ValueError(f"alpha (fixed attention mass) must lie in [0, 1], got {alpha!r}")
     V.positive("lr", lr)
     generator = CodeGenerator() if generator is None else generator
-    s_save = tuple(int(s) for s in (save or FIXED_ATTENTION_SAVE).steps(steps))
+    s_save = np.asarray((save or FIXED_ATTENTION_SAVE).steps(steps), np.int32)
     f = jnp.result_type(float)
     traj, final, bad = _fixed_run(
         jnp.asarray(alpha, f),
         bool(factorised_ov),
-        steps,
+        np.asarray(steps, np.int32),
         jnp.asarray(lr, f),
         batch,
         V.prng_key(key),
@@ -454,7 +458,7 @@ def train_fixed_attention(
         eval_batches,
         s_save,
     )
-    return check_divergence(traj, bad), final
+    return check_divergence(traj, bad).with_meta(steps=steps), final
 
 
 @filter_jit
@@ -485,7 +489,7 @@ def _fixed_run(alpha, factorised_ov, steps, lr, batch, key, generator, eval_batc
         mode=OnlineSGD(generator.sample, batch),
         key=key,
         observe=lambda q: {"loss": loss(q, ev)},
-        save=TimeGrid(np.asarray(s_save)),
+        save=TimeGrid(s_save),
         return_model=True,
         throw=False,
     )
