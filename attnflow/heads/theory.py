@@ -76,7 +76,7 @@ __all__ = [
     "unspecialised_point",
 ]
 
-DEFAULT_BANK_SIZE = 4096
+DEFAULT_BANK_SIZE = 2**14
 """Base draws of the Monte Carlo bank (before support enumeration, antithetic and head-permutation copies)."""
 
 BANK_SEED = 7
