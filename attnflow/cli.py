@@ -264,8 +264,27 @@ def _run_help_options(argv: list[str]) -> str | None:
     return None
 
 
+def _attach_shard_value(argv: list[str]) -> list[str]:
+    """``--shard -1/2`` as ``--shard=-1/2``: argparse reads a value that starts with ``-`` as
+    an option and would say only that ``--shard`` expects one argument, not which."""
+    out: list[str] = []
+    words = iter(argv)
+    for word in words:
+        if word == "--shard":
+            value = next(words, None)
+            if value is not None and value.startswith("-") and "/" in value:
+                out.append(f"--shard={value}")
+                continue
+            out.append(word)
+            if value is not None:
+                out.append(value)
+            continue
+        out.append(word)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = _attach_shard_value(sys.argv[1:] if argv is None else list(argv))
     args = _parser(_run_help_options(argv)).parse_args(argv)
     previous = None
     unraisablehook = sys.unraisablehook

@@ -468,7 +468,7 @@ class Shard:
         """The shard written ``"I/N"`` (shard I of N, counting from 1), as in ``--shard 2/4``."""
         m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
         if m is None:
-            raise ValueError(f"shard {text!r} is not of the form I/N (shard I of N, counting from 1: 1/4 ... 4/4)")
+            raise ValueError(f"shard {text!r} is not of the form I/N (shard I of N, counting from 1, as in 2/4)")
         return cls(int(m[1]), int(m[2]), wait)
 
     def chunks(self, n_chunks: int) -> range:
@@ -1474,7 +1474,7 @@ def _digest(obj: Any, h: Any, depth: int, seen: dict[Any, tuple[int, Any]], root
     if depth > _MAX_DEPTH:
         h.update(b"<deep>")
         return
-    if id(obj) in seen:
+    if id(obj) in seen and not isinstance(obj, type):  # a class: its settings are read per set of names below
         h.update(f"<ref {seen[id(obj)][0]}>".encode())
         return
     if isinstance(obj, (np.ndarray, jax.Array, np.generic)):
@@ -1540,15 +1540,40 @@ def _digest(obj: Any, h: Any, depth: int, seen: dict[Any, tuple[int, Any]], root
         h.update(f"<class {name}>".encode())
         if _named_only(obj.__module__, obj.__qualname__):
             return
-        seen[id(obj)] = (len(seen), obj)
-        for key, member in sorted(vars(obj).items()):  # the user's own class: the code of its methods
-            if isinstance(member, (staticmethod, classmethod)):
-                member = member.__func__
-            elif isinstance(member, property):
-                member = (member.fget, member.fset)
-            if isinstance(member, (types.FunctionType, tuple)):
-                h.update(f"method {key}".encode())
-                _digest(member, h, depth + 1, seen)
+        if id(obj) in seen:
+            h.update(f"<ref {seen[id(obj)][0]}>".encode())
+        else:
+            seen[id(obj)] = (len(seen), obj)
+            for key, member in sorted(vars(obj).items()):  # the user's own class: the code of its methods
+                if isinstance(member, (staticmethod, classmethod)):
+                    member = member.__func__
+                elif isinstance(member, property):
+                    member = (member.fget, member.fset)
+                if isinstance(member, (types.FunctionType, tuple)):
+                    h.update(f"method {key}".encode())
+                    _digest(member, h, depth + 1, seen)
+        # and its settings (``class Cfg: t1 = 4.0``, read as ``Cfg.t1`` or as an instance's
+        # default), its own and those of the user's classes it derives from; reached from a
+        # function, the ones its code names, seen per set of names as a module's attributes are
+        read_names = _READ_NAMES.get()
+        settings_key = ("class settings", id(obj), read_names)
+        if settings_key in seen:
+            h.update(f"<ref {seen[settings_key][0]}>".encode())
+            return
+        seen[settings_key] = (len(seen), obj)
+        settings: dict[str, Any] = {}
+        for base in reversed(obj.__mro__):
+            if not _named_only(base.__module__, base.__qualname__):
+                settings.update(
+                    (k, v)
+                    for k, v in vars(base).items()
+                    if not k.startswith("_")
+                    and (read_names is None or k in read_names)
+                    and not isinstance(v, (types.FunctionType, staticmethod, classmethod, property, type))
+                )
+        if settings:
+            h.update(b"settings")
+            _digest(settings, h, depth + 1, seen)
         return
     if isinstance(obj, types.FunctionType):
         if not root and _named_only(obj.__module__, obj.__qualname__):

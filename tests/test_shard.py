@@ -223,6 +223,7 @@ def test_cli_shards_then_merge_equal_one_full_run(tiny, tmp_path, capsys):
         (["--shard", "1"], "--shard '1': shard '1' is not of the form I/N"),
         (["--shard", "a/b"], "is not of the form I/N"),
         (["--shard=-1/2"], "is not of the form I/N"),
+        (["--shard", "-1/2"], "--shard '-1/2': shard '-1/2' is not of the form I/N"),
         (["--shard", "0/2"], "--shard '0/2': shard 0/2: need 1 <= I <= N"),
         (["--shard", "3/2"], "need 1 <= I <= N (shard I of N, counting from 1: 1/2 ... 2/2)"),
         (["--shard", "1/0"], "N, the number of shards, must be at least 1"),

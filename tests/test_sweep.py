@@ -515,6 +515,42 @@ def test_resume_reads_settings_held_by_plain_objects(tmp_path):
     np.testing.assert_array_equal(res.values, [2.0, 4.0])
 
 
+class _ClassSettings:
+    t1 = 2.0
+    unread = 1
+
+
+class _DerivedSettings(_ClassSettings):
+    pass
+
+
+def test_resume_reads_settings_held_by_a_users_class(tmp_path):
+    """A setting held by the user's own class (``Cfg.t1``), or as an instance's class-level
+    default, counts like an instance's attribute; an attribute the code does not name does not."""
+    grid = {"eta": np.array([1.0, 2.0])}
+    inst = _DerivedSettings()
+
+    def by_class(eta):
+        return eta * _ClassSettings.t1
+
+    def by_instance(eta):
+        return eta * inst.t1
+
+    for k, fn in enumerate((by_class, by_instance)):
+        out = tmp_path / f"runs{k}"
+        try:
+            assert af.sweep(fn, grid, out_dir=out, progress=False).meta["computed_chunks"] == 1
+            _ClassSettings.unread = 2  # not named by the code
+            assert af.sweep(fn, grid, out_dir=out, progress=False).meta["computed_chunks"] == 0
+            _ClassSettings.t1 = 4.0  # inherited by the instance's class
+            with pytest.raises(ValueError, match="the function .* changed"):
+                af.sweep(fn, grid, out_dir=out, progress=False)
+            res = af.sweep(fn, grid, out_dir=tmp_path / f"fresh{k}", progress=False)
+            np.testing.assert_array_equal(res.values, [4.0, 8.0])
+        finally:
+            _ClassSettings.t1, _ClassSettings.unread = 2.0, 1
+
+
 def test_resume_reads_settings_of_the_users_own_modules(tmp_path, monkeypatch):
     """``cfg.T1`` read from the user's own module (a config.py) counts like an object's setting;
     a module's other attributes and a library's modules do not."""

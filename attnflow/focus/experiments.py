@@ -460,7 +460,7 @@ def focus_rates(cfg: RatesConfig, quiet: bool) -> Report:
 
     with Timer() as tm:
         res = sweep(rates_flow, {"lam": lams, "tau": taus, "run": np.arange(2)}, progress=not quiet)
-    rep.timings[f"{len(lams) * len(taus)} x 2 flows in one compiled call"] = tm.seconds
+    rep.timings[f"{len(lams) * len(taus)} x 2 flows, one sweep of one compiled program"] = tm.seconds
     flows = jax.tree_util.tree_map(np.asarray, res.values)  # the checks run in NumPy
 
     def run_at(i: int, j: int, run: int) -> Trajectory:
@@ -720,7 +720,7 @@ def focus_symmetry(cfg: SymmetryConfig, quiet: bool) -> Report:
 
     with Timer() as tm:
         out = sweep(symmetry_flow, {"delta": deltas}, progress=not quiet).values
-    rep.timings[f"{len(deltas)} flows in one compiled call"] = tm.seconds
+    rep.timings[f"{len(deltas)} flows, one sweep of one compiled program"] = tm.seconds
     tr = out["flow"]
     # the checks run in NumPy
     ts = np.asarray(tr.ts)[0]
