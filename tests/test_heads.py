@@ -15,6 +15,7 @@ from attnflow.heads import (
     AutodiffForm,
     BankOptions,
     BayesSoftmax,
+    CyclicCopies,
     Discrete,
     Dynamics,
     ExpectationForm,
@@ -73,6 +74,28 @@ def test_protocol_defaults_and_no_recompile_for_a_new_eta():
         solve(Setup(eta=0.8), REFERENCE_T)
         train(s.replace(eta=0.7), REFERENCE_T, key=1)
     assert c.n == 0, c
+
+
+def test_risk_and_pruning_refuse_overlaps_that_do_not_fit_the_bank():
+    """generalisation_error, half_risk and prune check (M, Q) against the bank before computing: a wrong
+    feature count, more heads than the bank, NaN, a Q no keys have."""
+    s = Setup()
+    bank = FieldBank(s.prior, s.L, s.H, BankOptions(n=64))
+    Q = 0.2 * jnp.eye(2)
+    for M, Qx, match in (
+        (jnp.zeros((2, 2)), Q, r"generalisation_error: M must be \(H, F\) with F = 1"),
+        (jnp.zeros((3, 1)), 0.2 * jnp.eye(3), "M has 3 rows .* drawn for H = 2"),
+        (jnp.full((2, 1), jnp.nan), Q, "M and Q must be finite"),
+        (jnp.ones((2, 1)), Q, "positive semidefinite; its smallest eigenvalue is -1.8"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            generalisation_error(M, Qx, Softmax(), bank)
+    with pytest.raises(ValueError, match="half_risk: M has 3 rows"):
+        half_risk(jnp.zeros((3, 1)), 0.2 * jnp.eye(3), Softmax(), bank)
+    with pytest.raises(ValueError, match="prune: M has 3 rows"):
+        prune(jnp.zeros((3, 1)), 0.2 * jnp.eye(3), Softmax(), bank)
+    # fewer heads than the bank (a pruned model) are fine
+    assert np.isfinite(float(generalisation_error(jnp.zeros((1, 1)), 0.2 * jnp.eye(1), Softmax(), bank)))
 
 
 def test_setup_validation_names_the_value():
@@ -220,6 +243,21 @@ def test_unspecialised_point_converges_from_sigma0_squared_identity():
     assert float(y["Q"][0, 0]) == pytest.approx(0.0791, abs=1e-3)  # s = 2, eta = 0.5
     with pytest.raises(RuntimeError, match="did not converge"):
         unspecialised_point(s, guess, bank=bank, solver=optx.Newton(rtol=1e-10, atol=1e-12))
+
+
+def test_unspecialised_point_of_four_heads_is_a_root_of_the_full_field():
+    """H = 4: the cyclic copies keep a circulant Q invariant, not equal off-diagonal entries (the
+    full field is 4e-6 on that manifold); the point found on the circulant one is a root of the
+    full field."""
+    s = Setup(H=4)
+    bank = BankOptions(n=1024)
+    y = unspecialised_point(s, (jnp.zeros((4, 1)), 0.25 * jnp.eye(4)), bank=bank)
+    f = order_parameter_field(0.0, y, Dynamics.build(s, bank))
+    assert max(float(jnp.max(jnp.abs(v))) for v in (f["M"], f["Q"])) < 1e-12
+    Q = np.asarray(y["Q"])
+    np.testing.assert_allclose(Q, Q.T, atol=1e-15)
+    np.testing.assert_allclose([Q[1, 2], Q[2, 3], Q[3, 0]], Q[0, 1], rtol=1e-12)  # circulant
+    assert abs(Q[0, 2] - Q[0, 1]) > 1e-4  # opposite heads apart from neighbouring ones
 
 
 @pytest.mark.slow  # the heads-specialisation-time experiment makes the same check

@@ -16,8 +16,7 @@ import numpy as np
 from .. import _validate as V
 from .data import Prior
 from .model import Activation
-from .setup import check_overlaps
-from .theory import FieldBank, generalisation_error
+from .theory import FieldBank, _check_bank_overlaps, generalisation_error
 
 __all__ = [
     "BAYES_SAMPLES",
@@ -170,7 +169,7 @@ def prune(
     """
     M, Q = jnp.asarray(M, dtype=float), jnp.asarray(Q, dtype=float)
     H = M.shape[0]
-    check_overlaps("prune", M, Q, H, M.shape[1] if M.ndim == 2 else 0)
+    _check_bank_overlaps("prune", M, Q, bank)
     if not isinstance(activation, Activation):
         raise ValueError(f"activation must be Softmax(), Softmax1(...) or BayesSoftmax(...), got {activation!r}")
     activation.check_heads(H)

@@ -256,10 +256,31 @@ class FieldBank(eqx.Module):
         return chi, chi_star
 
 
+def _check_bank_overlaps(name: str, M: Any, Q: Any, bank: FieldBank) -> None:
+    """``ValueError`` (prefixed by ``name``) unless ``M`` has as many columns as the bank's prior
+    has features and at most as many rows as the bank has heads, and ``(M, Q)`` pass
+    `check_overlaps` (finite, ``Q`` symmetric, ``Q - M M^T`` positive semidefinite)."""
+    if not isinstance(bank, FieldBank):
+        raise ValueError(f"{name}: bank must be a FieldBank, got {bank!r}")
+    F, H_bank = bank.theta.shape[-1], bank.w.shape[-1]
+    if np.ndim(M) != 2 or np.shape(M)[1] != F:
+        raise ValueError(f"{name}: M must be (H, F) with F = {F}, the bank prior's features; got shape {np.shape(M)}")
+    H = np.shape(M)[0]
+    if H_bank < H:
+        raise ValueError(f"{name}: M has {H} rows (heads), but the bank was drawn for H = {H_bank}")
+    check_overlaps(name, M, Q, H, F)
+
+
 def half_risk(M: jax.Array, Q: jax.Array, activation: Activation, bank: FieldBank) -> jax.Array:
     """Half-risk ``R(M, Q) = E |e_1 - a(chi)|^2 / 2`` on the bank (equation (7)); the generalisation
     error is ``E = 2 R`` (`generalisation_error`). An activation whose per-head parameters do
-    not fit the ``H`` rows of ``M`` raises ``ValueError`` (JAX would clamp the head index)."""
+    not fit the ``H`` rows of ``M`` raises ``ValueError`` (JAX would clamp the head index), as do
+    overlaps that do not fit the bank or are not those of keys (`check_overlaps`)."""
+    _check_bank_overlaps("half_risk", M, Q, bank)
+    return _half_risk(M, Q, activation, bank)
+
+
+def _half_risk(M: jax.Array, Q: jax.Array, activation: Activation, bank: FieldBank) -> jax.Array:
     activation.check_heads(jnp.shape(M)[0])
     chi, _ = bank.fields(M, Q)
     return bank.mean(jax.vmap(lambda c: half_loss(activation, c))(chi))
@@ -268,7 +289,8 @@ def half_risk(M: jax.Array, Q: jax.Array, activation: Activation, bank: FieldBan
 def generalisation_error(M: jax.Array, Q: jax.Array, activation: Activation, bank: FieldBank) -> jax.Array:
     """Generalisation error ``E(M, Q) = E |e_1 - a(chi)|^2 = 2 R`` on the bank (equation (7); token
     target; add ``Delta`` for the scalar target)."""
-    return 2 * half_risk(M, Q, activation, bank)
+    _check_bank_overlaps("generalisation_error", M, Q, bank)
+    return 2 * _half_risk(M, Q, activation, bank)
 
 
 # ----------------------------------------------------------------------------- drift forms
@@ -502,25 +524,42 @@ def _check_psd_along(traj: Trajectory, solver: SolverOptions) -> None:
 
 
 # ----------------------------------------------------------------------------- phases
-def _symmetric_coords(y: dict) -> jax.Array:
+def _head_distance(H: int) -> np.ndarray:
+    """``min(|h - h'|, H - |h - h'|)``: the distance of two heads on the cycle of the cyclic copies."""
+    d = np.abs(np.arange(H)[:, None] - np.arange(H)[None, :])
+    return np.minimum(d, H - d)
+
+
+def _symmetric_coords(y: dict, circulant: bool = False) -> jax.Array:
     """Coordinates of a permutation-invariant state: row mean of ``M``, mean diagonal and mean
-    off-diagonal of ``Q``, and the head-mean of each learned parameter."""
+    off-diagonal of ``Q``, and the head-mean of each learned parameter. ``circulant``: of a
+    state invariant under the cyclic shifts of the heads only, ``Q``'s mean at each distance
+    of two heads on the cycle (`_head_distance`; the same coordinates for ``H <= 3``)."""
     M, Q = y["M"], y["Q"]
     H = M.shape[0]
-    parts = [jnp.mean(M, axis=0), jnp.mean(jnp.diag(Q))[None]]
-    if H > 1:
-        parts.append(((jnp.sum(Q) - jnp.trace(Q)) / (H * (H - 1)))[None])
+    parts = [jnp.mean(M, axis=0)]
+    if circulant:
+        dist = _head_distance(H)
+        parts += [jnp.mean(Q[dist == d])[None] for d in range(H // 2 + 1)]
+    else:
+        parts.append(jnp.mean(jnp.diag(Q))[None])
+        if H > 1:
+            parts.append(((jnp.sum(Q) - jnp.trace(Q)) / (H * (H - 1)))[None])
     parts += [jnp.mean(x)[None] for x in jax.tree_util.tree_leaves(y["act"])]
     return jnp.concatenate(parts)
 
 
-def _symmetric_state(z: jax.Array, like: dict) -> dict:
+def _symmetric_state(z: jax.Array, like: dict, circulant: bool = False) -> dict:
     H, F = like["M"].shape
     M = jnp.broadcast_to(z[:F], (H, F))
-    d, k = z[F], F + 1
-    off = z[k] if H > 1 else 0.0
-    k += H > 1
-    Q = off * jnp.ones((H, H)) + (d - off) * jnp.eye(H)
+    if circulant:
+        Q = z[F + _head_distance(H)]
+        k = F + H // 2 + 1
+    else:
+        d, k = z[F], F + 1
+        off = z[k] if H > 1 else 0.0
+        k += H > 1
+        Q = off * jnp.ones((H, H)) + (d - off) * jnp.eye(H)
     leaves, tdef = jax.tree_util.tree_flatten(like["act"])
     vals = [jnp.broadcast_to(z[k + i], x.shape) for i, x in enumerate(leaves)]
     return {"M": M, "Q": Q, "act": jax.tree_util.tree_unflatten(tdef, vals)}
@@ -537,6 +576,11 @@ def _symmetric_field(t, z, args):
     return _symmetric_coords(order_parameter_field(t, _symmetric_state(z, like), dyn))
 
 
+def _circulant_field(t, z, args):
+    dyn, like = args
+    return _symmetric_coords(order_parameter_field(t, _symmetric_state(z, like, True), dyn), True)
+
+
 def unspecialised_point(
     setup: Setup,
     guess: tuple[Any, Any] | None = None,
@@ -550,7 +594,10 @@ def unspecialised_point(
     state ``{"M", "Q", "act"}``.
 
     A root find in the manifold's own coordinates (mean row of ``M``, mean diagonal and
-    off-diagonal of ``Q``, mean learned parameters) from the symmetrised ``guess = (M, Q)``
+    off-diagonal of ``Q``, mean learned parameters; with the default `CyclicCopies` and
+    ``H >= 4``, the mean of ``Q`` at each distance of two heads on the cycle instead, the
+    manifold the cyclic copies keep exactly invariant, so that the point is a root of the full
+    field; `AllPermutations` keeps all off-diagonal entries equal) from the symmetrised ``guess = (M, Q)``
     (default: the setup's initial overlaps, close to ``M = 0``, ``Q = sigma0^2 I``). ``solver``
     (any Optimistix root finder or least-squares solver, passed to `attnflow.fixed_point`)
     defaults to Levenberg-Marquardt: its damped steps keep ``Q - M M^T`` positive semidefinite
@@ -561,9 +608,15 @@ def unspecialised_point(
     M, Q = setup.initial_overlaps() if guess is None else guess
     like = symmetrise(initial_state(setup, M, Q))
     dyn = Dynamics.build(setup, bank, form)
+    # the cyclic copies make the field exactly equivariant under the cyclic shifts only: for
+    # H >= 4 the invariant manifold has a circulant Q (neighbouring and opposite heads apart),
+    # on which the root is a fixed point of the full field; equal off-diagonal entries are not
+    copies = (BankOptions() if bank is None else bank).copies
+    circulant = isinstance(copies, CyclicCopies) and setup.H > 3
     solver = optx.LevenbergMarquardt(rtol=1e-10, atol=1e-12) if solver is None else solver
-    z = fixed_point(_symmetric_field, _symmetric_coords(like), (dyn, like), solver=solver, max_steps=max_steps)
-    y = _symmetric_state(z, like)
+    field = _circulant_field if circulant else _symmetric_field
+    z = fixed_point(field, _symmetric_coords(like, circulant), (dyn, like), solver=solver, max_steps=max_steps)
+    y = _symmetric_state(z, like, circulant)
     if not V.any_traced(z):
         P = np.asarray(y["Q"] - y["M"] @ y["M"].T)
         ev = float(np.linalg.eigvalsh(P)[0])
