@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import lineax as lx
 import numpy as np
 import optimistix as optx
 from jax.flatten_util import ravel_pytree
@@ -42,6 +43,14 @@ __all__ = [
 ]
 
 
+def default_root_finder(rtol: float = 1e-10, atol: float = 1e-12) -> optx.Newton:
+    """`fixed_point`'s default: Optimistix Newton whose linear step is a least-squares (SVD)
+    solve, so that a Jacobian with null directions (a state that holds both ``q_12`` and
+    ``q_21`` of a symmetric matrix, a continuous family of roots) takes the minimum-norm step
+    instead of failing on a singular matrix."""
+    return optx.Newton(rtol=rtol, atol=atol, linear_solver=lx.AutoLinearSolver(well_posed=False))
+
+
 def fixed_point(
     field: Callable[[Any, Any, Any], Any] | ODE,
     y_guess: Any,
@@ -56,7 +65,8 @@ def fixed_point(
 ) -> Any:
     """A state ``y*`` with ``field(t, y*, args) = 0``, found from ``y_guess``.
 
-    Default solver: Optimistix Newton. Any Optimistix root finder, or least-squares solver
+    Default solver: Optimistix Newton with least-squares linear steps (`default_root_finder`:
+    null directions of the Jacobian do not stop it). Any Optimistix root finder, or least-squares solver
     (``optx.LevenbergMarquardt``, ``optx.Dogleg``: damped steps that do not overshoot, and
     robust to null directions of the Jacobian), can be passed through ``solver``.
     Calling it again with the same ``field`` function and solver settings reuses the
@@ -71,7 +81,7 @@ def fixed_point(
     if not callable(field):
         raise ValueError(f"field must be callable (t, y, args) -> dy/dt, got {field!r:.80}")
     _check_field_shape("fixed_point", field, y_guess, args, t)
-    solver = solver if solver is not None else optx.Newton(rtol=rtol, atol=atol)
+    solver = solver if solver is not None else default_root_finder(rtol, atol)
     if not isinstance(solver, (optx.AbstractRootFinder, optx.AbstractLeastSquaresSolver)):
         raise ValueError(f"solver must be an Optimistix root finder or least-squares solver, got {solver!r}")
     fn = _Residual(field)
