@@ -43,8 +43,8 @@ __all__ = [
 ]
 
 
-def default_root_finder(rtol: float = 1e-10, atol: float = 1e-12) -> optx.Newton:
-    """`fixed_point`'s default: Optimistix Newton whose linear step is a least-squares (SVD)
+def _default_root_finder(rtol: float = 1e-10, atol: float = 1e-12) -> optx.Newton:
+    """The default of `fixed_point`: Optimistix Newton whose linear step is a least-squares (SVD)
     solve, so that a Jacobian with null directions (a state that holds both ``q_12`` and
     ``q_21`` of a symmetric matrix, a continuous family of roots) takes the minimum-norm step
     instead of failing on a singular matrix."""
@@ -65,8 +65,8 @@ def fixed_point(
 ) -> Any:
     """A state ``y*`` with ``field(t, y*, args) = 0``, found from ``y_guess``.
 
-    Default solver: Optimistix Newton with least-squares linear steps (`default_root_finder`:
-    null directions of the Jacobian do not stop it). Any Optimistix root finder, or least-squares solver
+    Default solver: Optimistix Newton with least-squares (SVD) linear steps: null directions
+    of the Jacobian do not stop it. Any Optimistix root finder, or least-squares solver
     (``optx.LevenbergMarquardt``, ``optx.Dogleg``: damped steps that do not overshoot, and
     robust to null directions of the Jacobian), can be passed through ``solver``.
     Calling it again with the same ``field`` function and solver settings reuses the
@@ -81,16 +81,20 @@ def fixed_point(
     if not callable(field):
         raise ValueError(f"field must be callable (t, y, args) -> dy/dt, got {field!r:.80}")
     _check_field_shape("fixed_point", field, y_guess, args, t)
-    solver = solver if solver is not None else default_root_finder(rtol, atol)
+    solver = solver if solver is not None else _default_root_finder(rtol, atol)
     if not isinstance(solver, (optx.AbstractRootFinder, optx.AbstractLeastSquaresSolver)):
         raise ValueError(f"solver must be an Optimistix root finder or least-squares solver, got {solver!r}")
     fn = _Residual(field)
     targs = (jnp.asarray(t, dtype=float), as_data(args))
     sol: Any
+    # derivatives of the root (implicit function theorem) through the pseudo-inverse: at a root
+    # with null directions (a symmetric plateau, a state holding q_12 and q_21) the Jacobian is
+    # singular, and the well-posed default returned derivatives of 1e12
+    adjoint = optx.ImplicitAdjoint(linear_solver=lx.AutoLinearSolver(well_posed=False))
     if isinstance(solver, optx.AbstractLeastSquaresSolver):
-        sol = optx.least_squares(fn, solver, y_guess, args=targs, max_steps=max_steps, throw=False)
+        sol = optx.least_squares(fn, solver, y_guess, args=targs, max_steps=max_steps, throw=False, adjoint=adjoint)
     else:
-        sol = optx.root_find(fn, solver, y_guess, args=targs, max_steps=max_steps, throw=False)
+        sol = optx.root_find(fn, solver, y_guess, args=targs, max_steps=max_steps, throw=False, adjoint=adjoint)
     if throw and not V.any_traced((y_guess, args)):
         res = fn(sol.value, targs)
         size = max(float(jnp.max(jnp.abs(x))) for x in jax.tree_util.tree_leaves(res))

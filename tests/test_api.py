@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.test_util import check_grads
 
 import attnflow as af
 from attnflow import deeplinear as dl
@@ -787,3 +788,26 @@ def test_fixed_point_branch_follows_a_pitchfork_and_flags_a_fold():
         af.fixed_point_branch(lambda mu: _pitchfork, mus, jnp.ones(1))
     with pytest.raises(ValueError, match="values must be a 1-D array"):
         af.fixed_point_branch(lambda mu: af.ODE(_pitchfork, {"mu": mu}, jnp.ones(1)), 1.0, jnp.ones(1))
+
+
+def _sum_pinned(t, y, a):  # roots: the line y0 + y1 = a (a null direction of the Jacobian everywhere)
+    s = a - y[0] - y[1]
+    return jnp.stack([s, s])
+
+
+def test_fixed_point_with_null_directions_and_its_derivative():
+    """A Jacobian with a null direction (a family of roots, as a state holding q_12 and q_21): the default
+    Newton finds a root, and the derivative of the root is the pseudo-inverse (minimum-norm) one,
+    dy/da = (1/2, 1/2), in both modes; a non-singular root keeps its exact derivative (check_grads)."""
+    root = af.fixed_point(_sum_pinned, jnp.array([0.3, -0.1]), 2.0)
+    assert float(root[0] + root[1]) == pytest.approx(2.0, abs=1e-12)
+
+    def y_star(a):
+        return af.fixed_point(_sum_pinned, jnp.array([0.3, -0.1]), a)
+
+    for jac in (jax.jacfwd, jax.jacrev):
+        np.testing.assert_allclose(jac(y_star)(2.0), [0.5, 0.5], atol=1e-12)
+    # the pitchfork's branch y = sqrt(mu): dy/dmu = 1 / (2 sqrt(mu))
+    branch = lambda mu: af.fixed_point(_pitchfork, jnp.array([1.5]), {"mu": mu})[0]
+    assert float(jax.grad(branch)(2.0)) == pytest.approx(1 / (2 * np.sqrt(2.0)), rel=1e-10)
+    check_grads(branch, (2.0,), order=1, modes=("fwd", "rev"))

@@ -716,6 +716,33 @@ def test_plateau_is_the_symmetric_fixed_point_and_its_rate_times_the_escape():
     np.testing.assert_allclose(derive.symmetrised(odd).R0, [[0.45, 0.045], [0.45, 0.045]], rtol=1e-12)
 
 
+def test_plateau_followed_along_the_learning_rate_and_its_derivative():
+    """fixed_point_branch follows the plateau (Jacobian singular along Q_01 - Q_10) along eta: plateau's
+    states and escape rates at each rate; d Q*/d eta by jax.jacfwd equals central differences."""
+    s = derive.Setup(
+        derive.soft_committee,
+        derive.soft_committee,
+        0.1 * jnp.ones((2, 2)),
+        0.5 * jnp.eye(2),
+        quadrature=derive.GaussHermite(8),
+    )
+    p, sym = derive.plateau(s), derive.symmetrised(s)
+    etas = np.array([1.0, 0.7, 0.4])
+    br = af.fixed_point_branch(lambda eta: derive.ode(sym.replace(eta=eta)), etas, p.state)
+    assert bool(br.converged().all())
+    for i, eta in enumerate(etas):
+        q = derive.plateau(s.replace(eta=eta))
+        np.testing.assert_allclose(br.states["Q"][i], q.state["Q"], atol=1e-12)
+        assert float(br.lambda_max[i]) == pytest.approx(float(q.lambda_max), rel=1e-10)
+
+    def q_star(eta):
+        return af.fixed_point(derive.ode(sym.replace(eta=eta)), p.state)["Q"]
+
+    h = 1e-5
+    fd = (q_star(1.0 + h) - q_star(1.0 - h)) / (2 * h)
+    np.testing.assert_allclose(jax.jacfwd(q_star)(1.0), fd, rtol=1e-6, atol=1e-9)
+
+
 def test_plateau_with_trained_readouts_is_symmetric_and_realisable():
     R0, Q0 = jnp.array([[0.02, 0.0], [0.0, 0.01]]), 0.2 * jnp.eye(2)
     s = derive.Setup(

@@ -15,7 +15,6 @@ from attnflow.heads import (
     AutodiffForm,
     BankOptions,
     BayesSoftmax,
-    CyclicCopies,
     Discrete,
     Dynamics,
     ExpectationForm,
