@@ -46,7 +46,10 @@ def fail_if(tree: Any, pred: Any, message: str) -> Any:
     sink = _SINK.get()
     if sink is None or get_opaque_trace_state() != sink.trace:
         # raise whatever equinox's default mode (EQX_ON_ERROR) is: an attnflow failure is never
-        # silently turned into NaN
+        # silently turned into NaN. The values become NaN, derivatives included, too: a
+        # forward-mode derivative that is all a caller keeps leaves the check out of the program
+        # (its value is unused), and must not then be a finite number from a failed solve
+        tree = jax.tree_util.tree_map(lambda x: nan_where(pred, x) if eqx.is_inexact_array(x) else x, tree)
         return eqx.error_if(tree, pred, message, on_error="raise")
     sink.append((pred, message))
     return _blank(tree, pred)
@@ -104,3 +107,35 @@ def status_code(failures: list[tuple[Any, str]]) -> jax.Array:
     for i, (pred, _) in reversed(list(enumerate(failures))):
         code = jnp.where(pred, jnp.int32(i + 1), code)
     return code
+
+
+def nan_where(bad: Any, x: Any, reads: Any = None) -> Any:
+    """``x``, NaN where ``bad``, and so is its derivative: an event that never fired, a threshold
+    never crossed, has no time and no derivative of one. (``jnp.where(bad, nan, x)`` has the
+    derivative 0 there, which an optimiser would take for a flat direction.) ``reads``: what
+    the time was looked for in (the final state and the event's value, the curve); reverse
+    mode carries the NaN back to the inputs through it, since an unfired event's time has no
+    other path to them. Each is ``x``'s shape (a batch) followed by axes of its own (time)."""
+    # no cotangent into x's own computation where bad: a NaN sent back through a solver's
+    # adjoint (an event's root find, under vmap where both branches run) fails its linear solve
+    x = jnp.where(bad, jax.lax.stop_gradient(x), x)
+    if reads is not None:
+        # 0 * r is 0 for finite r, and its cotangent 0 * NaN is NaN: a path that only a NaN crosses
+        for r in jax.tree_util.tree_leaves(eqx.filter(reads, eqx.is_inexact_array)):
+            # summed over its axes past those of x (a curve's time axis), so that each entry of a
+            # batch reads only its own curve
+            x = x + 0.0 * jnp.sum(r, axis=tuple(range(jnp.ndim(x), jnp.ndim(r))))
+    return _nan_where(bad, x)
+
+
+@jax.custom_jvp
+def _nan_where(bad: Any, x: Any) -> Any:
+    return jnp.where(bad, jnp.nan, x)
+
+
+@_nan_where.defjvp
+def _nan_where_jvp(primals: Any, tangents: Any) -> Any:
+    bad, x = primals
+    _, dx = tangents
+    # a factor, not a where: the tangent stays linear in dx, so reverse mode transposes it
+    return _nan_where(bad, x), dx * jnp.where(bad, jnp.nan, 1.0).astype(jnp.result_type(dx))

@@ -426,3 +426,37 @@ def test_focus_sensitivity_bad_input():
     with pytest.raises(ValueError, match="lazy"):
         cyclic = focus.MarkovChain(np.ones(3) / 3, np.roll(np.eye(3), 1, axis=1))  # stationary, not lazy
         focus.escape_time_sensitivity(s.replace(chain=cyclic))
+
+
+def test_an_event_that_never_fires_has_a_nan_derivative():
+    """No event, no event time and no derivative of one: NaN in both modes (a derivative of 0 would read
+    as a flat direction to an optimiser); a fired event keeps its derivative. Logistic u' = u (1 - u),
+    u(0) = 0.1, event u = c at t = log(9 c / (1 - c)), d t / d c = 1 / (c (1 - c))."""
+
+    def field(t, u, a):
+        return u * (1 - u)
+
+    def t_event(c, t1, solver=None):
+        traj = af.integrate(
+            field, jnp.array(0.1), t1, save=af.LinearGrid(2), event=lambda t, u, a: u - c, solver=solver
+        )
+        return traj.t_event
+
+    c = 0.5
+    assert float(t_event(c, 10.0)) == pytest.approx(np.log(9.0), rel=1e-6)
+    forward = af.SolverOptions(adjoint=diffrax.ForwardMode())
+    for mode, solver in ((jax.grad, None), (jax.jacfwd, forward)):
+        assert float(mode(t_event)(c, 10.0, solver)) == pytest.approx(1 / (c * (1 - c)), rel=1e-5)
+        assert np.isnan(float(mode(t_event)(c, 1.0, solver)))  # fires at t = 2.2, after t1 = 1
+    # a batch: the entry whose event fires keeps its derivative
+    batch = jax.vmap(jax.grad(t_event), in_axes=(None, 0))(c, jnp.array([10.0, 1.0]))
+    assert float(batch[0]) == pytest.approx(4.0, rel=1e-5) and np.isnan(float(batch[1]))
+    # a threshold never crossed on the saved points (first_crossing, event_time) alike
+    ts = jnp.linspace(0.0, 1.0, 5)
+    cross = lambda scale: af.first_crossing(ts, scale * ts**2, 0.3, interpolate=True)
+    # linear between t = 0.5 and 0.75: t = 0.5 + 0.8 (0.3 / scale - 0.25), d t / d scale = -0.24 at 1
+    assert float(jax.grad(cross)(1.0)) == pytest.approx(-0.24, rel=1e-12)
+    assert np.isnan(float(jax.grad(cross)(0.1)))
+    traj = lambda scale: af.Trajectory(ts, {"y": scale * ts**2})
+    hit = lambda scale: af.event_time(traj(scale), lambda t, o: o["y"] - 0.3)
+    assert float(jax.grad(hit)(1.0)) == pytest.approx(-0.24, rel=1e-12) and np.isnan(float(jax.grad(hit)(0.1)))
