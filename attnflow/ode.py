@@ -403,23 +403,32 @@ def integrate(
         raise ValueError(f"event must be callable (t, y, args) -> scalar or a diffrax.Event, got {event!r}")
 
     traced = V.any_traced((y0, args, t0, t1, ts, rtol, atol))
-    out_ts, out_ys, result, t_end, y_end, stats = _solve(
-        field,
-        y0,
-        args,
-        t0,
-        t1,
-        ts,
-        obs,
-        method,
-        controller,
-        dt0,
-        solver.max_steps,
-        ev,
-        solver.progress,
-        solver.adjoint,
-        endpoints,
-    )
+    try:
+        out_ts, out_ys, result, t_end, y_end, stats = _solve(
+            field,
+            y0,
+            args,
+            t0,
+            t1,
+            ts,
+            obs,
+            method,
+            controller,
+            dt0,
+            solver.max_steps,
+            ev,
+            solver.progress,
+            solver.adjoint,
+            endpoints,
+        )
+    except TypeError as err:
+        if "forward-mode autodiff" not in str(err):
+            raise
+        raise TypeError(
+            "integrate: forward-mode differentiation (jax.jacfwd, jax.jvp) through a solve needs Diffrax's "
+            "ForwardMode adjoint: pass solver=af.solver_for_mode('forward', options), with options the "
+            "SolverOptions you solve with (a package's DEFAULT_SOLVER by default)"
+        ) from err
     # a field, observable or event that closes over a traced value (jax.grad of a closure) traces too
     traced = traced or V.any_traced((out_ts, out_ys, t_end))
     for bad, message in input_failures:  # first, so that a point fails with its input's reason

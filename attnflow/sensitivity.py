@@ -149,6 +149,12 @@ def solver_for_mode(mode: str, solver: SolverOptions) -> SolverOptions:
     Diffrax refuses ``BacksolveAdjoint`` with events). A mismatch raises ``ValueError``."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if not isinstance(solver, SolverOptions):
+        # None cannot stand for a package's defaults here: its tolerances would be lost
+        raise ValueError(
+            f"solver must be SolverOptions, got {solver!r}; for a package's defaults pass its "
+            "DEFAULT_SOLVER (e.g. solver_for_mode('forward', heads.DEFAULT_SOLVER))"
+        )
     adj = solver.adjoint
     if mode == "forward":
         if adj is None:

@@ -460,3 +460,15 @@ def test_an_event_that_never_fires_has_a_nan_derivative():
     traj = lambda scale: af.Trajectory(ts, {"y": scale * ts**2})
     hit = lambda scale: af.event_time(traj(scale), lambda t, o: o["y"] - 0.3)
     assert float(jax.grad(hit)(1.0)) == pytest.approx(-0.24, rel=1e-12) and np.isnan(float(jax.grad(hit)(0.1)))
+
+
+def test_forward_mode_without_its_adjoint_says_what_to_pass():
+    def loss(eta, solver=None):
+        return af.integrate(lambda t, y, a: -a * y, jnp.array(1.0), 1.0, args=eta, solver=solver).ys["y"][-1]
+
+    with pytest.raises(TypeError, match="needs Diffrax's ForwardMode adjoint: pass solver=af.solver_for_mode"):
+        jax.jacfwd(loss)(2.0)
+    with pytest.raises(ValueError, match="solver must be SolverOptions, got None; .* DEFAULT_SOLVER"):
+        af.solver_for_mode("forward", None)
+    forward = af.solver_for_mode("forward", af.SolverOptions(rtol=1e-10, atol=1e-12))
+    assert float(jax.jacfwd(loss)(2.0, forward)) == pytest.approx(-np.exp(-2.0), rel=1e-8)
