@@ -154,10 +154,11 @@ def finite_tree(name: str, tree: Any) -> None:
             continue
         arr = np.asarray(leaf)
         if arr.dtype.kind in "fc" and not np.all(np.isfinite(arr)):
-            where = jax.tree_util.keystr(path) or "(root)"
-            bad = np.argwhere(~np.isfinite(arr))
-            first = tuple(int(i) for i in bad[0]) if bad.size else ()
-            raise ValueError(f"{name}{where} must be finite; entry {first} is {arr[first].item() if first else arr!r}")
+            where = jax.tree_util.keystr(path)
+            if arr.ndim == 0:
+                raise ValueError(f"{name}{where} must be finite, got {arr.item()}")
+            first = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
+            raise ValueError(f"{name}{where} must be finite; entry {first} is {arr[first].item()}")
 
 
 def _static_but_traced(name: str, value: Any) -> None:

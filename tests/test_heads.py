@@ -93,6 +93,12 @@ def test_risk_and_pruning_refuse_overlaps_that_do_not_fit_the_bank():
         half_risk(jnp.zeros((3, 1)), 0.2 * jnp.eye(3), Softmax(), bank)
     with pytest.raises(ValueError, match="prune: M has 3 rows"):
         prune(jnp.zeros((3, 1)), 0.2 * jnp.eye(3), Softmax(), bank)
+    with pytest.raises(ValueError, match="kappa must be finite, got nan"):
+        Setup(init=SymmetricSeed(jnp.zeros((2, 1)), Q, kappa=float("nan")))
+    with pytest.raises(ValueError, match="t1 must be finite and positive, got -1.0"):
+        solve(s, -1.0)
+    with pytest.raises(ValueError, match="L must be an integer >= 2, got 1"):
+        bayes_risk(s.prior, 1)
     # fewer heads than the bank (a pruned model) are fine
     assert np.isfinite(float(generalisation_error(jnp.zeros((1, 1)), 0.2 * jnp.eye(1), Softmax(), bank)))
 

@@ -51,7 +51,7 @@ def bayes_risk(prior: Prior, L: int, key: Any = BAYES_SEED, n: int = BAYES_SAMPL
     standard error (equation (12); add ``Delta`` for the scalar target)."""
     if not isinstance(prior, Prior):
         raise ValueError(f"prior must be a Prior, got {prior!r}")
-    L = V.positive_int("L", L, minimum=1)
+    L = V.positive_int("L", L, minimum=2)  # one token is no location problem, as for Setup
     n = V.positive_int("n (samples)", n)
     k1, k2 = jax.random.split(V.prng_key(key))
     theta = prior.sample(k1, n)

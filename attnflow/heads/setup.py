@@ -219,6 +219,7 @@ class SymmetricSeed(InitialCondition):
 
     def check(self, H, F):
         V.positive("D", self.D)
+        V.finite_tree("kappa", self.kappa)
         check_overlaps("symmetric point", self.M_bar, self.Q_bar, H, F)
 
 

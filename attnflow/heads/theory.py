@@ -487,6 +487,7 @@ def solve(
         raise ValueError(f"setup must be an attnflow.heads.Setup, got {setup!r}")
     if escape is not None and event is not None:
         raise ValueError("give escape or event, not both (escape=s is event=lambda t, o: o['specialisation'] - s)")
+    V.positive("t1", t1)  # before the bank is drawn (seconds at 2^14 draws)
     o = ode(setup, bank=bank, form=form)
     solver = o.solver if solver is None else solver
     if escape is not None:
