@@ -99,6 +99,9 @@ def test_risk_and_pruning_refuse_overlaps_that_do_not_fit_the_bank():
         solve(s, -1.0)
     with pytest.raises(ValueError, match="L must be an integer >= 2, got 1"):
         bayes_risk(s.prior, 1)
+    with pytest.raises(ValueError, match="for p = 0.7 give n_plus and H"):
+        softmax_floor(4, p=0.7)
+    assert softmax_floor(4, p=0.7, n_plus=3, H=4) == pytest.approx(4 / 3 * (0.7 / 16 + 0.3 * 9 / 16))
     # fewer heads than the bank (a pruned model) are fine
     assert np.isfinite(float(generalisation_error(jnp.zeros((1, 1)), 0.2 * jnp.eye(1), Softmax(), bank)))
 

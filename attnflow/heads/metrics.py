@@ -76,11 +76,13 @@ def oracle_config(prior: Prior) -> tuple[jax.Array, jax.Array, jax.Array]:
 def softmax_floor(L: int, p: float = 0.5, n_plus: int | None = None, H: int | None = None) -> float:
     """Infinite-signal floor of the softmax error (FlippedSpike, ``s -> inf``): ``L / (4 (L - 1))`` for
     an even split at ``p = 1/2``; ``L/(L-1) [p (1 - n/H)^2 + (1 - p)(n/H)^2]`` with ``n = n_plus`` of
-    ``H`` heads on ``+`` (equation (14))."""
+    ``H`` heads on ``+`` (equation (14)); ``p != 1/2`` needs ``n_plus`` and ``H``."""
     L = V.positive_int("L", L, minimum=2)
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"p must be a probability in [0, 1], got {p!r}")
     if n_plus is None:
+        if p != 0.5:  # the even split is the floor at p = 1/2 only (equation (14)); p would be ignored
+            raise ValueError(f"softmax_floor without n_plus is the p = 1/2 even split; for p = {p!r} give n_plus and H")
         return L / (4 * (L - 1))
     H = V.positive_int("H", H)
     if not 0 <= n_plus <= H:
