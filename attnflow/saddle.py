@@ -229,13 +229,21 @@ def spectrum(
             raise ValueError(f"symmetric=True, but the Jacobian is not symmetric (|J - J^T| reaches {asym:.3g})")
     if symmetric:
         w, v = jnp.linalg.eigh(0.5 * (J + J.T))
+        order = jnp.argsort(-jnp.real(w), stable=True)
+        w, v = w[order], v[:, order]
     elif traced:  # under jit / vmap / sweep: JAX's eig (implemented for the CPU)
-        w, v = jnp.linalg.eig(J)
+        # JAX differentiates eigenvalues but not eigenvectors of a general matrix: the values
+        # come from eigvals (so jax.grad of lambda_max works), the vectors from eig of the
+        # matrix held constant, each sorted by (-real part, imaginary part) to pair them
+        w = jnp.linalg.eigvals(J)
+        w_v, v = jnp.linalg.eig(jax.lax.stop_gradient(J))
+        w = w[jnp.lexsort((jnp.imag(w), -jnp.real(w)))]
+        v = v[:, jnp.lexsort((jnp.imag(w_v), -jnp.real(w_v)))]
     else:
         w, v = np.linalg.eig(np.asarray(J))
         w, v = jnp.asarray(w), jnp.asarray(v)
-    order = jnp.argsort(-jnp.real(w), stable=True)
-    w, v = w[order], v[:, order]
+        order = jnp.argsort(-jnp.real(w), stable=True)
+        w, v = w[order], v[:, order]
     if B is not None:
         v = B.astype(v.dtype) @ v
     vectors = [

@@ -757,6 +757,17 @@ def test_spectrum_of_a_general_jacobian_in_a_sweep():
         jax.jit(lambda k: af.spectrum(oscillator, jnp.zeros(2), {"k": k, "gamma": 0.5}, symmetric=True).values)(4.0)
     # a float32 guess is solved in float64
     assert af.fixed_point(oscillator, jnp.ones(2, jnp.float32), {"k": 4.0, "gamma": 0.5}).dtype == jnp.float64
+    # eigenvalues are differentiable (lambda_max = -gamma/2 when complex; (-gamma + sqrt(gamma^2 - 4k))/2
+    # when real), and the eigenvectors stay paired with them
+    lam = lambda g, k: af.spectrum(oscillator, jnp.zeros(2), {"k": k, "gamma": g}).lambda_max
+    assert float(jax.grad(lam)(0.5, 4.0)) == pytest.approx(-0.5, rel=1e-12)
+    g, k = 5.0, 4.0  # real eigenvalues -1 and -4: d lambda_max / d gamma = (-1 + gamma / sqrt(gamma^2 - 4k)) / 2
+    assert float(jax.grad(lam)(g, k)) == pytest.approx((-1 + g / 3.0) / 2, rel=1e-10)
+    check_grads(lambda g: lam(g, 4.0), (5.0,), order=1, modes=("fwd", "rev"))
+    sp = jax.jit(lambda g: af.spectrum(oscillator, jnp.zeros(2), {"k": 4.0, "gamma": g}))(5.0)
+    J = np.array([[0.0, 1.0], [-4.0, -5.0]])
+    for i in range(2):
+        np.testing.assert_allclose(J @ sp.vectors[i], sp.values[i] * sp.vectors[i], atol=1e-12)
 
 
 def _pitchfork(t, y, a):
