@@ -19,6 +19,7 @@ smooth deterministic function of the state.
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -182,10 +183,11 @@ class BankOptions(eqx.Module):
 
 
 @filter_jit
-def _draw_bank(prior: Prior, L: int, H: int, options: BankOptions, antithetic: bool) -> dict:
-    """The bank's draws as `BankOptions` says (one compiled call per sizes and options)."""
+def _draw_bank(prior: Prior, L: int, H: int, options: BankOptions, antithetic: bool, key: jax.Array) -> dict:
+    """The bank's draws as `BankOptions` says, from ``key`` (one compiled call per sizes and
+    options; the seed is data)."""
     n = options.n
-    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(options.seed), 3)
+    k1, k2, k3 = jax.random.split(key, 3)
     zeta = jax.random.normal(k2, (n, L, prior.F))
     w = jax.random.normal(k3, (n, L, H))
     support = prior.support() if options.enumerate_support else None
@@ -198,13 +200,15 @@ def _draw_bank(prior: Prior, L: int, H: int, options: BankOptions, antithetic: b
     else:
         theta = prior.sample(k1, n)
         weights = jnp.full(n, 1.0 / n)
-    draws = {"theta": theta, "zeta": zeta, "w": w, "weights": weights}
+    # the base draw each row comes from: its support points and copies are not independent of it
+    groups = jnp.repeat(jnp.arange(n, dtype=jnp.int32), theta.shape[0] // n)
+    draws = {"theta": theta, "zeta": zeta, "w": w, "weights": weights, "groups": groups}
     if antithetic:
-        draws = antithetic_copies(draws, {"theta": True, "zeta": True, "w": False, "weights": False})
+        draws = antithetic_copies(draws, {"theta": True, "zeta": True, "w": False, "weights": False, "groups": False})
         draws["weights"] = draws["weights"] / 2
     perms = options.copies.permutations(H)
     if len(perms) > 1:
-        draws = permuted_copies(draws, perms, {"theta": None, "zeta": None, "w": 2, "weights": None})
+        draws = permuted_copies(draws, perms, {"theta": None, "zeta": None, "w": 2, "weights": None, "groups": None})
         draws["weights"] = draws["weights"] / len(perms)
     return draws
 
@@ -217,7 +221,9 @@ class FieldBank(eqx.Module):
     zeta: jax.Array
     w: jax.Array
     weights: jax.Array
+    groups: jax.Array
     root: MatrixRoot
+    n: int = eqx.field(static=True)
 
     def __init__(self, prior: Prior, L: int, H: int, options: BankOptions | None = None):
         if not isinstance(prior, Prior):
@@ -233,8 +239,11 @@ class FieldBank(eqx.Module):
             antithetic = options.antithetic
             if antithetic and not prior.sign_symmetric:
                 raise ValueError(f"antithetic copies need a sign-symmetric prior; {type(prior).__name__} is not")
-        draws = _draw_bank(prior, L, H, options, antithetic)
+        # the seed as a key, not a static option: a bank of another seed compiles nothing
+        key = jax.random.PRNGKey(options.seed)
+        draws = _draw_bank(prior, L, H, dataclasses.replace(options, seed=0), antithetic, key)
         self.theta, self.zeta, self.w, self.weights = draws["theta"], draws["zeta"], draws["w"], draws["weights"]
+        self.groups, self.n = draws["groups"], options.n
         self.root = options.root
 
     @property
@@ -245,6 +254,14 @@ class FieldBank(eqx.Module):
     def mean(self, x: jax.Array) -> jax.Array:
         """Bank average of per-draw values ``x (B, ...)``."""
         return jnp.tensordot(self.weights, x, axes=1)
+
+    def stderr(self, x: jax.Array) -> jax.Array:
+        """Monte Carlo standard error of `mean` ``(x)``: the spread of its ``n`` independent base
+        draws (each averaged with its support points, antithetic and head-permutation copies,
+        which are not independent of it), ``std / sqrt(n)``."""
+        wx = self.weights.reshape((-1,) + (1,) * (jnp.ndim(x) - 1)) * x
+        per_draw = self.n * jax.ops.segment_sum(wx, self.groups, num_segments=self.n)
+        return jnp.std(per_draw, axis=0, ddof=1) / jnp.sqrt(self.n)
 
     def fields(self, M: jax.Array, Q: jax.Array) -> tuple[jax.Array, jax.Array]:
         """``chi (B, H', L)`` and ``chi* (B, L, F)`` for order parameters ``(M, Q)`` with ``H' <= H``
@@ -286,11 +303,19 @@ def _half_risk(M: jax.Array, Q: jax.Array, activation: Activation, bank: FieldBa
     return bank.mean(jax.vmap(lambda c: half_loss(activation, c))(chi))
 
 
-def generalisation_error(M: jax.Array, Q: jax.Array, activation: Activation, bank: FieldBank) -> jax.Array:
+def generalisation_error(
+    M: jax.Array, Q: jax.Array, activation: Activation, bank: FieldBank, *, stderr: bool = False
+) -> Any:
     """Generalisation error ``E(M, Q) = E |e_1 - a(chi)|^2 = 2 R`` on the bank (equation (7); token
-    target; add ``Delta`` for the scalar target)."""
+    target; add ``Delta`` for the scalar target). ``stderr=True``: ``(E, its Monte Carlo standard
+    error)`` (`FieldBank.stderr`)."""
     _check_bank_overlaps("generalisation_error", M, Q, bank)
-    return 2 * _half_risk(M, Q, activation, bank)
+    if not stderr:
+        return 2 * _half_risk(M, Q, activation, bank)
+    activation.check_heads(jnp.shape(M)[0])
+    chi, _ = bank.fields(M, Q)
+    losses = 2 * jax.vmap(lambda c: half_loss(activation, c))(chi)
+    return bank.mean(losses), bank.stderr(losses)
 
 
 # ----------------------------------------------------------------------------- drift forms
