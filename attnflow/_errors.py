@@ -109,23 +109,12 @@ def status_code(failures: list[tuple[Any, str]]) -> jax.Array:
     return code
 
 
-def nan_where(bad: Any, x: Any, reads: Any = None) -> Any:
-    """``x``, NaN where ``bad``, and so is its derivative: an event that never fired, a threshold
-    never crossed, has no time and no derivative of one. (``jnp.where(bad, nan, x)`` has the
-    derivative 0 there, which an optimiser would take for a flat direction.) ``reads``: what
-    the time was looked for in (the final state and the event's value, the curve); reverse
-    mode carries the NaN back to the inputs through it, since an unfired event's time has no
-    other path to them. Each is ``x``'s shape (a batch) followed by axes of its own (time)."""
-    # no cotangent into x's own computation where bad: a NaN sent back through a solver's
-    # adjoint (an event's root find, under vmap where both branches run) fails its linear solve
-    x = jnp.where(bad, jax.lax.stop_gradient(x), x)
-    if reads is not None:
-        # 0 * r is 0 for finite r, and its cotangent 0 * NaN is NaN: a path that only a NaN crosses
-        for r in jax.tree_util.tree_leaves(eqx.filter(reads, eqx.is_inexact_array)):
-            # summed over its axes past those of x (a curve's time axis), so that each entry of a
-            # batch reads only its own curve
-            x = x + 0.0 * jnp.sum(r, axis=tuple(range(jnp.ndim(x), jnp.ndim(r))))
-    return _nan_where(bad, x)
+def nan_where(bad: Any, x: Any) -> Any:
+    """``x``, NaN where ``bad``, and so is its forward-mode derivative (``jnp.where(bad, nan, x)``
+    has the derivative 0 there). For `fail_if`: a forward-mode derivative that is all a caller
+    keeps must not be a finite number from a failed solve. No cotangent enters ``x``'s own
+    computation where ``bad`` (a NaN sent back through a solver's adjoint fails its linear solve)."""
+    return _nan_where(bad, jnp.where(bad, jax.lax.stop_gradient(x), x))
 
 
 @jax.custom_jvp

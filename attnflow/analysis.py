@@ -20,7 +20,6 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Real
 
 from . import _validate as V
-from ._errors import nan_where
 from .trajectory import Trajectory
 
 __all__ = [
@@ -93,7 +92,7 @@ def first_crossing(
         dy = y1 - y0
         w = jnp.where((i > 0) & (dy != 0), (threshold - y0) / jnp.where(dy != 0, dy, 1.0), 1.0)
         t_hit = t0 + jnp.clip(w, 0.0, 1.0) * (t_hit - t0)
-    return nan_where(~found, t_hit, (y, threshold))
+    return jnp.where(found, t_hit, jnp.nan)
 
 
 def event_time(traj: Trajectory, event: Callable[[Any, Mapping[str, Any]], Any]) -> Float[Array, "*batch"]:
@@ -138,7 +137,7 @@ def event_time(traj: Trajectory, event: Callable[[Any, Mapping[str, Any]], Any])
         a, b = pick(g0), pick(g1)
         t0, t1 = pick(ts[..., :-1]), pick(ts[..., 1:])
         t_hit = t0 + (t1 - t0) * a / jnp.where(a != b, a - b, 1.0)
-    return nan_where(~jnp.any(hit, axis=-1), t_hit, values)
+    return jnp.where(jnp.any(hit, axis=-1), t_hit, jnp.nan)
 
 
 def check_saved_event(event: Any, traj: Any) -> None:
@@ -202,7 +201,7 @@ def value_at(
     v1 = jnp.take_along_axis(values, i[..., None], axis=-1)[..., 0]
     dx = x1 - x0
     w = jnp.where((i > 0) & (dx != 0), (f(jnp.asarray(target, x.dtype)) - x0) / jnp.where(dx != 0, dx, 1.0), 1.0)
-    return nan_where(~found, v0 + jnp.clip(w, 0.0, 1.0) * (v1 - v0), (x, values))
+    return jnp.where(found, v0 + jnp.clip(w, 0.0, 1.0) * (v1 - v0), jnp.nan)
 
 
 def growth_rate(

@@ -24,7 +24,7 @@ import numpy as np
 import optimistix as optx
 
 from . import _validate as V
-from ._errors import fail_if, nan_where
+from ._errors import fail_if
 from ._io import LOG_INTERVAL
 from ._jit import filter_jit
 from .options import LinearGrid, SaveGrid, SolverOptions, TimeGrid
@@ -452,12 +452,7 @@ def integrate(
         _check_solution(field, args, result, t_end, y_end, out_ts, out_ys, solver.max_steps, t1)
     t_event = None
     if ev is not None:
-        # what the event reads besides the solution (whose adjoint the NaN must not enter): the
-        # arguments, and values it closes over, through its value at the end
-        reads = [args]
-        if not isinstance(event, diffrax.Event):
-            reads.append(event(t_end, jax.lax.stop_gradient(y_end), args))
-        t_event = nan_where(result != diffrax.RESULTS.event_occurred, t_end, reads)
+        t_event = jnp.where(result == diffrax.RESULTS.event_occurred, t_end, jnp.nan)
     m = {"integrator": type(method).__name__, "max_steps": solver.max_steps}
     if isinstance(solver.stepsize_controller, diffrax.ConstantStepSize):
         m.update(controller="ConstantStepSize")  # rtol and atol play no part

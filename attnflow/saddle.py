@@ -154,7 +154,8 @@ def jacobian(field: Callable[[Any, Any, Any], Any] | ODE, y: Any, args: Any = No
 
 class Spectrum(eqx.Module):
     """Eigen-decomposition of a Jacobian (`attnflow.spectrum`): ``values``, the eigenvalues
-    sorted by real part, largest first; ``vectors[i]``, the ``i``-th eigenvector as a pytree
+    sorted by real part, largest first (a complex-conjugate pair: negative imaginary part first,
+    inside a trace or not); ``vectors[i]``, the ``i``-th eigenvector as a pytree
     shaped like the state; ``matrix``, the (restricted) Jacobian that was decomposed.
     ``lambda_max`` is the largest real part, ``unstable(tol)`` the unstable pairs.
     """
@@ -241,9 +242,8 @@ def spectrum(
         v = v[:, jnp.lexsort((jnp.imag(w_v), -jnp.real(w_v)))]
     else:
         w, v = np.linalg.eig(np.asarray(J))
-        w, v = jnp.asarray(w), jnp.asarray(v)
-        order = jnp.argsort(-jnp.real(w), stable=True)
-        w, v = w[order], v[:, order]
+        order = np.lexsort((np.imag(w), -np.real(w)))  # the order under a trace too
+        w, v = jnp.asarray(w[order]), jnp.asarray(v[:, order])
     if B is not None:
         v = B.astype(v.dtype) @ v
     vectors = [
@@ -303,9 +303,10 @@ def fixed_point_branch(
     theory, ``lambda mu: af.ODE(field, {"mu": mu}, y0)`` for your own field. One ``lax.scan``
     over the values, compiled once per call (traceable, so it can sit in a sweep). Natural continuation
     cannot turn round a fold: past one, the points do not converge, and ``residual`` says so.
-    A field with a null direction (a singular Jacobian along a whole family of roots) defeats
-    Newton (NaN points); a least-squares solver (``optx.LevenbergMarquardt``) converges there,
-    to some root of the family, which may not be the one you followed.
+    Along a field with a null direction (a singular Jacobian along a whole family of roots) the
+    default Newton takes least-squares steps: it stays on the root it follows when the family
+    is a redundancy of the state (``q_12`` and ``q_21`` both held), and otherwise reaches some
+    root of the family, which may not be the one you followed.
     """
     from .ode import ODE, field_and_args, require_x64
 

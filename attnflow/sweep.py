@@ -37,6 +37,7 @@ import argparse
 import contextlib
 import contextvars
 import dataclasses
+import enum
 import functools
 import hashlib
 import inspect
@@ -1561,6 +1562,7 @@ def _digest(obj: Any, h: Any, depth: int, seen: dict[Any, tuple[int, Any]], root
             h.update(f"<ref {seen[settings_key][0]}>".encode())
             return
         seen[settings_key] = (len(seen), obj)
+        names = None if read_names is None else read_names | _method_names(obj)
         settings: dict[str, Any] = {}
         for base in reversed(obj.__mro__):
             if not _named_only(base.__module__, base.__qualname__):
@@ -1568,8 +1570,8 @@ def _digest(obj: Any, h: Any, depth: int, seen: dict[Any, tuple[int, Any]], root
                     (k, v)
                     for k, v in vars(base).items()
                     if not k.startswith("_")
-                    and (read_names is None or k in read_names)
-                    and not isinstance(v, (types.FunctionType, staticmethod, classmethod, property, type))
+                    and (names is None or k in names)
+                    and not isinstance(v, (types.FunctionType, staticmethod, classmethod, property))
                 )
         if settings:
             h.update(b"settings")
@@ -1605,6 +1607,10 @@ def _digest(obj: Any, h: Any, depth: int, seen: dict[Any, tuple[int, Any]], root
             _digest(leaf, h, depth + 1, seen)
         return
     cls = type(obj)
+    if isinstance(obj, enum.Enum):  # a member: by its class and name (its attributes are private)
+        h.update(f"<enum {cls.__module__}.{cls.__qualname__}.{obj.name}>".encode())
+        _digest(obj.value, h, depth + 1, seen)
+        return
     holder = (
         isinstance(obj, (argparse.Namespace, types.SimpleNamespace))
         or dataclasses.is_dataclass(obj)
@@ -1632,8 +1638,10 @@ def _digest(obj: Any, h: Any, depth: int, seen: dict[Any, tuple[int, Any]], root
     _digest(type(obj), h, depth + 1, seen)
     attrs = _attributes(obj) if holder else None
     if attrs:
+        # of an object of the user's class, what its methods read (``self.t1`` in ``run``) too
+        names = None if read_names is None else read_names | _method_names(cls)
         _digest(
-            {k: v for k, v in attrs.items() if not k.startswith("_") and (read_names is None or k in read_names)},
+            {k: v for k, v in attrs.items() if not k.startswith("_") and (names is None or k in names)},
             h,
             depth + 1,
             seen,
@@ -1707,6 +1715,23 @@ def _digest_treedef(treedef: Any, h: Any, depth: int, seen: dict[Any, tuple[int,
     _digest(aux, h, depth, seen)
     for child in treedef.children():
         _digest_treedef(child, h, depth, seen)
+
+
+def _method_names(cls: type) -> frozenset[str]:
+    """The names the methods of ``cls`` and of the user's classes it derives from use (the
+    attributes they may read from ``self``); none for a library's class."""
+    names: set[str] = set()
+    for base in cls.__mro__:
+        if _named_only(base.__module__, base.__qualname__):
+            continue
+        for member in vars(base).values():
+            if isinstance(member, (staticmethod, classmethod)):
+                member = member.__func__
+            elif isinstance(member, property):
+                member = member.fget
+            if isinstance(member, types.FunctionType):
+                names |= _global_names(member.__code__)
+    return frozenset(names)
 
 
 def _global_names(code: types.CodeType) -> set[str]:

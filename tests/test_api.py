@@ -764,10 +764,20 @@ def test_spectrum_of_a_general_jacobian_in_a_sweep():
     g, k = 5.0, 4.0  # real eigenvalues -1 and -4: d lambda_max / d gamma = (-1 + gamma / sqrt(gamma^2 - 4k)) / 2
     assert float(jax.grad(lam)(g, k)) == pytest.approx((-1 + g / 3.0) / 2, rel=1e-10)
     check_grads(lambda g: lam(g, 4.0), (5.0,), order=1, modes=("fwd", "rev"))
-    sp = jax.jit(lambda g: af.spectrum(oscillator, jnp.zeros(2), {"k": 4.0, "gamma": g}))(5.0)
-    J = np.array([[0.0, 1.0], [-4.0, -5.0]])
-    for i in range(2):
-        np.testing.assert_allclose(J @ sp.vectors[i], sp.values[i] * sp.vectors[i], atol=1e-12)
+    # eigenvectors paired with their eigenvalues, in the same order in and out of a trace: real distinct,
+    # a complex-conjugate pair beside a real one
+    rng = np.random.default_rng(0)
+    S = rng.normal(size=(3, 3))
+    for D in (np.diag([-1.0, -4.0, 2.0]), np.array([[-1.0, 2.0, 0.0], [-2.0, -1.0, 0.0], [0.0, 0.0, -1.0]])):
+        A = S @ D @ np.linalg.inv(S)
+        linear = lambda t, y, a: a @ y
+        eager = af.spectrum(linear, jnp.zeros(3), jnp.asarray(A))
+        traced = jax.jit(lambda a: af.spectrum(linear, jnp.zeros(3), a))(jnp.asarray(A))
+        np.testing.assert_allclose(traced.values, eager.values, atol=1e-12)
+        for sp in (eager, traced):
+            for w, v in zip(sp.values, sp.vectors, strict=True):
+                np.testing.assert_allclose(A @ v, w * v, atol=1e-12)
+    assert float(np.imag(traced.values[0])) == pytest.approx(-2.0)  # -1 - 2i, -1, -1 + 2i: by imaginary part
 
 
 def _pitchfork(t, y, a):

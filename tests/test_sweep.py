@@ -1,5 +1,6 @@
 """sweep: vmap == loop, sharding over 4 host devices, chunked resume (issue items 4, 6, 7)."""
 
+import enum
 import functools
 import json
 import os
@@ -549,6 +550,49 @@ def test_resume_reads_settings_held_by_a_users_class(tmp_path):
             np.testing.assert_array_equal(res.values, [4.0, 8.0])
         finally:
             _ClassSettings.t1, _ClassSettings.unread = 2.0, 1
+
+
+class _Runner:
+    t1 = 2.0
+
+    def run(self, x):
+        return x * self.t1
+
+
+class _Mode(enum.Enum):
+    A = 1
+    B = 2
+
+
+class _Nested:
+    class Inner:
+        k = 1
+
+
+def test_fingerprint_reads_settings_through_methods_nested_classes_and_enums():
+    """What a method of the user's class reads from self (model.run reading self.t1), a setting of a
+    nested class (Cfg.Inner.k) and an enum member count; the same values give the same fingerprint."""
+    from attnflow.sweep import _fingerprint
+
+    model = _Runner()
+    settings = {"mode": _Mode.A}
+
+    def fn(x):
+        return model.run(x) + _Nested.Inner.k + (settings["mode"] is _Mode.A)
+
+    before = _fingerprint(fn)
+    assert _fingerprint(fn) == before
+    for change, undo in (
+        (lambda: setattr(_Runner, "t1", 4.0), lambda: setattr(_Runner, "t1", 2.0)),
+        (lambda: setattr(_Nested.Inner, "k", 2), lambda: setattr(_Nested.Inner, "k", 1)),
+        (lambda: settings.update(mode=_Mode.B), lambda: settings.update(mode=_Mode.A)),
+    ):
+        change()
+        try:
+            assert _fingerprint(fn) != before
+        finally:
+            undo()
+        assert _fingerprint(fn) == before
 
 
 def test_resume_reads_settings_of_the_users_own_modules(tmp_path, monkeypatch):

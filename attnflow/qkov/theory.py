@@ -33,7 +33,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _validate as V
-from .._errors import nan_where
 from .._jit import filter_jit
 from ..ode import ODE, integrate, observable_event
 from ..options import LogGrid, SaveGrid, SolverOptions
@@ -225,7 +224,7 @@ def _state_at_loss(setup, loss_target, initial, iterations):
     a = alpha(mu_qk, setup)
     out = {"mu_ov": ell / a, "mu_qk": mu_qk, "alpha": a}
     above = loss_target >= loss(initial, setup)  # traced: no error, NaN values
-    return {k: nan_where(above, v) for k, v in out.items()}
+    return {k: jnp.where(above, jnp.nan, v) for k, v in out.items()}
 
 
 # ----------------------------------------------------------------------------- solve
@@ -394,7 +393,7 @@ def authors_rk4(
 
     scale = jnp.minimum(setup.eta_qk, setup.eta_ov)
     state = {"mu_ov": ys[:, 0], "mu_qk": ys[:, 1]}
-    t_event = nan_where(~hit, k_end * d_tau / scale)
+    t_event = jnp.where(hit, k_end * d_tau / scale, jnp.nan)
     return Trajectory(
         tau / scale,
         state_observables(state, setup),
