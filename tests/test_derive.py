@@ -724,7 +724,7 @@ def test_plateau_followed_along_the_learning_rate_and_its_derivative():
         derive.soft_committee,
         0.1 * jnp.ones((2, 2)),
         0.5 * jnp.eye(2),
-        quadrature=derive.GaussHermite(8),
+        quadrature=derive.GaussHermite(6),
     )
     p, sym = derive.plateau(s), derive.symmetrised(s)
     etas = np.array([1.0, 0.7, 0.4])
@@ -741,6 +741,12 @@ def test_plateau_followed_along_the_learning_rate_and_its_derivative():
     h = 1e-5
     fd = (q_star(1.0 + h) - q_star(1.0 - h)) / (2 * h)
     np.testing.assert_allclose(jax.jacfwd(q_star)(1.0), fd, rtol=1e-6, atol=1e-9)
+    # plateau itself is traceable: its escape rate differentiated in eta, and swept
+    rate = lambda eta: derive.plateau(s.replace(eta=eta)).lambda_max
+    fd_rate = (rate(1.0 + h) - rate(1.0 - h)) / (2 * h)
+    assert float(jax.grad(rate)(1.0)) == pytest.approx(float(fd_rate), rel=1e-6)
+    swept = af.sweep(rate, {"eta": etas[:2]}, progress=False).values
+    np.testing.assert_allclose(swept, br.lambda_max[:2], rtol=1e-10)
 
 
 def test_plateau_with_trained_readouts_is_symmetric_and_realisable():

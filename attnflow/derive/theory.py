@@ -299,15 +299,15 @@ def symmetrised(setup: Setup) -> Setup:
     of overlaps.)"""
     K, M = setup.K, setup.M
     T = setup.T
-    teacher_symmetric = M == 1 or bool(
-        jnp.allclose(
-            T, jnp.mean(jnp.diag(T)) * jnp.eye(M) + (jnp.sum(T) - jnp.trace(T)) / (M * (M - 1)) * (1 - jnp.eye(M))
-        )
+    # a where, not an if: T may be traced (a sweep); with M = 1 both forms agree
+    teacher_symmetric = M == 1 or jnp.allclose(
+        T, jnp.mean(jnp.diag(T)) * jnp.eye(M) + (jnp.sum(T) - jnp.trace(T)) / (M * (M - 1)) * (1 - jnp.eye(M))
     )
-    if teacher_symmetric:
-        R0 = jnp.mean(setup.R0) * jnp.ones_like(setup.R0)
-    else:
-        R0 = jnp.ones((K, 1)) * jnp.mean(setup.R0, axis=0, keepdims=True)
+    R0 = jnp.where(
+        teacher_symmetric,
+        jnp.mean(setup.R0) * jnp.ones_like(setup.R0),
+        jnp.ones((K, 1)) * jnp.mean(setup.R0, axis=0, keepdims=True),
+    )
     q = jnp.mean(jnp.diag(setup.Q0))
     c = (jnp.sum(setup.Q0) - jnp.trace(setup.Q0)) / (K * (K - 1)) if K > 1 else 0.0
     v0 = setup.v0
@@ -332,15 +332,19 @@ def plateau(setup: Setup, *, t_guess: float | None = None, rule: Rule | None = N
         raise ValueError(f"setup must be an attnflow.derive.Setup, got {setup!r:.80}")
     sym = symmetrised(setup)
     rl = _rule_of(sym) if rule is None else rule
-    horizon = 60.0 / float(sym.eta) if t_guess is None else V.finite_scalar("t_guess", t_guess)
-    if horizon <= 0:
-        raise ValueError(f"t_guess must be positive, got {horizon:g}")
+    if t_guess is None:
+        horizon = 60.0 / sym.eta  # traced inside jit, vmap or a sweep over eta
+    else:
+        V.positive("t_guess", t_guess)
+        horizon = t_guess
     o = ode(sym, rule=rl)
     guess = o.solve(horizon, save=LinearGrid(2)).final()
     y0 = {k: guess[k] for k in o.y0}
     y = fixed_point(o, y0, solver=optx.LevenbergMarquardt(rtol=1e-10, atol=1e-12))
-    _check_plateau(sym, y)
     lam = jnp.real(spectrum(o, y).lambda_max)
+    if V.any_traced((y, lam)):  # the checks below read values; a traced plateau is returned as found
+        return Plateau(y, generalisation_error(sym, y["R"], y["Q"], y.get("v"), rl), lam)
+    _check_plateau(sym, y)
     if float(lam) <= 0:
         warnings.warn(
             f"derive.plateau: the symmetric point is stable (lambda_max = {float(lam):.3g} <= 0): there is no "
