@@ -773,3 +773,13 @@ def test_plateau_with_trained_readouts_is_symmetric_and_realisable():
     )
     with pytest.warns(UserWarning, match="the symmetric point is stable"):
         derive.plateau(one)
+
+
+def test_the_derived_field_refuses_float32():
+    """The theory runs in float64: without x64 the field and the error raise, as solve does."""
+    s = derive.Setup(derive.soft_committee, derive.soft_committee, 0.1 * jnp.ones((2, 2)), 0.5 * jnp.eye(2))
+    with jax.enable_x64(False):
+        with pytest.raises(RuntimeError, match="derive.vector_field runs in float64"):
+            derive.vector_field(s, s.R0, s.Q0)
+        with pytest.raises(RuntimeError, match="derive.generalisation_error runs in float64"):
+            derive.generalisation_error(s, s.R0, s.Q0)

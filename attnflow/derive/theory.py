@@ -165,18 +165,22 @@ def vector_field(setup: Setup, R: Any, Q: Any, v: Any = None, rule: Rule | None 
     the setup has a readout). ``rule`` (nodes and weights) defaults to the setup's,
     `attnflow.derive.rule`. Compiled once per model (functions, sizes, quadrature); new numbers
     reuse it."""
-    R, Q, v = _state(setup, R, Q, v)
+    R, Q, v = _state(setup, R, Q, v, "derive.vector_field")
     return _vector_field(setup, R, Q, v, _rule_of(setup) if rule is None else rule)
 
 
 def generalisation_error(setup: Setup, R: Any, Q: Any, v: Any = None, rule: Rule | None = None) -> jax.Array:
     """Eq. (5): the population loss ``E[loss(student(lambda, v), teacher(nu))]`` (noise-free label)."""
-    R, Q, v = _state(setup, R, Q, v)
+    R, Q, v = _state(setup, R, Q, v, "derive.generalisation_error")
     return _error(setup, R, Q, v, _rule_of(setup) if rule is None else rule)
 
 
-def _state(setup: Setup, R: Any, Q: Any, v: Any) -> tuple[Any, Any, Any]:
-    """``(R, Q, v)`` as float arrays of the setup's shapes, or ``ValueError`` naming the argument."""
+def _state(setup: Setup, R: Any, Q: Any, v: Any, where: str) -> tuple[Any, Any, Any]:
+    """``(R, Q, v)`` as float arrays of the setup's shapes, or ``ValueError`` naming the argument;
+    ``RuntimeError`` while JAX's 64-bit mode is off (the theory runs in float64, as `solve` does)."""
+    from ..ode import require_x64
+
+    require_x64(where)
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.derive.Setup, got {setup!r:.80}")
     R = V.floats("R", R)
