@@ -241,9 +241,9 @@ def spectrum(
         w = w[jnp.lexsort((jnp.imag(w), -jnp.real(w)))]
         v = v[:, jnp.lexsort((jnp.imag(w_v), -jnp.real(w_v)))]
     else:
-        w, v = np.linalg.eig(np.asarray(J))
-        order = np.lexsort((np.imag(w), -np.real(w)))  # the order under a trace too
-        w, v = jnp.asarray(w[order]), jnp.asarray(v[:, order])
+        w_np, v_np = np.linalg.eig(np.asarray(J))
+        order_np = np.lexsort((np.imag(w_np), -np.real(w_np)))  # the order under a trace too
+        w, v = jnp.asarray(w_np[order_np]), jnp.asarray(v_np[:, order_np])
     if B is not None:
         v = B.astype(v.dtype) @ v
     vectors = [

@@ -337,7 +337,7 @@ def plateau(setup: Setup, *, t_guess: float | None = None, rule: Rule | None = N
     sym = symmetrised(setup)
     rl = _rule_of(sym) if rule is None else rule
     if t_guess is None:
-        horizon = 60.0 / sym.eta  # traced inside jit, vmap or a sweep over eta
+        horizon: Any = 60.0 / sym.eta  # traced inside jit, vmap or a sweep over eta
     else:
         V.positive("t_guess", t_guess)
         horizon = t_guess
