@@ -123,6 +123,22 @@ def test_bank_standard_error_matches_the_spread_over_seeds():
         assert 0.6 < np.std(values, ddof=1) / np.mean(errors) < 1.6, (np.std(values, ddof=1), np.mean(errors))
 
 
+def test_sgd_with_the_signal_at_a_fixed_token_follows_the_same_ode():
+    """location=l fixes the signal's token for every sample: the model has no positional information, so
+    SGD follows the same ODE within the documented tolerance; a location outside [0, L) is refused."""
+    s = Setup()
+    grid = af.LinearGrid(7)
+    theory = solve(s, 6.0, save=grid)
+    uniform = train(s, 6.0, key=1, save=grid)
+    for location in (0, 3):
+        fixed = train(s, 6.0, key=1, save=grid, location=location)
+        gap = af.compare(theory, fixed)
+        assert all(gap[k] < hd.TRAIN_TOLERANCE[k] for k in hd.TRAIN_TOLERANCE), (location, gap)
+        assert af.compare(uniform, fixed)["M"] > 1e-4  # other samples: the location is in effect
+    with pytest.raises(ValueError, match="location must be an integer <= 3, got 4"):
+        train(s, 6.0, location=4)
+
+
 def test_setup_validation_names_the_value():
     with pytest.raises(ValueError, match="eta"):
         Setup(eta=-1.0)

@@ -103,6 +103,7 @@ def train(
     dtype: Any = None,
     event: Callable[[Any, Mapping[str, Any]], Any] | None = None,
     return_model: bool = False,
+    location: int | None = None,
     progress: bool = False,
 ) -> Any:
     """Online SGD of ``setup``'s model in dimension ``D`` to time ``t1`` on the clock
@@ -130,6 +131,9 @@ def train(
     to ``t1``.
     ``return_model=True`` returns ``(trajectory, trained network)``: the `MultiHead` at ``t1``
     (keys ``(H, D)`` and activation).
+    ``location``: the signal's token, ``None`` (default) uniform per sample, or an index in
+    ``[0, L)`` fixed for every sample (the model has no positional information, so the law of
+    the dynamics, and the ODE, are the same).
     Compiled once per (``D``, number of save points, setup structure, ``eval_samples``, dtype):
     new ``t1``, learning rates, prior parameters or initial conditions reuse it.
     """
@@ -147,6 +151,8 @@ def train(
     dtype = jnp.result_type(float) if dtype is None else jnp.dtype(dtype)
     if not jnp.issubdtype(dtype, jnp.floating):
         raise ValueError(f"dtype must be a floating type, got {dtype}")
+    if location is not None:
+        location = V.positive_int("location", location, minimum=0, maximum=setup.L - 1)
     dt = 1.0 / D
     total, steps = (DEFAULT_TRAIN_SAVE if save is None else save).steps_for(t1, dt)
     M0, Q0 = setup.initial_overlaps()
@@ -167,6 +173,7 @@ def train(
         eval_samples,
         dtype.name,
         bool(return_model),
+        location,
         progress,
     )
     return run_training(_train, args, clock=dt, total=total, event=event)
@@ -182,8 +189,10 @@ def _label(learned):
 
 
 @filter_jit
-def _train(setup, start, M0, Q0, key, D, steps, total, eval_samples, dtype, return_model, progress):
-    task = SingleLocationTask(D, setup.L, setup.prior, key=TASK_SEED, target=setup.target, dtype=dtype)
+def _train(setup, start, M0, Q0, key, D, steps, total, eval_samples, dtype, return_model, location, progress):
+    task = SingleLocationTask(
+        D, setup.L, setup.prior, key=TASK_SEED, location=location, target=setup.target, dtype=dtype
+    )
     k_frame, k_sgd = jax.random.split(key)
     K = keys_from_overlaps(M0, Q0, task.spikes, key=k_frame).astype(dtype)
     activation = jax.tree_util.tree_map(
