@@ -297,10 +297,15 @@ def half_risk(M: jax.Array, Q: jax.Array, activation: Activation, bank: FieldBan
     return _half_risk(M, Q, activation, bank)
 
 
-def _half_risk(M: jax.Array, Q: jax.Array, activation: Activation, bank: FieldBank) -> jax.Array:
+def _half_losses(M: jax.Array, Q: jax.Array, activation: Activation, bank: FieldBank) -> jax.Array:
+    """The half-loss of each draw of the bank (equation (7) before the average)."""
     activation.check_heads(jnp.shape(M)[0])
     chi, _ = bank.fields(M, Q)
-    return bank.mean(jax.vmap(lambda c: half_loss(activation, c))(chi))
+    return jax.vmap(lambda c: half_loss(activation, c))(chi)
+
+
+def _half_risk(M: jax.Array, Q: jax.Array, activation: Activation, bank: FieldBank) -> jax.Array:
+    return bank.mean(_half_losses(M, Q, activation, bank))
 
 
 def generalisation_error(
@@ -312,9 +317,7 @@ def generalisation_error(
     _check_bank_overlaps("generalisation_error", M, Q, bank)
     if not stderr:
         return 2 * _half_risk(M, Q, activation, bank)
-    activation.check_heads(jnp.shape(M)[0])
-    chi, _ = bank.fields(M, Q)
-    losses = 2 * jax.vmap(lambda c: half_loss(activation, c))(chi)
+    losses = 2 * _half_losses(M, Q, activation, bank)
     return bank.mean(losses), bank.stderr(losses)
 
 
