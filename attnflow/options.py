@@ -111,12 +111,16 @@ class LinearGrid(SaveGrid):
 class LogGrid(SaveGrid):
     """``t0`` and then ``n - 1`` points log-spaced in the elapsed time from ``t_min`` to
     ``t1 - t0``; ``t_min=None`` is ``1e-6 (t1 - t0)`` for times, one step for `steps`.
-    ``t_min`` must be below ``t1 - t0`` (``ValueError`` otherwise). On the step axis of a
-    simulation a ``t_min`` shorter than one step is one step (nothing is saved between steps),
-    and duplicates at small steps are merged, so fewer than ``n`` may remain."""
+    ``t_min`` must be below ``t1 - t0`` (``ValueError`` otherwise), unless ``fit_span=True``:
+    then a span no longer than ``t_min`` is saved from ``1e-3 (t1 - t0)`` instead (the theory
+    packages' default grids, so that a short solve runs; a span longer than ``t_min`` is saved
+    from ``t_min`` as usual). On the step axis of a simulation a ``t_min`` shorter than one step
+    is one step (nothing is saved between steps), and duplicates at small steps are merged, so
+    fewer than ``n`` may remain."""
 
     n: int = eqx.field(static=True, default=200)
     t_min: float | None = eqx.field(static=True, default=None)
+    fit_span: bool = eqx.field(static=True, default=False)
 
     def __check_init__(self):
         V.positive_int("n (save points)", self.n, minimum=2)
@@ -128,9 +132,15 @@ class LogGrid(SaveGrid):
     def times(self, t0, t1):
         t0 = jnp.asarray(t0, dtype=float)
         span = jnp.asarray(t1, dtype=float) - t0
-        if self.t_min is not None and not V.any_traced((t0, span)) and float(self.t_min) >= float(span):
-            raise ValueError(f"LogGrid: t_min = {self.t_min:g} must be below t1 - t0 = {float(span):g}")
+        too_short = self.t_min is not None and not V.any_traced((t0, span)) and float(self.t_min) >= float(span)
+        if too_short and not self.fit_span:
+            raise ValueError(
+                f"LogGrid: t_min = {self.t_min:g} must be below t1 - t0 = {float(span):g} "
+                "(or LogGrid(..., fit_span=True) to start at 1e-3 of a shorter span)"
+            )
         lo = span * 1e-6 if self.t_min is None else jnp.asarray(self.t_min, dtype=float)
+        if self.fit_span and self.t_min is not None:
+            lo = jnp.where(lo < span, lo, 1e-3 * span)  # traced spans too
         rest = jnp.exp(jnp.linspace(jnp.log(lo), jnp.log(span), self.n - 1))
         rest = rest.at[-1].set(span)  # exactly t1 (exp(log(x)) can be off in the last bit)
         return jnp.concatenate([t0[None], t0 + rest])
@@ -142,7 +152,9 @@ class LogGrid(SaveGrid):
 
     def _steps_in_time(self, total, dt):
         if self.t_min is not None and float(self.t_min) >= total * dt:
-            raise ValueError(f"LogGrid: t_min = {self.t_min:g} must be below t1 - t0 = {total * dt:g}")
+            if not self.fit_span:
+                raise ValueError(f"LogGrid: t_min = {self.t_min:g} must be below t1 - t0 = {total * dt:g}")
+            return self._log_steps(total, max(1.0, 1e-3 * total))
         lo = 1.0 if self.t_min is None else max(1.0, float(self.t_min) / dt)
         return self._log_steps(total, lo)
 

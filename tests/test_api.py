@@ -650,6 +650,9 @@ def test_every_package_gives_the_ode_its_solve_integrates(package):
         af.spectrum(o, o.y0, o.args)
     with pytest.raises(ValueError, match=f"must be an attnflow.{package}.Setup"):
         P.ode("not a setup")
+    # a solve shorter than the start of the package's default (log) grid runs on it
+    short = P.solve(s, 0.005, **kw)
+    assert float(short.ts[-1]) == pytest.approx(0.005, rel=1e-12) and np.all(np.diff(short.ts) > 0)
 
 
 def test_an_ode_is_data_for_jit_vmap_and_the_saddle_verbs():

@@ -705,6 +705,13 @@ def test_save_grids_and_horizons_refuse_what_they_cannot_honour():
         af.LogGrid(10, 5.0).steps_for(1.0, 0.01)
     with pytest.raises(ValueError, match=r"t1 = 1 is shorter than one step dt = 2"):
         dl.train(s, 1.0, dt=2.0)
+    # fit_span (the packages' default grids): a span shorter than t_min starts at 1e-3 of it,
+    # a longer one from t_min as without it, traced spans alike
+    fit = af.LogGrid(5, 5.0, fit_span=True)
+    np.testing.assert_allclose(fit.times(0.0, 1.0), [0.0, 1e-3, 10**-2.0, 10**-1.0, 1.0], rtol=1e-12)
+    np.testing.assert_allclose(fit.times(0.0, 50.0), af.LogGrid(5, 5.0).times(0.0, 50.0), rtol=1e-15)
+    np.testing.assert_allclose(jax.jit(fit.times)(0.0, 1.0), fit.times(0.0, 1.0), rtol=1e-12)
+    np.testing.assert_array_equal(fit.steps_for(1.0, 0.01)[1], [0, 1, 5, 22, 100])
     with pytest.warns(UserWarning, match=r"t1 = 1 is not a multiple of dt = 0.3: the run ends at step 3, t = 0.9"):
         total, steps = af.LinearGrid(4).steps_for(1.0, 0.3)
     assert total == 3 and steps.tolist() == [0, 1, 2, 3]

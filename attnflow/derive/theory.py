@@ -223,7 +223,7 @@ def _observe(t, y, args):
     return state_observables(setup, y, rl)
 
 
-DEFAULT_SAVE = LogGrid(120, 0.1)
+DEFAULT_SAVE = LogGrid(120, 0.1, fit_span=True)
 """`solve`'s save grid when none is given (log-spaced: plateaus last decades)."""
 
 DEFAULT_SOLVER = SolverOptions(rtol=1e-7, atol=1e-9, max_steps=100_000)

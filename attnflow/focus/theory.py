@@ -120,7 +120,7 @@ def conserved(theta: dict) -> dict[str, jax.Array]:
     return {"C_m": W0.T @ W0 - W1 @ W1.T - WQ @ WQ.T - WK @ WK.T, "C_k": WQ.T @ WQ - WK.T @ WK}
 
 
-DEFAULT_SAVE = LogGrid(200, t_min=1e-2)
+DEFAULT_SAVE = LogGrid(200, t_min=1e-2, fit_span=True)
 """`solve`'s save grid when none is given: log-spaced (plateaus last decades)."""
 
 DEFAULT_SOLVER = SolverOptions(AutoStiff(), rtol=1e-9, atol=1e-12, max_steps=1_000_000)
