@@ -546,9 +546,11 @@ class ODE(eqx.Module):
         solver: SolverOptions | None = None,
         event: Callable[[Any, dict], Any] | None = None,
         return_state: bool = False,
+        progress: bool | None = None,
     ) -> Any:
         """`integrate` from ``y0`` (default ``self.y0``) at ``t0`` to ``t1``, saving on ``save``
-        with ``solver`` (defaults: the ODE's), recording its observables.
+        with ``solver`` (defaults: the ODE's), recording its observables. ``progress=True``
+        shows a progress meter with the solver options that would be used anyway.
 
         ``event(t, obs) -> scalar`` on the named observables stops the solve where it first
         changes sign, as in every package's ``solve`` (`ObservableEvent`); ``traj.t_event`` is
@@ -556,7 +558,24 @@ class ODE(eqx.Module):
         state at ``t1`` (or at the event), from which ``ode.solve(t2, y0=y_end, t0=t1)`` goes on."""
         event_fn = observable_event(event, self.observe or _default_observe)
         y0 = self.y0 if y0 is None else y0
+        solver = with_progress(solver, self.solver, progress)
         return integrate(self, y0, t1, t0=t0, save=save, solver=solver, event=event_fn, return_state=return_state)
+
+
+def with_progress(solver: SolverOptions | None, default: SolverOptions | None, progress: bool | None) -> Any:
+    """The solver options a ``solve`` uses: ``solver``, else ``default`` (a package's
+    ``DEFAULT_SOLVER``), with ``progress`` set on them when it is not ``None``. So
+    ``solve(setup, t1, progress=True)`` keeps the package's solver and tolerances, where
+    ``solver=af.SolverOptions(progress=True)`` would replace them with the core defaults."""
+    chosen = default if solver is None else solver
+    if progress is None:
+        return chosen
+    if not isinstance(progress, bool):
+        raise ValueError(f"progress must be True, False or None, got {progress!r}")
+    chosen = SolverOptions() if chosen is None else chosen
+    if not isinstance(chosen, SolverOptions):
+        raise ValueError(f"solver must be SolverOptions(...), got {chosen!r}")
+    return chosen.replace(progress=progress)
 
 
 def field_and_args(who: str, field: Any, args: Any) -> tuple[Callable, Any]:

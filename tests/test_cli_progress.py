@@ -52,3 +52,25 @@ def test_on_a_terminal_a_labelled_bar_redrawn_at_most_every_interval(interval, m
         assert len(draws) > 5
     else:  # the first draw, and the last one when the bar closes
         assert len(draws) <= most
+
+
+def test_solve_progress_keeps_the_packages_solver(monkeypatch):
+    """``P.solve(setup, t1, progress=True)`` shows the meter and solves with the package's
+    ``DEFAULT_SOLVER`` (identical values), or with the ``solver`` given; bad values are named."""
+    monkeypatch.setattr(ode._ProgressMeter, "LOG_SECONDS", 0.0)
+    log = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", log)
+    s = dl.Setup()
+    shown = dl.solve(s, 8.0, progress=True)
+    assert log.getvalue().splitlines()[-1].startswith("[attnflow] integrate: done in")
+    quiet = dl.solve(s, 8.0)
+    assert shown.stats["num_steps"] == quiet.stats["num_steps"]
+    assert float(abs(shown["u"] - quiet["u"]).max()) == 0.0
+    tight = dl.solve(s, 8.0, solver=SOLVER.replace(progress=False), progress=True)
+    assert tight.stats["num_steps"] > 2 * quiet.stats["num_steps"]
+    log.seek(0)
+    log.truncate(0)
+    dl.solve(s, 8.0, solver=SOLVER, progress=False)
+    assert log.getvalue() == ""
+    with pytest.raises(ValueError, match="progress must be True, False or None, got 'yes'"):
+        dl.solve(s, 8.0, progress="yes")

@@ -127,6 +127,7 @@ def solve(
     save: SaveGrid | None = None,
     solver: SolverOptions | None = None,
     event: Callable[[Any, dict], Any] | None = None,
+    progress: bool | None = None,
 ) -> Trajectory:
     """The theory of ``setup``: the mode ODE (2), ``du_i/dt = 2 eta u_i (s_i - u_i)`` from
     ``u_i(0) = u0``, integrated to ``t1`` (the same clock as `attnflow.deeplinear.train`).
@@ -139,5 +140,8 @@ def solve(
     ``t``) stops the solve where it first changes sign, e.g. ``lambda t, o: o["loss"] - 0.1``;
     ``traj.t_event`` is that time (NaN if it never does) and the save points after it hold the
     event state; traceable under ``jit``, ``vmap`` and `attnflow.sweep` (`attnflow.ObservableEvent`).
+    ``progress=True`` shows the solve's progress meter with the solver it would use anyway
+    (``solver``, else `DEFAULT_SOLVER`), where ``solver=af.SolverOptions(progress=True)`` would
+    replace the package's solver and tolerances by the core's defaults.
     """
-    return ode(setup).solve(t1, save=save, solver=solver, event=event)
+    return ode(setup).solve(t1, save=save, solver=solver, event=event, progress=progress)

@@ -266,6 +266,7 @@ def solve(
     solver: SolverOptions | None = None,
     rule: Rule | None = None,
     event: Callable[[Any, dict], Any] | None = None,
+    progress: bool | None = None,
 ) -> Trajectory:
     """The derived ODE (2)-(4) of ``setup`` from its initial overlaps, integrated to ``t1`` on the
     clock ``t = steps / D`` of `attnflow.derive.train`.
@@ -278,8 +279,11 @@ def solve(
     ``traj.t_event`` is that time (NaN if it never does), traceable under ``jit``, ``vmap``
     and `attnflow.sweep` (`attnflow.ObservableEvent`; ``error``, a second quadrature, is
     computed in the step loop only when the event reads it).
+    ``progress=True`` shows the solve's progress meter with the solver it would use anyway
+    (``solver``, else `DEFAULT_SOLVER`), where ``solver=af.SolverOptions(progress=True)`` would
+    replace the package's solver and tolerances by the core's defaults.
     """
-    return ode(setup, rule=rule).solve(t1, save=save, solver=solver, event=event)
+    return ode(setup, rule=rule).solve(t1, save=save, solver=solver, event=event, progress=progress)
 
 
 class Plateau(NamedTuple):

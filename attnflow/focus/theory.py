@@ -186,6 +186,7 @@ def solve(
     solver: SolverOptions | None = None,
     observe: Callable[[dict, Setup], Mapping] | None = None,
     event: Callable[[Any, dict], Any] | None = None,
+    progress: bool | None = None,
 ) -> Trajectory:
     """The theory of ``setup``: the population gradient flow (P6) ``d theta/dt = -eta grad L``
     integrated from ``setup.theta0()`` (or the weights ``initial``, a dict like it) to ``t1``.
@@ -203,8 +204,13 @@ def solve(
     the save points after it hold the event state; traceable under ``jit``, ``vmap`` and
     `attnflow.sweep` (`attnflow.ObservableEvent`).
     `attnflow.focus.escape_time` is this event on the loss, with its own solver and threshold.
+    ``progress=True`` shows the solve's progress meter with the solver it would use anyway
+    (``solver``, else `DEFAULT_SOLVER`), where ``solver=af.SolverOptions(progress=True)`` would
+    replace the package's solver and tolerances by the core's defaults.
     """
-    return ode(setup, initial=initial, observe=observe).solve(t1, save=save, solver=solver, event=event)
+    return ode(setup, initial=initial, observe=observe).solve(
+        t1, save=save, solver=solver, event=event, progress=progress
+    )
 
 
 # ----------------------------------------------------------------------------- rank-one reduction

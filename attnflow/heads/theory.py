@@ -34,7 +34,7 @@ from .. import _validate as V
 from .._jit import filter_jit
 from ..analysis import first_crossing
 from ..expect import all_permutations, antithetic_copies, cyclic_permutations, permuted_copies, psd_sqrt
-from ..ode import ODE, DivergenceError, integrate, observable_event
+from ..ode import ODE, DivergenceError, integrate, observable_event, with_progress
 from ..options import LinearGrid, SaveGrid, SolverOptions
 from ..saddle import Spectrum, escape_time, fixed_point, spectrum
 from ..trajectory import Trajectory
@@ -487,6 +487,7 @@ def solve(
     form: DriftForm | None = None,
     escape: Any = None,
     event: Callable[[Any, dict], Any] | None = None,
+    progress: bool | None = None,
 ) -> Trajectory:
     """The order-parameter ODE (8) of ``setup`` from its initial condition, integrated to ``t1``
     on the clock ``t = steps / D`` of `attnflow.heads.train`.
@@ -510,6 +511,9 @@ def solve(
     `PSD_TOLERANCE`) or a value is not finite. Compiled once per (setup structure, save grid,
     solver, bank size, form, event on/off): new learning rates, prior parameters, initial
     conditions or thresholds reuse it.
+    ``progress=True`` shows the solve's progress meter with the solver it would use anyway
+    (``solver``, else `DEFAULT_SOLVER`), where ``solver=af.SolverOptions(progress=True)`` would
+    replace the package's solver and tolerances by the core's defaults.
     """
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.heads.Setup, got {setup!r}")
@@ -517,7 +521,7 @@ def solve(
         raise ValueError("give escape or event, not both (escape=s is event=lambda t, o: o['specialisation'] - s)")
     V.positive("t1", t1)  # before the bank is drawn (seconds at 2^14 draws)
     o = ode(setup, bank=bank, form=form)
-    solver = o.solver if solver is None else solver
+    solver = with_progress(solver, o.solver, progress)
     if escape is not None:
         V.positive("escape (threshold of the specialisation)", escape)
     threshold = jnp.asarray(jnp.inf if escape is None else escape, dtype=float)

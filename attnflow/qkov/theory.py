@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import _validate as V
 from .._jit import filter_jit
-from ..ode import ODE, integrate, observable_event
+from ..ode import ODE, integrate, observable_event, with_progress
 from ..options import LogGrid, SaveGrid, SolverOptions
 from ..trajectory import Trajectory
 from .setup import PAPER_HORIZON_TAU, PAPER_LOSS_TARGET, Setup
@@ -282,6 +282,7 @@ def solve(
     save: SaveGrid | None = None,
     solver: SolverOptions | None = None,
     event: Callable[[Any, dict], Any] | None = None,
+    progress: bool | None = None,
 ) -> Trajectory:
     """The theory of ``setup``: the reduced ODE (3a)-(3b) integrated in time ``t`` from the
     setup's start (`Setup.initial_state`, or ``initial``) to ``t1``.
@@ -303,6 +304,9 @@ def solve(
     Records `attnflow.qkov.OBSERVABLES` (``mu_ov, mu_qk, alpha, loss``). Default save grid
     `DEFAULT_SAVE`, solver `DEFAULT_SOLVER`. New learning rates (``setup.replace(eta_qk=...)``)
     and targets reuse the compiled solve.
+    ``progress=True`` shows the solve's progress meter with the solver it would use anyway
+    (``solver``, else `DEFAULT_SOLVER`), where ``solver=af.SolverOptions(progress=True)`` would
+    replace the package's solver and tolerances by the core's defaults.
     """
     if loss_target is not None and event is not None:
         raise ValueError("give loss_target or event, not both (loss_target=L is event=lambda t, o: o['loss'] - L)")
@@ -321,7 +325,7 @@ def solve(
         t1,
         args=args,
         save=save or o.save,
-        solver=solver or o.solver,
+        solver=with_progress(solver, o.solver, progress),
         observe=o.observe,
         event=stop,
         meta=dict(o.meta),
