@@ -320,6 +320,11 @@ def test_heads_sensitivity_bad_input():
         heads.specialisation_time(s, threshold=-0.5)
     with pytest.raises(ValueError, match="threshold = 1e-06"):  # the heads start above it
         heads.specialisation_time(s, threshold=1e-6)
+    # focus's names and argument order: the threshold second, positional or not
+    assert heads.escape_time is heads.specialisation_time
+    assert heads.escape_time_sensitivity is heads.specialisation_time_sensitivity
+    with pytest.raises(ValueError, match="threshold = 1e-06"):
+        heads.escape_time(s, 1e-6)
     with pytest.raises(ValueError, match="t1"):
         heads.specialisation_time_sensitivity(s, t1=0.0)
     with pytest.raises(ValueError, match="mode"):

@@ -49,6 +49,8 @@ from .observe import order_parameter_observables as order_parameter_observables
 from .observe import overlaps as overlaps
 from .observe import specialisation as specialisation
 from .sensitivity import SPECIALISATION_HORIZON as SPECIALISATION_HORIZON
+from .sensitivity import escape_time as escape_time
+from .sensitivity import escape_time_sensitivity as escape_time_sensitivity
 from .sensitivity import specialisation_time as specialisation_time
 from .sensitivity import specialisation_time_sensitivity as specialisation_time_sensitivity
 from .setup import INIT_SEED as INIT_SEED
@@ -191,6 +193,8 @@ __all__ = [
     "specialisation_spectrum",
     "specialisation_time",
     "specialisation_time_sensitivity",
+    "escape_time",
+    "escape_time_sensitivity",
     "symmetric_seed",
     "symmetrise",
     "train",

@@ -31,7 +31,13 @@ from .observe import specialisation
 from .setup import Setup
 from .theory import DEFAULT_SOLVER, ESCAPE_THRESHOLD, BankOptions, DriftForm, solve
 
-__all__ = ["SPECIALISATION_HORIZON", "specialisation_time", "specialisation_time_sensitivity"]
+__all__ = [
+    "SPECIALISATION_HORIZON",
+    "escape_time",
+    "escape_time_sensitivity",
+    "specialisation_time",
+    "specialisation_time_sensitivity",
+]
 
 SPECIALISATION_HORIZON = 200.0
 """`specialisation_time`'s default horizon ``t1``: the solve stops at the event, so this only bounds
@@ -66,8 +72,8 @@ def _check_start(setup: Setup, threshold: Any) -> None:
 
 def specialisation_time(
     setup: Setup,
-    *,
     threshold: Any = ESCAPE_THRESHOLD,
+    *,
     t1: Any = SPECIALISATION_HORIZON,
     bank: BankOptions | None = None,
     form: DriftForm | None = None,
@@ -98,8 +104,8 @@ def specialisation_time(
 
 def specialisation_time_sensitivity(
     setup: Setup,
-    *,
     threshold: Any = ESCAPE_THRESHOLD,
+    *,
     t1: Any = SPECIALISATION_HORIZON,
     bank: BankOptions | None = None,
     form: DriftForm | None = None,
@@ -145,3 +151,9 @@ def specialisation_time_sensitivity(
         return traj.t_event
 
     return sensitivity(outcome, mode=mode, **{"eta": setup.eta, "s": setup.prior.s})
+
+
+# The name every theory package gives the solved escape time (`attnflow.focus.escape_time`):
+# the same functions, so that code written against one package runs against another.
+escape_time = specialisation_time
+escape_time_sensitivity = specialisation_time_sensitivity
