@@ -5,7 +5,10 @@ input-output mode of strength ``s`` follows the closed-form sigmoid
 ``u(t) = s e^{2 s eta t} / (e^{2 s eta t} - 1 + s/u0)``.
 
 ```python
+import attnflow as af
 from attnflow import deeplinear as dl
+
+af.enable_x64()                     # the theory runs in float64
 s = dl.Setup()                      # teacher modes (3, 2, 1, 0.5), u0 = 1e-3, eta = 1
 th = dl.solve(s, 8.0)               # the mode ODE
 sim = dl.train(s, 8.0, key=0)       # gradient descent of the network, t = dt * step

@@ -10,7 +10,10 @@ the ODE for the single-location token model of `attnflow.heads` instead (`Single
 
 ```python
 import jax.numpy as jnp
+import attnflow as af
 from attnflow import derive
+
+af.enable_x64()                          # the theory runs in float64
 s = derive.Setup(derive.soft_committee, derive.soft_committee,
                  R0=jnp.array([[0.2, 0.0], [0.0, 0.1]]), Q0=0.5 * jnp.eye(2), eta=1.0)
 th = derive.solve(s, 100.0)              # the derived ODE

@@ -6,7 +6,10 @@ scalars, the OV margin ``mu_OV`` and the QK score gap ``mu_QK``, and a faster QK
 reaches a given loss with sharper attention.
 
 ```python
+import attnflow as af
 from attnflow import qkov
+
+af.enable_x64()                     # the theory runs in float64
 s = qkov.Setup()                    # CACO, m, n, b, M = 5, 50, 4, 4, |C| = 400, eta_QK = 3, eta_OV = 1
 th = qkov.solve(s, 3000.0)          # the reduced ODE in time t
 sim = qkov.train(s, 3000.0)         # gradient flow of the full 416-token matrices, same clock
