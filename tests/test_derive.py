@@ -783,3 +783,16 @@ def test_the_derived_field_refuses_float32():
             derive.vector_field(s, s.R0, s.Q0)
         with pytest.raises(RuntimeError, match="derive.generalisation_error runs in float64"):
             derive.generalisation_error(s, s.R0, s.Q0)
+
+
+def test_state_observables_take_the_state_first_as_qkov():
+    """``derive.state_observables(y, setup[, rule])``: the state first, as in qkov; the default rule
+    is the setup's; the first row of a solve; the setup in second place is checked."""
+    s = _tiny_setup()
+    y0 = derive.initial_state(s)
+    obs = derive.state_observables(y0, s)
+    first = derive.solve(s, 0.1, save=af.LinearGrid(2))
+    np.testing.assert_allclose(obs["error"], first["error"][0], rtol=1e-12)
+    np.testing.assert_allclose(obs["error"], derive.state_observables(y0, s, derive.rule(s))["error"], rtol=0)
+    with pytest.raises(ValueError, match=r"state_observables\(y, setup\)"):
+        derive.state_observables(s, y0)

@@ -22,11 +22,16 @@ OBSERVABLES = MappingProxyType(
 """What `attnflow.derive.solve` and `attnflow.derive.train` both record."""
 
 
-def state_observables(setup: Setup, y: dict, rule: Any) -> dict[str, jax.Array]:
-    """`OBSERVABLES` of the order parameters ``y = {"R", "Q"[, "v"]}``; ``error`` by eq. (5) with
-    the quadrature ``rule``."""
+def state_observables(y: dict, setup: Setup, rule: Any = None) -> dict[str, jax.Array]:
+    """`OBSERVABLES` of the order parameters ``y = {"R", "Q"[, "v"]}`` of ``setup`` (the state
+    first, as `attnflow.qkov.state_observables`); ``error`` by eq. (5) with the quadrature ``rule``
+    (default `attnflow.derive.rule` of the setup)."""
     from .theory import expectations
+    from .theory import rule as setup_rule
 
+    if not isinstance(setup, Setup):
+        raise ValueError(f"setup must be an attnflow.derive.Setup (state_observables(y, setup)), got {setup!r:.80}")
+    rule = setup_rule(setup) if rule is None else rule
     out = dict(y)
     out["error"] = expectations(setup, y["R"], y["Q"], y.get("v"), rule)["error"]
     return out
@@ -41,4 +46,4 @@ def weight_observables(setup: Setup, params: dict, W_star: jax.Array, rule: Any)
     y = {"R": W @ W_star.T / D, "Q": W @ W.T / D}
     if "v" in params:
         y["v"] = params["v"]
-    return state_observables(setup, y, rule)
+    return state_observables(y, setup, rule)

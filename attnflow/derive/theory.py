@@ -220,7 +220,7 @@ def _observe(t, y, args):
     from .observe import state_observables
 
     setup, rl = args
-    return state_observables(setup, y, rl)
+    return state_observables(y, setup, rl)
 
 
 DEFAULT_SAVE = LogGrid(120, 0.1, fit_span=True)
