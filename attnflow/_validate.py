@@ -179,6 +179,12 @@ def positive_int(name: str, value: Any, minimum: int = 1, maximum: int = 2**31 -
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         if isinstance(value, (float, np.floating)) and math.isfinite(value) and float(value).is_integer():
             value = int(value)
+        elif isinstance(value, (np.ndarray, jax.Array)):
+            # a size or a seed fixed at trace time: an array (even an integer one) is not hashable
+            raise ValueError(
+                f"{name} must be a Python integer >= {minimum} (it is fixed when the program is traced), "
+                f"got an array {show(value)}: pass int(...)"
+            )
         else:
             raise ValueError(f"{name} must be an integer >= {minimum}, got {show(value)}")
     if value < minimum:

@@ -433,6 +433,8 @@ def test_bad_input():
         focus.Setup(chain=np.eye(4))
     with pytest.raises(ValueError, match="no field"):
         focus.Setup().replace(lam=0.3)
+    with pytest.raises(ValueError, match=r"init_seed must be a Python integer >= 0 .*got an array 1: pass int"):
+        focus.Setup().replace(init_seed=jnp.array(1))  # a static field: an array cannot select the draw
     s = focus.Setup(**SMALL)
     with pytest.raises(ValueError, match="unknown start 'stationary'"):
         focus.train(s, 1.0, start="stationary")
