@@ -431,6 +431,27 @@ def test_focus_sensitivity_bad_input():
     with pytest.raises(ValueError, match="lazy"):
         cyclic = focus.MarkovChain(np.ones(3) / 3, np.roll(np.eye(3), 1, axis=1))  # stationary, not lazy
         focus.escape_time_sensitivity(s.replace(chain=cyclic))
+    # traced thresholds (a sweep): the point below the floor fails with the reason, not a silent NaN
+    small = focus.Setup(m=2, mk=2, eps=1e-2)
+    with pytest.warns(RuntimeWarning, match="thr=0.5: focus.escape_time: the threshold .loss. is never reached"):
+        res = af.sweep(lambda thr: focus.escape_time(small, thr), {"thr": np.array([0.7, 0.5])}, progress=False)
+    assert np.isfinite(res.values[0]) and np.isnan(res.values[1]) and res.status[0] == 0 and res.status[1] != 0
+
+
+def test_focus_default_escape_threshold_is_the_end_of_stage_two():
+    """For a chain only a little below its unigram plateau (``H(pi) - L* = 0.119``) the default
+    threshold is 0.3 of the way to ``L*`` (not ``H(pi) - 0.05``, which only Stage IV reached, at
+    t = 737): the escape comes at the end of Stage II, near the predicted ``T_I + T_II = 169``."""
+    s = focus.Setup(chain=focus.MarkovChain.lazy(jnp.array([0.5, 0.25, 0.15, 0.07, 0.03]), 0.3), eps=1e-2, m=4, mk=4)
+    p = focus.stage_predictions(s)
+    H, floor = float(p["H_pi"]), float(p["L_star"])
+    assert float(focus.escape_threshold(s)) == pytest.approx(H - focus.ESCAPE_FRACTION * (H - floor), rel=1e-14)
+    t_esc = float(focus.escape_time(s))
+    assert abs(t_esc / float(p["T_I"] + p["T_II"]) - 1) < 0.1  # 179.8 against 169.1
+    # the reference chain (H(pi) - L* = 0.17) keeps the fixed margin
+    ref = focus.Setup()
+    fixed = float(ref.chain.entropy()) - focus.ESCAPE_MARGIN
+    assert float(focus.escape_threshold(ref)) == pytest.approx(fixed, rel=1e-14)
 
 
 def test_event_time_derivatives_and_unfired_events():

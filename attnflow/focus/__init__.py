@@ -58,6 +58,7 @@ from .observe import OBSERVABLES as OBSERVABLES
 from .observe import model_observables as model_observables
 from .observe import record as record
 from .observe import theta_observables as theta_observables
+from .sensitivity import ESCAPE_FRACTION as ESCAPE_FRACTION
 from .sensitivity import ESCAPE_HORIZON as ESCAPE_HORIZON
 from .sensitivity import ESCAPE_MARGIN as ESCAPE_MARGIN
 from .sensitivity import ESCAPE_SOLVER as ESCAPE_SOLVER
@@ -118,6 +119,7 @@ __all__ = [
     "DEFAULT_TRAIN_SAVE",
     "DEGENERATE_TOL",
     "ESCAPE_HORIZON",
+    "ESCAPE_FRACTION",
     "ESCAPE_MARGIN",
     "ESCAPE_SOLVER",
     "INIT_SEED",

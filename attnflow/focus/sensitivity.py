@@ -4,7 +4,8 @@ After condensation (Stage I) the population gradient flow (P6) rests on the plat
 ``L = H(pi)`` at the condensation point (R2) until the focus mode grows at the rate ``c`` of
 (R3)-(R4) and the loss falls below it (Stage II; duration about ``c^{-1} log(1/eps)`` by (R8)).
 `escape_time` returns the time ``t_esc`` at which the loss (P2) falls to a threshold (default
-``H(pi) - ESCAPE_MARGIN``) as the event time of the flow, a JAX function of the setup's arrays;
+`escape_threshold`: ``H(pi)`` less ``ESCAPE_MARGIN`` or, for a chain little below its unigram
+plateau, ``ESCAPE_FRACTION`` of the way to ``L*``) as the event time of the flow, a JAX function of the setup's arrays;
 `escape_time_sensitivity` differentiates it with respect to the laziness ``lam`` of the chain
 (D1) and the score scale ``tau``, through the solve and its stopping event (the
 implicit-function formula (S1) of `attnflow.sensitivity`). The flow is deterministic, so the
@@ -21,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import _validate as V
+from .._errors import fail_if
 from ..ode import integrate, require_x64
 from ..options import LinearGrid, SolverOptions
 from ..sensitivity import Sensitivity, sensitivity, solver_for_mode
@@ -29,6 +31,7 @@ from .setup import Setup
 from .theory import flow_field, population_loss
 
 __all__ = [
+    "ESCAPE_FRACTION",
     "ESCAPE_HORIZON",
     "ESCAPE_MARGIN",
     "ESCAPE_SOLVER",
@@ -39,7 +42,13 @@ __all__ = [
 
 ESCAPE_MARGIN = 0.05
 """`escape_time`'s default threshold is the loss ``H(pi) - ESCAPE_MARGIN``: the flow has left the
-unigram plateau ``H(pi)`` (R2), 0.05 nats below it."""
+unigram plateau ``H(pi)`` (R2), 0.05 nats below it (or less: `ESCAPE_FRACTION`)."""
+
+ESCAPE_FRACTION = 0.3
+"""The default margin below ``H(pi)`` is at most this fraction of ``H(pi) - L*`` (``L*`` the Bayes
+floor): Stage II takes the loss 0.34 to 0.55 of the way from ``H(pi)`` to ``L*`` (five chains
+measured), so for a chain with ``H(pi) - L* < 1/6`` the fixed margin would be reached only by a
+later stage, or never (the reference chain, 0.17, keeps the fixed margin)."""
 
 ESCAPE_HORIZON = 5000.0
 """`escape_time`'s default horizon ``t1`` (the flow's default horizon; the solve stops at the event,
@@ -65,11 +74,14 @@ def _escaped(t: Any, theta: dict, args: tuple) -> jax.Array:
 
 
 def escape_threshold(setup: Setup) -> jax.Array:
-    """The default threshold of `escape_time`: ``H(pi) - ESCAPE_MARGIN``, the loss 0.05 below the
-    unigram plateau ``H(pi)`` (R2, S2) of ``setup.chain``."""
+    """The default threshold of `escape_time`: ``H(pi) - min(ESCAPE_MARGIN, ESCAPE_FRACTION (H(pi) -
+    L*))``, the loss 0.05 below the unigram plateau ``H(pi)`` (R2, S2) of ``setup.chain``, or 0.3 of
+    the way to the Bayes floor ``L*`` (`MarkovChain.bayes_floor`) when that is nearer: a loss the
+    end of Stage II reaches. Traceable."""
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.focus.Setup, got {setup!r}")
-    return setup.chain.entropy() - ESCAPE_MARGIN
+    H = setup.chain.entropy()
+    return H - jnp.minimum(ESCAPE_MARGIN, ESCAPE_FRACTION * (H - setup.chain.bayes_floor()))
 
 
 def _check(setup: Any, threshold: Any, t1: Any, solver: Any, where: str) -> tuple[jax.Array, SolverOptions]:
@@ -119,6 +131,22 @@ def _lazy_lam(chain: MarkovChain) -> jax.Array:
 
 
 def _t_event(setup: Setup, threshold: jax.Array, t1: Any, solver: SolverOptions) -> jax.Array:
+    if V.any_traced((setup, threshold)):
+        # the checks of `_check` on traced values: a sweep point fails with the reason, a user's
+        # jit stops with it (a threshold outside (L*, L(theta0)) would give a silent NaN)
+        L0 = population_loss(setup.theta0(), setup.chain, setup.tau)
+        floor = setup.chain.bayes_floor()
+        threshold = fail_if(
+            threshold,
+            ~(threshold < L0),
+            "focus.escape_time: the threshold (loss) must lie below the initial loss L(theta0)",
+        )
+        threshold = fail_if(
+            threshold,
+            ~(threshold > floor),
+            "focus.escape_time: the threshold (loss) is never reached: it must lie above the chain's Bayes "
+            "floor L* (MarkovChain.bayes_floor)",
+        )
     traj = integrate(
         _field,
         setup.theta0(),
@@ -173,7 +201,9 @@ def escape_time_sensitivity(
 
     ``setup.chain`` must be a lazy chain (`MarkovChain.lazy`); its ``lam`` is read off ``P`` as
     ``(tr P - 1) / (d - 1)`` and ``P`` rebuilt from it at fixed ``pi`` (``pi`` is stationary for every
-    ``lam``). ``threshold`` stays fixed (the default ``H(pi) - 0.05`` depends on ``pi`` only).
+    ``lam``). ``threshold`` stays fixed at its value for ``setup`` (the default `escape_threshold`
+    depends on ``pi`` only, unless ``H(pi) - L* < 1/6``, where it follows ``L*`` and so ``lam``:
+    there central differences of ``escape_time(setup)`` move it, and differ).
     Returns a `attnflow.Sensitivity`: ``.value`` is ``t_esc`` (NaN, with NaN derivatives, if not
     reached by ``t1``), ``.grad["lam"]`` and ``.grad["tau"]`` its derivatives. Both are negative at
     the reference (``c`` grows with ``tau lam`` by (R4), so the plateau is shorter): about -216.3
