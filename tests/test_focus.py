@@ -512,3 +512,28 @@ def test_a_sweep_point_that_is_no_chain_fails_by_name():
         focus.attention_rate_lazy([0.5, 0.6], 0.5)
     with pytest.raises(ValueError, match="pi must be strictly positive; entry 2 is -0.1"):
         focus.sigma([0.5, 0.6, -0.1])
+
+
+def test_local_attention_rate_is_on_the_flows_clock():
+    """At ``theta_c^1`` the local rate (R3) with the setup's ``eta`` is `stage_predictions`' ``c``
+    (both on the clock of the flow ``d theta/dt = -eta grad L``); without ``eta`` it is the rate at
+    ``eta = 1``."""
+    s = focus.Setup(eta=0.5)
+    c1 = focus.critical_point_c1(s.chain.pi, jnp.ones(4))
+    theta = {k: c1[k] for k in ("W0", "W1", "WQ", "WK")}
+    c = float(focus.stage_predictions(s)["c"])
+    assert float(focus.local_attention_rate(theta, s.chain, s.tau, s.eta)) == pytest.approx(c, rel=1e-12)
+    assert float(focus.local_attention_rate(theta, s.chain, s.tau)) == pytest.approx(c / 0.5, rel=1e-12)
+
+
+def test_stage_one_rate_window():
+    """`stage_one_rate` measures ``2 sigma`` in its default window at ``eps = 1e-3`` and refuses an
+    empty window (``eps = 1e-2``: ``30 |M(0)|`` above ``1e-2``; it returned NaN) naming the values;
+    a wider window measures it there."""
+    for eps, kw, rel in ((1e-3, {}, 0.01), (1e-2, {"start": 3.0, "stop": 0.1}, 0.05)):
+        s = focus.Setup(m=4, mk=4, eps=eps)
+        traj = focus.solve(s, 40.0, save=af.LinearGrid(400))
+        two_sigma = 2 * float(focus.stage_predictions(s)["sigma"])
+        assert focus.stage_one_rate(traj, **kw) == pytest.approx(two_sigma, rel=rel)
+    with pytest.raises(ValueError, match=r"stage_one_rate: the window from start \|M\(0\)\| = 30 x .* is empty"):
+        focus.stage_one_rate(traj)

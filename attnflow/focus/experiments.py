@@ -176,7 +176,7 @@ def cycle_observables(theta: dict, setup: Setup) -> dict:
         "sv_WQ": singular_values(theta["WQ"], 4),
         "sv_WK": singular_values(theta["WK"], 4),
         "W0": theta["W0"],
-        "c_local": local_attention_rate(theta, setup.chain, setup.tau),
+        "c_local": local_attention_rate(theta, setup.chain, setup.tau, setup.eta),
         **{k: cos[k] for k in ("cos_W0_pi", "cos_W1_ell", "cos_Phi_pipi")},
     }
 

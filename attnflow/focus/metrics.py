@@ -139,21 +139,32 @@ def redistribution(theta: dict, pi: Any) -> dict[str, jax.Array]:
     }
 
 
-def local_attention_rate(theta: dict, chain: MarkovChain, tau: Any = 1.0) -> jax.Array:
+def local_attention_rate(theta: dict, chain: MarkovChain, tau: Any = 1.0, eta: Any = 1.0) -> jax.Array:
     """The general Stage II rate (R3) at the current rank-one part ``gamma = W0 a1``,
     ``beta = W1^T a1`` (``a1 = v1(W0)``, sign with ``pi^T gamma > 0``): the prediction for
-    wherever near the critical manifold the flow actually sits."""
+    wherever near the critical manifold the flow actually sits. On the clock of a flow with
+    learning rate ``eta`` (times ``eta``, as `stage_predictions`' ``c`` and the rate
+    `stage_two_rate` measures): pass the setup's ``eta``."""
     a1 = jnp.linalg.svd(theta["W0"], full_matrices=False)[2][0]
     gamma = theta["W0"] @ a1
     s = jnp.where(chain.pi @ gamma < 0, -1.0, 1.0)
-    return attention_rate(chain.pi, chain.P, tau, gamma * s, (theta["W1"].T @ a1) * s)
+    return eta * attention_rate(chain.pi, chain.P, tau, gamma * s, (theta["W1"].T @ a1) * s)
 
 
-def stage_one_rate(traj: Trajectory) -> float:
-    """Measured Stage I rate: the log-slope of ``norm_M`` while ``|M|`` grows from 30 times its
-    initial value to ``1e-2`` (prediction ``2 sigma``, (R1))."""
+def stage_one_rate(traj: Trajectory, start: float = 30.0, stop: float = 1e-2) -> float:
+    """Measured Stage I rate: the log-slope of ``norm_M`` while ``|M|`` grows from ``start`` times
+    its initial value to ``stop`` (prediction ``2 sigma``, (R1)); the growth is linear while
+    ``|M|`` is small. ``ValueError`` when that window is empty (an initial scale ``eps`` so
+    large that ``start |M(0)| >= stop``: raise ``stop`` or lower ``start``, at the price of a
+    rate less linear)."""
     M = np.asarray(traj["norm_M"])
-    return growth_rate(traj.ts, M, 30 * M[0], 1e-2)
+    lo = start * float(M[0])
+    if not lo < stop:
+        raise ValueError(
+            f"stage_one_rate: the window from start |M(0)| = {start:g} x {float(M[0]):.3g} = {lo:.3g} to "
+            f"stop = {stop:g} is empty (a large initial scale eps): give a larger stop or a smaller start"
+        )
+    return growth_rate(traj.ts, M, lo, stop)
 
 
 def stage_two_rate(traj: Trajectory, H_pi: float, near: float = 2e-3, q_max: float = 0.1) -> dict[str, Any]:
@@ -162,7 +173,8 @@ def stage_two_rate(traj: Trajectory, H_pi: float, near: float = 2e-3, q_max: flo
     The log-slope ``c`` of ``q_plus`` (the unstable attention mode) from the first save where the
     loss is within ``near`` of ``H(pi)`` until ``q_plus`` reaches ``q_max``. The flow approaches
     ``theta_c^1`` slowly along a neutral direction, so the general formula (R3) is also averaged
-    over that window (``c_path``, needs the observable ``c_local`` = `local_attention_rate`).
+    over that window (``c_path``, needs the observable ``c_local`` = `local_attention_rate` with the
+    setup's ``eta``, so that both are on the flow's clock).
     Returns ``{"c", "c_path", "window": (t_a, t_b)}``.
     """
     ts = np.asarray(traj.ts)
