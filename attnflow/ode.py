@@ -556,6 +556,9 @@ class ODE(eqx.Module):
         changes sign, as in every package's ``solve`` (`ObservableEvent`); ``traj.t_event`` is
         that time (NaN if it never does). ``return_state=True`` returns ``(traj, y_end)``, the
         state at ``t1`` (or at the event), from which ``ode.solve(t2, y0=y_end, t0=t1)`` goes on."""
+        theory = dict(self.meta).get("theory")
+        if theory is not None:
+            require_x64(f"{theory}.solve")  # name the user's verb, not the integrate underneath
         event_fn = observable_event(event, self.observe or _default_observe)
         y0 = self.y0 if y0 is None else y0
         solver = with_progress(solver, self.solver, progress)

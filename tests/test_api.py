@@ -835,3 +835,16 @@ def test_fixed_point_with_null_directions_and_its_derivative():
     branch = lambda mu: af.fixed_point(_pitchfork, jnp.array([1.5]), {"mu": mu})[0]
     assert float(jax.grad(branch)(2.0)) == pytest.approx(1 / (2 * np.sqrt(2.0)), rel=1e-10)
     check_grads(branch, (2.0,), order=1, modes=("fwd", "rev"))
+
+
+@pytest.mark.parametrize("package", ["deeplinear", "qkov", "focus", "heads", "derive"])
+def test_every_solve_names_itself_when_float64_is_off(package):
+    """Without 64-bit mode each package's solve says which verb needs it (not the ``integrate``
+    underneath, whose advice to pass ``dtype=`` does not apply to the verbs)."""
+    P, s, T, kw, _ = _ode_case(package)
+    with jax.enable_x64(False):
+        with pytest.raises(RuntimeError, match=rf"^{package}\.solve runs in float64 but JAX 64-bit mode is off"):
+            P.solve(s, T, **kw)
+        if package == "qkov":
+            with pytest.raises(RuntimeError, match=r"^qkov\.train \(gradient flow, dt=None"):
+                P.train(s, T)

@@ -34,7 +34,7 @@ from .. import _validate as V
 from .._jit import filter_jit
 from ..analysis import first_crossing
 from ..expect import all_permutations, antithetic_copies, cyclic_permutations, permuted_copies, psd_sqrt
-from ..ode import ODE, DivergenceError, integrate, observable_event, with_progress
+from ..ode import ODE, DivergenceError, integrate, observable_event, require_x64, with_progress
 from ..options import LinearGrid, SaveGrid, SolverOptions
 from ..saddle import Spectrum, escape_time, fixed_point, spectrum
 from ..trajectory import Trajectory
@@ -517,6 +517,7 @@ def solve(
     """
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.heads.Setup, got {setup!r}")
+    require_x64("heads.solve")
     if escape is not None and event is not None:
         raise ValueError("give escape or event, not both (escape=s is event=lambda t, o: o['specialisation'] - s)")
     V.positive("t1", t1)  # before the bank is drawn (seconds at 2^14 draws)

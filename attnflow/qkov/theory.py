@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import _validate as V
 from .._jit import filter_jit
-from ..ode import ODE, integrate, observable_event, with_progress
+from ..ode import ODE, integrate, observable_event, require_x64, with_progress
 from ..options import LogGrid, SaveGrid, SolverOptions
 from ..trajectory import Trajectory
 from .setup import PAPER_HORIZON_TAU, PAPER_LOSS_TARGET, Setup
@@ -308,6 +308,7 @@ def solve(
     (``solver``, else `DEFAULT_SOLVER`), where ``solver=af.SolverOptions(progress=True)`` would
     replace the package's solver and tolerances by the core's defaults.
     """
+    require_x64("qkov.solve")
     if loss_target is not None and event is not None:
         raise ValueError("give loss_target or event, not both (loss_target=L is event=lambda t, o: o['loss'] - L)")
     o = ode(setup, initial=initial)

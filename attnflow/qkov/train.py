@@ -21,7 +21,7 @@ import optax
 
 from .. import _validate as V
 from .._jit import filter_jit
-from ..ode import integrate, observable_event
+from ..ode import integrate, observable_event, require_x64
 from ..optim import per_circuit
 from ..options import LogGrid, SaveGrid, SolverOptions, TimeGrid
 from ..simulate import FullBatch, OnlineSGD, check_divergence, check_start, run_training, simulate
@@ -177,6 +177,7 @@ def train(
         "clock": "t; gradient flow dW/dt = -eta grad L per circuit",
     }
     if dt is None:
+        require_x64("qkov.train (gradient flow, dt=None; dt=... trains by gradient descent in float32)")
         observe = _flow_observe_conserved if conserved else _flow_observe
         solver = solver or FLOW_SOLVER
         if progress:
