@@ -538,6 +538,9 @@ def test_bad_input_names_the_value():
         solve(Setup(), 1.0, initial={"mu_ov": 0.1, "muqk": 0.0})
     with pytest.raises(ValueError, match=r"got \['beta', 'mu_ov', 'mu_qk'\]"):
         train(Setup(), 1.0, initial={"mu_ov": 0.1, "mu_qk": 0.1, "beta": 1.0})
+    for verb in (solve, train):  # solve failed on the field's shapes, train inside a broadcast
+        with pytest.raises(ValueError, match=r"initial\['mu_ov'\] must have the shape of mu0, \(\) .*got shape \(2,\)"):
+            verb(Setup(), 1.0, initial={"mu_ov": np.full(2, 0.1), "mu_qk": 0.1})
     # a factorised circuit's mu is a singular value: solve refuses what train refuses (a negative
     # start ran a flow whose loss rose above log M)
     for bad in (-0.1, 0.0):

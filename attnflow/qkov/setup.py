@@ -168,6 +168,12 @@ class Setup(AbstractSetup):
             raise ValueError(f"initial must be a dict with the keys ['mu_ov', 'mu_qk'], got {got}")
         dtype = jnp.result_type(float)
         state = {k: jnp.asarray(V.floats(f"initial['{k}']", initial[k]), dtype) for k in sorted(_STATE)}
+        for k, v in state.items():
+            if v.shape != jnp.shape(self.mu0):
+                raise ValueError(
+                    f"initial['{k}'] must have the shape of mu0, {jnp.shape(self.mu0)} (one circuit strength), "
+                    f"got shape {v.shape}"
+                )
         # a factorised circuit's mu is the singular value of W = A B (balanced: A, B ~ sqrt(mu)),
         # so it is positive, and 0 is a stationary point the flow never leaves
         for k, factorised in (("mu_ov", self.factorised_ov), ("mu_qk", self.factorised_qk)):
