@@ -590,3 +590,26 @@ def test_sgd_faco_concentrates_fafo_does_not():
     assert float(out["FACO"][4].sum()) > 94.6 - tol
     assert float(out["FAFO"][1].sum() + out["FAFO"][2].sum()) > 99.8 - tol
     assert float(out["FAFO"][4].sum()) < tol
+
+
+def test_optimal_ratio_result_prints_its_numbers_and_certifies_itself():
+    """`OptimalRatio` prints its numbers (equinox printed ``f64[]``) and ``converged(tol)`` is the KKT
+    test: feasible, stationary, a multiplier only where the budget binds."""
+    from attnflow.qkov import OptimalRatio
+
+    def result(g, st, lam):
+        a = lambda x: jnp.asarray(x, dtype=float)
+        return OptimalRatio(a(15.73), a(np.log(15.73)), a(2e6), a(0.875), a(lam), a(g), a(st), jnp.zeros(300))
+
+    ok = result(-1.7e-4, 2e-4, 1.18)
+    assert repr(ok) == (
+        "OptimalRatio(ratio=15.73, t=2e+06, alpha=0.875, multiplier=1.18, violation=-0.00017, "
+        "stationarity=0.0002, steps=300)"
+    )
+    assert bool(ok.converged())
+    assert not bool(result(-0.026, -0.16, 0.0).converged())  # a probe's 6 x 15 steps: not stationary
+    assert not bool(result(-0.05, 0.0, 1.0).converged())  # a multiplier on a budget that does not bind
+    assert not bool(result(0.01, 0.0, 1.0).converged())  # over budget
+    assert bool(result(0.01, 0.0, 0.05).converged(tol=0.02))
+    with pytest.raises(ValueError, match="tol"):
+        ok.converged(tol=0.0)

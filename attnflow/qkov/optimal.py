@@ -214,6 +214,28 @@ class OptimalRatio(eqx.Module):
     stationarity: jax.Array
     history: jax.Array
 
+    def converged(self, tol: float = 1e-3) -> jax.Array:
+        """Whether the result is a KKT point of (14) to ``tol``: feasible (``violation <= tol``),
+        stationary (``|stationarity| <= tol``) and complementary (``|multiplier violation| <=
+        tol``: a multiplier only where the budget binds). ``False``: more ``outer`` rounds or
+        ``inner`` steps, or another start ``log_r0``. Traceable (an array of the batch's shape)."""
+        V.positive("tol", tol)
+        return (
+            (self.violation <= tol)
+            & (jnp.abs(self.stationarity) <= tol)
+            & (jnp.abs(self.multiplier * self.violation) <= tol)
+        )
+
+    def __repr__(self) -> str:
+        leaves = (self.ratio, self.t, self.alpha, self.multiplier, self.violation, self.stationarity)
+        if V.any_traced(leaves) or any(np.ndim(x) for x in leaves):
+            return super().__repr__()
+        r, t, a, lam, g, st = (float(x) for x in leaves)
+        return (
+            f"OptimalRatio(ratio={r:.6g}, t={t:.6g}, alpha={a:.6g}, multiplier={lam:.4g}, "
+            f"violation={g:.3g}, stationarity={st:.3g}, steps={int(np.size(self.history))})"
+        )
+
 
 def optimal_ratio(
     setup: Setup,
@@ -240,7 +262,8 @@ def optimal_ratio(
     event-terminated ODE; the loop is one compiled ``lax.scan``. Start ``log_r0`` (default
     ``r = 1``, the fastest ratio under the cap). Since ``alpha`` at fixed loss rises with ``r``
     (eq. (5)), the budget binds at the optimum when it is shorter than the time of the largest
-    ratio considered. Returns `OptimalRatio` (check ``violation`` and ``stationarity``).
+    ratio considered. Returns `OptimalRatio` (check ``violation`` and ``stationarity``, or
+    ``OptimalRatio.converged()``).
     """
     _check_setup(setup)
     _check_loss(loss_target)
