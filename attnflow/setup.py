@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import re
 from typing import Any, TypeVar
 
@@ -76,6 +77,62 @@ def _record(x: Any) -> Any:
 
 _S = TypeVar("_S", bound="AbstractSetup")
 
+_BY_SHAPE = re.compile(r"^[a-z]\d+\[[\d, ]*\]$")
+
+
+def _namespace(cls: type) -> list[Any]:
+    """Where the names of a record are looked up: the package of ``cls``, then `attnflow`."""
+    import importlib
+
+    package = cls.__module__.rsplit(".", 1)[0]
+    return [importlib.import_module(package), importlib.import_module("attnflow")]
+
+
+def _lookup(name: str, spaces: list[Any]) -> Any:
+    for space in spaces:
+        if hasattr(space, name):
+            return getattr(space, name)
+    return None
+
+
+def _rebuild(x: Any, spaces: list[Any], where: str, cls: type | None = None) -> Any:
+    """The value a `_record` entry stands for (`AbstractSetup.from_record`)."""
+    import types
+
+    if isinstance(x, dict) and "type" in x:
+        klass = cls if cls is not None else _lookup(str(x["type"]), spaces)
+        if not isinstance(klass, type):
+            raise ValueError(f"{where}: the record's type {x['type']!r} is not a class of {spaces[0].__name__}")
+        names = [k for k in x if k != "type"]
+        known = {f.name for f in dataclasses.fields(klass)} if dataclasses.is_dataclass(klass) else set(names)
+        unknown = sorted(set(names) - known)
+        if unknown:
+            raise ValueError(f"{where}: {klass.__name__} has no field {unknown} (a record of another class?)")
+        fields = {k: _rebuild(x[k], spaces, f"{where}.{k}") for k in names}
+        params = inspect.signature(klass).parameters
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            # fields an __init__ computes (a prior's `symmetric`) are recorded but not passed back
+            fields = {k: v for k, v in fields.items() if k in params}
+        try:
+            return klass(**fields)
+        except TypeError as err:
+            raise ValueError(f"{where}: {klass.__name__} cannot be rebuilt from its record ({err})") from None
+    if isinstance(x, dict):
+        return {k: _rebuild(v, spaces, f"{where}.{k}") for k, v in x.items()}
+    if isinstance(x, list):
+        out = [_rebuild(v, spaces, f"{where}[{i}]") for i, v in enumerate(x)]
+        return np.asarray(out) if all(isinstance(v, (int, float, list, np.ndarray)) for v in out) else out
+    if x == "traced":
+        raise ValueError(f"{where} was traced (inside a sweep) when it was recorded: its value is not in the record")
+    if isinstance(x, str) and _BY_SHAPE.match(x):
+        raise ValueError(
+            f"{where} was recorded by its shape only ({x}: more than RECORD_MAX_SIZE = {RECORD_MAX_SIZE} "
+            "entries); give it in the record"
+        )
+    if isinstance(x, str) and isinstance(_lookup(x, spaces), types.FunctionType):
+        return _lookup(x, spaces)  # a function recorded by its name
+    return x
+
 
 def array_field(name: str, default: Any, dtype: Any = None) -> Any:
     """A ``Setup`` field holding an array of reals (a number, a vector, ...): values are converted
@@ -118,6 +175,25 @@ class AbstractSetup(eqx.Module):
         out = _record(self)
         assert isinstance(out, dict)
         return out
+
+    @classmethod
+    def from_record(cls: type[_S], record: dict[str, Any]) -> _S:
+        """The setup a `record` describes: ``P.Setup.from_record(traj.meta["setup"])`` after
+        ``traj.with_meta(setup=s.record()).save(...)`` and `attnflow.Trajectory.load`, or from a
+        ``summary.json``. Nested modules are rebuilt from their ``"type"`` (a name of the
+        package, e.g. ``MarkovChain``, ``FlippedSpike``, or of `attnflow`), functions from their
+        name in the package (``soft_committee``; a function of your own: pass it with
+        `replace` on a record without it, see below), lists as arrays.
+
+        ``ValueError`` names what a record cannot give back: an array written by shape only
+        (more than `RECORD_MAX_SIZE` entries), a value traced inside a sweep, a type or a
+        function the package does not define (``P.Setup.from_record({**rec, "student": f})``
+        takes your own objects in place of their names)."""
+        if not isinstance(record, dict):
+            raise ValueError(f"from_record needs the dict of Setup.record(), got {record!r:.80}")
+        if record.get("type", cls.__name__) != cls.__name__:
+            raise ValueError(f"the record is of a {record.get('type')!r}, not of {cls.__module__}.{cls.__name__}")
+        return _rebuild(dict(record, type=cls.__name__), _namespace(cls), "setup", cls)
 
     def replace(self: _S, **changes: Any) -> _S:
         """A copy with the named fields replaced, validated.

@@ -848,3 +848,54 @@ def test_every_solve_names_itself_when_float64_is_off(package):
         if package == "qkov":
             with pytest.raises(RuntimeError, match=r"^qkov\.train \(gradient flow, dt=None"):
                 P.train(s, T)
+
+
+def _record_cases():
+    from attnflow import derive, focus, heads, qkov
+
+    committee = {"R0": jnp.array([[0.2, 0.0], [0.0, 0.1]]), "Q0": 0.5 * jnp.eye(2)}
+    return [
+        lambda: qkov.Setup(parametrisation="FAFO", eta_qk=0.3),
+        lambda: focus.Setup(chain=focus.MarkovChain.lazy(lam=0.3), m=4),
+        lambda: heads.Setup(),
+        lambda: heads.Setup(
+            prior=heads.Discrete([[1.0], [-1.0]], [0.3, 0.7]), activation=heads.BayesSoftmax(jnp.zeros(2))
+        ),
+        lambda: heads.Setup(init=heads.SymmetricSeed(jnp.zeros((2, 1)), jnp.eye(2))),
+        lambda: heads.Setup(prior=heads.AnisotropicGaussian(jnp.zeros(2), jnp.ones(2))),
+        lambda: dl.Setup(s=(2.0, 1.0), eta=0.5),
+        lambda: derive.Setup(derive.soft_committee, derive.soft_committee, **committee),
+    ]
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_a_setup_comes_back_from_its_record(case, tmp_path):
+    """``P.Setup.from_record(s.record())`` after a JSON round trip (a saved trajectory's metadata) is
+    the same setup: the same record and pytree structure, nested modules rebuilt from their type,
+    functions from their name."""
+    s = _record_cases()[case]()
+    traj = af.Trajectory(jnp.arange(2.0), {"x": jnp.zeros(2)}).with_meta(setup=s.record())
+    traj.save(tmp_path / "run")
+    back = type(s).from_record(af.Trajectory.load(tmp_path / "run").meta["setup"])
+    assert back.record() == s.record()
+    assert jax.tree_util.tree_structure(back) == jax.tree_util.tree_structure(s)
+    for a, b in zip(jax.tree_util.tree_leaves(back), jax.tree_util.tree_leaves(s), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_record_says_what_it_cannot_give_back():
+    from attnflow import derive, focus, qkov
+
+    with pytest.raises(ValueError, match=r"the record is of a 'MarkovChain', not of attnflow.qkov"):
+        qkov.Setup.from_record(focus.Setup().chain.__dict__ | {"type": "MarkovChain"})
+    with pytest.raises(ValueError, match=r"setup: Setup has no field \['chain', 'eps', .*another class"):
+        qkov.Setup.from_record(focus.Setup().record())  # a focus record given to qkov
+    with pytest.raises(ValueError, match=r"setup.eta_ov was traced \(inside a sweep\)"):
+        qkov.Setup.from_record(qkov.Setup().record() | {"eta_ov": "traced"})
+    with pytest.raises(ValueError, match=r"setup.chain.P was recorded by its shape only \(f64\[27, 27\]"):
+        chain = {"type": "MarkovChain", "pi": [1.0], "P": "f64[27, 27]"}
+        focus.Setup.from_record(focus.Setup().record() | {"chain": chain})
+    with pytest.raises(ValueError, match=r"setup.data: the record's type 'Torus' is not a class of attnflow.derive"):
+        derive.Setup.from_record({"student": "soft_committee", "teacher": "soft_committee", "data": {"type": "Torus"}})
+    with pytest.raises(ValueError, match="from_record needs the dict of Setup.record"):
+        qkov.Setup.from_record("CACO")
