@@ -235,6 +235,12 @@ def prng_key(key: Any) -> Any:
         return jnp.asarray(arr)  # raw key data, as jax.random.PRNGKey makes
     if arr.ndim == 0 and arr.dtype.kind in "iu":
         return prng_key(int(arr))
+    if arr.ndim >= 1 and arr.dtype.kind in "iu":
+        raise ValueError(
+            f"key must be one integer seed or a JAX PRNG key, got an array of shape {arr.shape}: for several "
+            "seeds in one compiled call, jax.vmap(lambda k: train(setup, t1, key=k))(seeds), or "
+            'attnflow.sweep(..., {"seed": seeds})'
+        )
     raise ValueError(f"key must be an integer seed or a JAX PRNG key, got {key!r:.60}")
 
 

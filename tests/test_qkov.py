@@ -569,6 +569,8 @@ def test_bad_input_names_the_value():
         qkov.train_fixed_attention(1.5, factorised_ov=False, steps=10)
     with pytest.raises(ValueError, match="key must be an integer seed"):
         qkov.train_on_generator("CACO", 0.1, 0.1, 10, key=0.5)
+    with pytest.raises(ValueError, match=r"shape \(3,\): for several seeds in one compiled call, jax.vmap"):
+        qkov.train(qkov.Setup(), 1.0, dt=0.5, key=np.arange(3))
 
 
 # ----------------------------------------------------------------------------- SGD (slow)
