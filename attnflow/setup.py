@@ -122,7 +122,7 @@ def _rebuild(x: Any, spaces: list[Any], where: str, cls: type | None = None) -> 
     if isinstance(x, list):
         out = [_rebuild(v, spaces, f"{where}[{i}]") for i, v in enumerate(x)]
         return np.asarray(out) if all(isinstance(v, (int, float, list, np.ndarray)) for v in out) else out
-    if x == "traced":
+    if isinstance(x, str) and x == "traced":
         raise ValueError(f"{where} was traced (inside a sweep) when it was recorded: its value is not in the record")
     if isinstance(x, str) and _BY_SHAPE.match(x):
         raise ValueError(
@@ -188,7 +188,8 @@ class AbstractSetup(eqx.Module):
         ``ValueError`` names what a record cannot give back: an array written by shape only
         (more than `RECORD_MAX_SIZE` entries), a value traced inside a sweep, a type or a
         function the package does not define (``P.Setup.from_record({**rec, "student": f})``
-        takes your own objects in place of their names)."""
+        takes your own objects in place of their names; do so too for a function of your own that
+        shares a package function's name, which the name alone would resolve to the package's)."""
         if not isinstance(record, dict):
             raise ValueError(f"from_record needs the dict of Setup.record(), got {record!r:.80}")
         if record.get("type", cls.__name__) != cls.__name__:

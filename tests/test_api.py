@@ -899,3 +899,8 @@ def test_a_record_says_what_it_cannot_give_back():
         derive.Setup.from_record({"student": "soft_committee", "teacher": "soft_committee", "data": {"type": "Torus"}})
     with pytest.raises(ValueError, match="from_record needs the dict of Setup.record"):
         qkov.Setup.from_record("CACO")
+    # what the shape-only error asks for: the array itself in the record
+    s = focus.Setup()
+    chain = {"type": "MarkovChain", "pi": np.asarray(s.chain.pi), "P": np.asarray(s.chain.P)}
+    back = focus.Setup.from_record(s.record() | {"chain": chain})
+    np.testing.assert_array_equal(back.chain.P, s.chain.P)

@@ -20,10 +20,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import _validate as V
 from .._errors import fail_if
-from ..ode import integrate, require_x64
+from ..ode import integrate, require_x64, with_progress
 from ..options import LinearGrid, SolverOptions
 from ..sensitivity import Sensitivity, sensitivity, solver_for_mode
 from .data import MarkovChain
@@ -120,8 +121,11 @@ def _lazy_lam(chain: MarkovChain) -> jax.Array:
         raise ValueError(f"a lazy chain needs d >= 2 tokens, got d = {d}")
     lam = (jnp.trace(chain.P) - 1.0) / (d - 1)
     if not V.any_traced(chain):
-        lazy = lam * jnp.eye(d) + (1.0 - lam) * jnp.outer(jnp.ones(d), chain.pi)
-        dev = float(jnp.max(jnp.abs(chain.P - lazy)))
+        # in NumPy: under a user's jit the chain's (concrete) arrays would be staged
+        P, pi = np.asarray(chain.P), np.asarray(chain.pi)
+        lam_np = (np.trace(P) - 1.0) / (d - 1)
+        lazy = lam_np * np.eye(d) + (1.0 - lam_np) * np.outer(np.ones(d), pi)
+        dev = float(np.max(np.abs(P - lazy)))
         if not dev <= _LAZY_TOL:
             raise ValueError(
                 "escape_time_sensitivity differentiates the laziness lam of a lazy chain (D1): setup.chain must "
@@ -130,23 +134,27 @@ def _lazy_lam(chain: MarkovChain) -> jax.Array:
     return lam
 
 
+def _checked(result: Any, setup: Setup, threshold: jax.Array, where: str) -> Any:
+    """``result`` failing where a traced ``threshold`` lies outside ``(L*, L(theta0))``: the checks
+    of `_check` on traced values. A sweep point fails with the reason, a user's jit stops with it
+    (the event would never fire: a silent NaN). Applied to the outcome, outside any derivative,
+    so that a sweep of sensitivities sees the failure too."""
+    if not V.any_traced((setup, threshold)):
+        return result
+    L0 = population_loss(setup.theta0(), setup.chain, setup.tau)
+    floor = setup.chain.bayes_floor()
+    result = fail_if(
+        result, ~(threshold < L0), f"{where}: the threshold (loss) must lie below the initial loss L(theta0)"
+    )
+    return fail_if(
+        result,
+        ~(threshold > floor),
+        f"{where}: the threshold (loss) is never reached: it must lie above the chain's Bayes floor L* "
+        "(MarkovChain.bayes_floor)",
+    )
+
+
 def _t_event(setup: Setup, threshold: jax.Array, t1: Any, solver: SolverOptions) -> jax.Array:
-    if V.any_traced((setup, threshold)):
-        # the checks of `_check` on traced values: a sweep point fails with the reason, a user's
-        # jit stops with it (a threshold outside (L*, L(theta0)) would give a silent NaN)
-        L0 = population_loss(setup.theta0(), setup.chain, setup.tau)
-        floor = setup.chain.bayes_floor()
-        threshold = fail_if(
-            threshold,
-            ~(threshold < L0),
-            "focus.escape_time: the threshold (loss) must lie below the initial loss L(theta0)",
-        )
-        threshold = fail_if(
-            threshold,
-            ~(threshold > floor),
-            "focus.escape_time: the threshold (loss) is never reached: it must lie above the chain's Bayes "
-            "floor L* (MarkovChain.bayes_floor)",
-        )
     traj = integrate(
         _field,
         setup.theta0(),
@@ -161,11 +169,17 @@ def _t_event(setup: Setup, threshold: jax.Array, t1: Any, solver: SolverOptions)
 
 
 def escape_time(
-    setup: Setup, threshold: Any = None, *, t1: Any = ESCAPE_HORIZON, solver: SolverOptions | None = None
+    setup: Setup,
+    threshold: Any = None,
+    *,
+    t1: Any = ESCAPE_HORIZON,
+    solver: SolverOptions | None = None,
+    progress: bool | None = None,
 ) -> jax.Array:
     """The escape time ``t_esc``: the first time the loss (P2) along the population gradient flow (P6)
-    from ``setup.theta0()`` falls to ``threshold`` (default `escape_threshold`, ``H(pi) - 0.05``: the
-    end of the unigram plateau, Stage II (R3)).
+    from ``setup.theta0()`` falls to ``threshold`` (default `escape_threshold`, ``H(pi) - min(0.05,
+    0.3 (H(pi) - L*))``: the end of the unigram plateau, Stage II (R3)). ``progress=True`` shows
+    the solve's meter with the solver it uses anyway.
 
     The event time of `attnflow.integrate` on `flow_field` with the event ``L(theta) - threshold``;
     NaN if the loss is still above ``threshold`` at ``t1`` (default `ESCAPE_HORIZON`). ``solver``:
@@ -183,7 +197,8 @@ def escape_time(
     (`attnflow.focus.MarkovChain.bayes_floor`, never reached), or a non-positive ``t1``.
     """
     threshold, solver = _check(setup, threshold, t1, solver, "focus.escape_time")
-    return _t_event(setup, threshold, t1, solver)
+    solver = with_progress(solver, None, progress)
+    return _checked(_t_event(setup, threshold, t1, solver), setup, threshold, "focus.escape_time")
 
 
 def escape_time_sensitivity(
@@ -193,6 +208,7 @@ def escape_time_sensitivity(
     t1: Any = ESCAPE_HORIZON,
     solver: SolverOptions | None = None,
     mode: str = "forward",
+    progress: bool | None = None,
 ) -> Sensitivity:
     """`escape_time` and its derivatives ``d t_esc / d lam`` (the laziness of the chain,
     ``P = lam I + (1 - lam) 1 pi^T``, (D1)) and ``d t_esc / d tau`` (the score scale, (P1)), through
@@ -224,11 +240,12 @@ def escape_time_sensitivity(
         raise ValueError(f"focus.escape_time_sensitivity: setup must be an attnflow.focus.Setup, got {setup!r}")
     lam0 = _lazy_lam(setup.chain)
     threshold, solver = _check(setup, threshold, t1, solver, "focus.escape_time_sensitivity")
-    solver = solver_for_mode(mode, solver)
+    solver = solver_for_mode(mode, with_progress(solver, None, progress))
     pi = setup.chain.pi
 
     def outcome(lam, tau):
         chain = MarkovChain.lazy(pi, lam)
         return _t_event(setup.replace(chain=chain, tau=tau), threshold, t1, solver)
 
-    return sensitivity(outcome, mode=mode, **{"lam": lam0, "tau": setup.tau})
+    res = sensitivity(outcome, mode=mode, **{"lam": lam0, "tau": setup.tau})
+    return _checked(res, setup, threshold, "focus.escape_time_sensitivity")

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import _validate as V
-from ..ode import require_x64
+from ..ode import require_x64, with_progress
 from ..options import LinearGrid, SolverOptions
 from ..sensitivity import Sensitivity, sensitivity, solver_for_mode
 from .data import FlippedSpike
@@ -44,9 +44,10 @@ SPECIALISATION_HORIZON = 200.0
 a solve that never specialises (the reference setup specialises at ``t ~ 9``; by (15) ``D = 10^7`` at ``t ~ 22``)."""
 
 
-def _check(setup: Any, threshold: Any, t1: Any, solver: Any, where: str) -> SolverOptions:
+def _check(setup: Any, threshold: Any, t1: Any, solver: Any, where: str) -> tuple[Any, SolverOptions]:
     if not isinstance(setup, Setup):
         raise ValueError(f"{where}: setup must be an attnflow.heads.Setup, got {setup!r}")
+    threshold = ESCAPE_THRESHOLD if threshold is None else threshold  # None: the default, as in focus
     if not V.any_traced(threshold):
         V.positive("threshold (of the specialisation S(M))", threshold)
     if not V.any_traced(t1):
@@ -54,7 +55,7 @@ def _check(setup: Any, threshold: Any, t1: Any, solver: Any, where: str) -> Solv
     if solver is not None and not isinstance(solver, SolverOptions):
         raise ValueError(f"{where}: solver must be attnflow.SolverOptions(...) or None, got {solver!r}")
     require_x64(where)
-    return DEFAULT_SOLVER if solver is None else solver
+    return threshold, DEFAULT_SOLVER if solver is None else solver
 
 
 def _check_start(setup: Setup, threshold: Any) -> None:
@@ -78,9 +79,11 @@ def specialisation_time(
     bank: BankOptions | None = None,
     form: DriftForm | None = None,
     solver: SolverOptions | None = None,
+    progress: bool | None = None,
 ) -> jax.Array:
     """The specialisation time ``t_spec``: the first time the solution of the order-parameter ODE (8)
-    reaches ``S(M) = |(I - 11^T/H) M|_F = threshold`` (equation (15); default `ESCAPE_THRESHOLD`).
+    reaches ``S(M) = |(I - 11^T/H) M|_F = threshold`` (equation (15); default, or ``None``:
+    `ESCAPE_THRESHOLD`). ``progress=True`` shows the solve's meter with the solver it uses anyway.
 
     `attnflow.heads.solve` with ``escape=threshold``, saving only the end points; NaN if the heads
     have not specialised by ``t1`` (default `SPECIALISATION_HORIZON`). ``bank`` (default
@@ -96,7 +99,8 @@ def specialisation_time(
     Raises ``ValueError`` naming the argument for a setup that is not a `Setup`, a non-positive
     ``threshold`` or ``t1``, or a threshold at or below the initial specialisation ``S(M0)``.
     """
-    solver = _check(setup, threshold, t1, solver, "heads.specialisation_time")
+    threshold, solver = _check(setup, threshold, t1, solver, "heads.specialisation_time")
+    solver = with_progress(solver, None, progress)
     _check_start(setup, threshold)
     traj = solve(setup, t1, escape=threshold, save=LinearGrid(2), bank=bank, form=form, solver=solver)
     return traj.t_event
@@ -111,6 +115,7 @@ def specialisation_time_sensitivity(
     form: DriftForm | None = None,
     solver: SolverOptions | None = None,
     mode: str = "forward",
+    progress: bool | None = None,
 ) -> Sensitivity:
     """`specialisation_time` and its derivatives ``d t_spec / d eta`` and ``d t_spec / d s`` (``s``
     the signal strength of the `FlippedSpike` prior), through the ODE (8) and its escape event
@@ -136,13 +141,13 @@ def specialisation_time_sensitivity(
     Raises ``ValueError`` naming the value for the bad inputs of `specialisation_time`, a prior
     that is not a `FlippedSpike`, an unknown ``mode`` or an adjoint that does not fit it.
     """
-    solver = _check(setup, threshold, t1, solver, "heads.specialisation_time_sensitivity")
+    threshold, solver = _check(setup, threshold, t1, solver, "heads.specialisation_time_sensitivity")
     if not isinstance(setup.prior, FlippedSpike):
         raise ValueError(
             "specialisation_time_sensitivity differentiates the signal strength s of a FlippedSpike prior; "
             f"got prior {setup.prior!r}"
         )
-    solver = solver_for_mode(mode, solver)
+    solver = solver_for_mode(mode, with_progress(solver, None, progress))
     _check_start(setup, threshold)
 
     def outcome(eta, s):

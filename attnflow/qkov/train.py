@@ -21,7 +21,7 @@ import optax
 
 from .. import _validate as V
 from .._jit import filter_jit
-from ..ode import integrate, observable_event, require_x64
+from ..ode import integrate, observable_event, require_x64, with_progress
 from ..optim import per_circuit
 from ..options import LogGrid, SaveGrid, SolverOptions, TimeGrid
 from ..simulate import FullBatch, OnlineSGD, check_divergence, check_start, run_training, simulate
@@ -179,9 +179,7 @@ def train(
     if dt is None:
         require_x64("qkov.train (gradient flow, dt=None; dt=... trains by gradient descent in float32)")
         observe = _flow_observe_conserved if conserved else _flow_observe
-        solver = solver or FLOW_SOLVER
-        if progress:
-            solver = solver.replace(progress=True)
+        solver = with_progress(solver, FLOW_SOLVER, progress or None)  # False: the solver as given
         return integrate(
             _flow_field,
             setup.model(st) if model is None else model,
