@@ -32,6 +32,7 @@ from .setup import HERMITE_BUDGET as HERMITE_BUDGET
 from .setup import GaussHermite as GaussHermite
 from .setup import MonteCarlo as MonteCarlo
 from .setup import Quadrature as Quadrature
+from .setup import QuasiMonteCarlo as QuasiMonteCarlo
 from .setup import Setup as Setup
 from .setup import SparseGaussHermite as SparseGaussHermite
 from .setup import default_quadrature as default_quadrature
@@ -73,6 +74,7 @@ __all__ = [
     "GaussianInputs",
     "GaussHermite",
     "MonteCarlo",
+    "QuasiMonteCarlo",
     "SparseGaussHermite",
     "Quadrature",
     "Setup",

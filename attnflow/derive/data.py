@@ -175,7 +175,7 @@ class SingleLocation(DataModel):
             theta = jnp.tile(pts, (n, 1))
             z, w = jnp.repeat(z, J, axis=0), (w[:, None] * pw[None, :]).reshape(-1)
         else:
-            seed = quadrature.seed if isinstance(quadrature, MonteCarlo) else 0
+            seed = getattr(quadrature, "seed", 0)  # MonteCarlo, QuasiMonteCarlo
             key = jax.random.PRNGKey(seed + 1)
             if isinstance(quadrature, MonteCarlo) and self.prior.sign_symmetric:
                 half = self.prior.sample(key, n // 2)  # the bank is [z, -z]: pair (z, theta) with (-z, -theta)

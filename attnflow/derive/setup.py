@@ -37,6 +37,7 @@ __all__ = [
     "scaled_rule",
     "GaussHermite",
     "MonteCarlo",
+    "QuasiMonteCarlo",
     "squared_loss",
     "soft_committee",
     "erf_activation",
@@ -66,8 +67,9 @@ def soft_committee(lam: jax.Array, v: Any = None) -> jax.Array:
 
 
 class Quadrature(eqx.Module):
-    """How the Gaussian expectations over ``(lambda, nu[, xi])`` are computed: `GaussHermite` or
-    `MonteCarlo`. `rule` gives nodes of ``N(0, I_d)`` and their weights."""
+    """How the Gaussian expectations over ``(lambda, nu[, xi])`` are computed: `GaussHermite`,
+    `SparseGaussHermite`, `QuasiMonteCarlo` or `MonteCarlo`. `rule` gives nodes of ``N(0, I_d)``
+    and their weights."""
 
     def rule(self, dim: int) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
@@ -198,7 +200,9 @@ def smolyak_hermite_rule(level: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
 class MonteCarlo(Quadrature):
     """A fixed antithetic bank of ``samples`` standard normal draws (``seed``): the field is a
     smooth deterministic function of the overlaps (common random numbers), with error
-    ``O(samples^{-1/2})``. For ``K + M`` too large for `GaussHermite`."""
+    ``O(samples^{-1/2})`` (for odd units every integrand is even in ``z``, and the antithetic half
+    repeats the first: the error of ``samples / 2`` draws). `QuasiMonteCarlo`, the default for
+    ``K + M`` too large for `GaussHermite`, is far more accurate at equal cost."""
 
     samples: int = eqx.field(static=True, default=2**16)
     seed: int = eqx.field(static=True, default=0)
@@ -215,6 +219,34 @@ class MonteCarlo(Quadrature):
         return z, np.full(self.samples, 1.0 / self.samples)
 
 
+class QuasiMonteCarlo(Quadrature):
+    """A fixed bank of ``samples`` scrambled Sobol points (Owen scrambling, `scipy.stats.qmc.Sobol`,
+    ``seed``) mapped to ``N(0, I_d)`` by the normal quantile, with equal weights: randomised
+    quasi-Monte Carlo. Its error falls nearly like ``1 / samples`` for smooth integrands and is
+    never worse than `MonteCarlo`'s ``samples^{-1/2}`` for rough ones (a kink, a discontinuous
+    teacher), with no negative weights. ``samples`` is a power of 2 (the balance of a Sobol
+    sequence). The field is a smooth deterministic function of the overlaps, as with
+    `MonteCarlo`."""
+
+    samples: int = eqx.field(static=True, default=2**16)
+    seed: int = eqx.field(static=True, default=0)
+
+    def __check_init__(self):
+        V.positive_int("samples", self.samples, minimum=2)
+        if self.samples & (self.samples - 1):
+            raise ValueError(f"samples must be a power of 2 (a balanced Sobol sequence), got {self.samples}")
+        V.positive_int("seed", self.seed, minimum=0)
+
+    def rule(self, dim):
+        from scipy.special import ndtri
+        from scipy.stats import qmc
+
+        dim = V.positive_int("dim", dim)
+        u = qmc.Sobol(dim, scramble=True, seed=self.seed).random_base2(int(self.samples).bit_length() - 1)
+        tiny = np.finfo(float).tiny  # a scrambled point is never 0 or 1 but for a measure-zero event
+        return ndtri(np.clip(u, tiny, 1.0 - np.finfo(float).epsneg)), np.full(self.samples, 1.0 / self.samples)
+
+
 def realisability_gap(R: Any, Q: Any, T: Any) -> float:
     """The smallest eigenvalue of ``Q - R T^-1 R^T``: negative where no weights have the overlaps
     ``(R, Q)`` against a teacher of overlaps ``T`` (the covariance ``[[Q, R], [R^T, T]]`` is
@@ -226,9 +258,11 @@ def realisability_gap(R: Any, Q: Any, T: Any) -> float:
 
 def default_quadrature(dim: int) -> Quadrature:
     """`GaussHermite` with as many points as `HERMITE_BUDGET` allows when that is at least 12 per
-    dimension (``d <= 4``: 16 points, about 1e-6 for smooth activations), else `MonteCarlo` with ``2^16`` draws."""
+    dimension (``d <= 4``: 16 points, about 1e-6 for smooth activations), else `QuasiMonteCarlo`
+    with ``2^16`` points (for the ``K = 3, M = 2`` erf committee, ``d = 5``: within ``7e-5`` of the
+    closed form, where `MonteCarlo` of as many draws is within ``6e-3``)."""
     n = int(np.floor(HERMITE_BUDGET ** (1.0 / dim) + 1e-9))
-    return GaussHermite(min(n, 40)) if n >= 12 else MonteCarlo()
+    return GaussHermite(min(n, 40)) if n >= 12 else QuasiMonteCarlo()
 
 
 def _callable(name: str, f: Any) -> Callable:
@@ -261,7 +295,8 @@ class Setup(AbstractSetup):
     - ``data``: the data model, `GaussianInputs` (default) or `SingleLocation` (the token model
       of `attnflow.heads`: ``student(lam (K, L), v)``, ``teacher(nu (M, L), e (L,))``, ``M`` the
       prior's ``F``; no label noise);
-    - ``quadrature`` (static): `GaussHermite`, `SparseGaussHermite` or `MonteCarlo` (default: `default_quadrature` of
+    - ``quadrature`` (static): `GaussHermite`, `SparseGaussHermite`, `QuasiMonteCarlo` or `MonteCarlo` (default:
+      `default_quadrature` of
       the dimension `dim`).
 
     On construction student, teacher and loss are called once on abstract arguments of these
@@ -318,7 +353,8 @@ class Setup(AbstractSetup):
             quadrature = default_quadrature(self.dim) if self.R0.ndim == 2 else GaussHermite()
         if not isinstance(quadrature, Quadrature):
             raise ValueError(
-                "quadrature must be GaussHermite(...), SparseGaussHermite(...) or MonteCarlo(...), "
+                "quadrature must be GaussHermite(...), SparseGaussHermite(...), QuasiMonteCarlo(...) or "
+                "MonteCarlo(...), "
                 f"got {quadrature!r:.80}"
             )
         self.quadrature = quadrature
