@@ -161,4 +161,7 @@ def specialisation_time_sensitivity(
 # The name every theory package gives the solved escape time (`attnflow.focus.escape_time`):
 # the same functions, so that code written against one package runs against another.
 escape_time = specialisation_time
+"""`specialisation_time` under the name of `attnflow.focus.escape_time`: the same function."""
+
 escape_time_sensitivity = specialisation_time_sensitivity
+"""`specialisation_time_sensitivity` under the name of `attnflow.focus.escape_time_sensitivity`."""
