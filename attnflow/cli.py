@@ -164,6 +164,22 @@ def _check_out(text: str) -> Path:
     return out
 
 
+def _check_replaceable(out: Path, names: list[str]) -> None:
+    """``UsageError`` before computing when ``out/NAME`` exists and is not a result of a run (a
+    folder with a ``summary.json``, or an empty one): a run replaces the folder, and would delete
+    the user's own files in it."""
+    for name in names:
+        path = out / name
+        if not path.exists() and not path.is_symlink():
+            continue
+        if path.is_dir() and not path.is_symlink() and ((path / "summary.json").is_file() or not any(path.iterdir())):
+            continue
+        raise UsageError(
+            f"--out {str(out)!r}: {str(path)!r} exists and is not the result of a run (no summary.json in it); "
+            "a run replaces that folder: move it, or choose another --out"
+        )
+
+
 def _os_error(err: OSError) -> str:
     """``[Errno 2] No such file or directory: '/proc/foo'`` as ``'/proc/foo': no such file or directory``."""
     what = (err.strerror or str(err)).rstrip(".")
@@ -218,7 +234,7 @@ def _run_one(exp, overrides, stage: Path, quiet: bool, sweeps=None) -> dict:
             print(f"[attnflow] {exp.name}: {line}", file=sys.stderr, flush=True)
     report.write(stage / exp.name)
     status = "ok" if report.passed else "CHECKS FAILED"
-    if not quiet:
+    if not quiet or not report.passed:  # a failure is said even under --quiet (exit status 1 alone is easy to miss)
         print(f"[attnflow] {exp.name}: {status} in {report.timings['total']:.1f} s", file=sys.stderr)
     return {
         "name": exp.name,
@@ -460,6 +476,8 @@ def _main(args) -> int:
         if sweeping is False and args.merge:
             raise UsageError(f"--merge: {exp.name} runs no sweep, so it has no shards to merge; run it without --merge")
         out = _check_out(args.out)
+        if shard is None:
+            _check_replaceable(out, [exp.name])
         sweeps = out / SWEEPS / exp.name  # outside the staging folder: it outlives each run
         if args.merge and not sweeps.is_dir():
             raise UsageError(
@@ -490,6 +508,7 @@ def _main(args) -> int:
         return EXIT_OK if res["passed"] else EXIT_FAILED
     exps = list(load_all().values()) if args.all else headline()
     out = _check_out(args.out)
+    _check_replaceable(out, [e.name for e in exps])
     stage = _staging(out)
     t0 = time.perf_counter()
     results = [_run_one(e, {}, stage, args.quiet) for e in exps]

@@ -107,19 +107,30 @@ class Report:
     def markdown(self) -> str:
         lines = [f"# {self.name}", ""]
         if self.checks:
+            failed = sum(not v <= t for v, t in self.checks.values())
+            verdict = (
+                f"all {len(self.checks)} checks passed"
+                if not failed
+                else f"**{failed} of {len(self.checks)} checks FAILED**"
+            )
+            lines += [f"Result: {verdict}.", ""]
+        if self.config:
+            options = ", ".join(f"`{k}={_short(v)}`" for k, v in self.config.items())
+            lines += [f"Options: {options}.", ""]
+        if self.checks:
             lines += ["| check | measured | tolerance | ok |", "|---|---|---|---|"]
             for k, (v, t) in self.checks.items():
-                lines.append(f"| {k} | {v:.3e} | {t:.1e} | {'yes' if v <= t else '**NO**'} |")
+                lines.append(f"| {_cell(k)} | {v:.3e} | {t:.1e} | {'yes' if v <= t else '**NO**'} |")
             lines.append("")
         if self.summary:
             lines += ["| quantity | value |", "|---|---|"]
             for k, v in self.summary.items():
-                lines.append(f"| {k} | {_fmt(v)} |")
+                lines.append(f"| {_cell(k)} | {_cell(_short(v, 400))} |")
             lines.append("")
         if self.timings:
             lines += ["| timing | seconds |", "|---|---|"]
             for k, v in self.timings.items():
-                lines.append(f"| {k} | {v:.2f} |")
+                lines.append(f"| {_cell(k)} | {v:.2f} |")
             lines.append("")
         if self.compilations:
             lines.append(
@@ -165,7 +176,20 @@ def _fmt(v: Any) -> str:
         return f"{v:.6g}"
     if isinstance(v, (list, tuple)) and v and all(isinstance(x, float) for x in v):
         return "[" + ", ".join(f"{x:.4g}" for x in v) + "]"
+    if isinstance(v, (list, tuple)) and v and all(isinstance(x, (list, tuple)) for x in v):
+        return "[" + ", ".join(_fmt(list(x)) for x in v) + "]"  # rows of numbers at 4 digits
     return str(v)
+
+
+def _short(v: Any, most: int = 80) -> str:
+    """`_fmt`, cut to ``most`` characters (the whole value is in ``summary.json``)."""
+    text = _fmt(v)
+    return text if len(text) <= most else text[: most - 5] + " ...]"
+
+
+def _cell(text: Any) -> str:
+    """A markdown table cell: ``|`` escaped (check names such as ``max |u - s|`` split the row)."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,13 @@ def test_run_writes_outputs(tmp_path, capsys):
     assert summary["passed"] and summary["config"]["dts"] == [0.02, 0.01] and summary["config"]["t_end"] == 10.0
     assert summary["checks"]["solve vs closed form (max rel. error)"]["value"] < 1e-8
     assert summary["compilations"]["count"] > 0
-    assert (folder / "summary.md").read_text().startswith("# deep-linear")
+    md = (folder / "summary.md").read_text()
+    assert md.startswith("# deep-linear\n\nResult: all 4 checks passed.\n\nOptions: ")
+    assert "`dts=[0.02, 0.01]`" in md and "`t_end=10`" in md
+    # names with |...| are escaped, so every table row keeps its 4 (or 2) cells
+    assert "| GD error order in dt (\\|p - 1\\|) |" in md
+    for row in (ln for ln in md.splitlines() if ln.startswith("| ")):
+        assert len(row.replace("\\|", "").split("|")) - 2 in (2, 4), row
     assert (folder / "modes.png").stat().st_size > 10_000
     assert (folder / "theory.npz").exists() and (folder / "theory.json").exists()
 
@@ -172,6 +178,10 @@ def test_reused_out_holds_only_the_new_run_and_summary_json_is_strict(tmp_path):
     folder = tmp_path / "deep-linear"
     folder.mkdir()
     (folder / "stale.png").write_text("old")
+    # a folder that is not a run's result is the user's: refused before computing, kept
+    assert main(["run", "deep-linear", "--out", str(tmp_path), "--quiet"]) == 2
+    assert (folder / "stale.png").read_text() == "old"
+    (folder / "summary.json").write_text("{}")  # a previous run's folder: replaced whole
     assert (
         main(["run", "deep-linear", "--set", "dts=[0.04, 0.02]", "--set", "t_end=6", "--out", str(tmp_path), "--quiet"])
         == 0
@@ -290,3 +300,14 @@ def test_library_messages_use_the_commands_option_names():
         "pass the --chunk-size it was saved with, or leave --chunk-size out to resume with the folder's (on any device "
         "count)"
     )
+
+
+def test_a_failed_check_is_said_under_quiet(tmp_path, capsys, monkeypatch):
+    """Under ``--quiet`` a run whose checks fail exits 1 and says so in one line on stderr."""
+    from attnflow.report import Report
+
+    monkeypatch.setattr(Report, "passed", property(lambda self: False))
+    argv = ["run", "deep-linear", "--set", "dts=[0.02, 0.01]", "--set", "t_end=10", "--out", str(tmp_path), "--quiet"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("[attnflow] deep-linear: CHECKS FAILED in ")
