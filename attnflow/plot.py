@@ -136,6 +136,9 @@ def overlay(
         if not ((theory is not None and name in theory) or any(name in r for r in runs)):
             have = sorted(set(theory.names if theory is not None else ()).union(*(r.names for r in runs)))
             raise KeyError(f"overlay: no observable {name!r} in the theory or the simulations; they have {have}")
+    unknown = sorted(set([log_y] if isinstance(log_y, str) else log_y) - set(names))
+    if unknown:
+        raise KeyError(f"overlay: log_y names {unknown}, which are not among the panels {names}")
     labels = labels or {}
     fig, axes = _panels(len(names), ncols, figsize_per_panel)
     for ax, name in zip(axes, names):
@@ -186,7 +189,7 @@ def overlay(
                     label=f"{simulation_label} (mean, min-max of {len(sim)})" if c == 0 else None,
                 )
         _style_panel(ax, name, log_time, log_y, time_label, labels)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, framealpha=0.6)  # the least-covering place, and data shows through
     return _finish(fig, axes, len(names), title)
 
 

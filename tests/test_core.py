@@ -604,6 +604,8 @@ def test_overlay_figure(tmp_path):
     assert len(single) == 1 and single[0].get_ylabel() == "loss"  # one string is one name
     with pytest.raises(KeyError, match="no observable 'los'"):
         af.overlay(theory, sims, ["los"])
+    with pytest.raises(KeyError, match=r"log_y names \['los'\], which are not among the panels \['u', 'loss'\]"):
+        af.overlay(theory, sims, ["u", "loss"], log_y=("los",))  # was drawn on a linear axis
     with pytest.raises(ValueError, match=r"theory has batch shape \(2,\)"):
         af.overlay(sims, None, ["loss"])
 
