@@ -19,6 +19,7 @@ import shlex
 import time
 import types
 import typing
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -225,8 +226,15 @@ class Experiment:
     def run(self, overrides: Mapping[str, Any] | None = None, quiet: bool = True) -> Report:
         config = config_from(self.config, overrides or {}, self.name)
         t0 = time.perf_counter()
-        with count_compilations() as compiled:
+        with count_compilations() as compiled, warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
             report = self.fn(config, quiet)
+        # a warning of the run (an unstable learning rate, a failed sweep point) is part of its
+        # result: in the report's notes, and shown as it would have been
+        for message in dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught):
+            report.notes.append(f"warning: {message}")
+        for w in caught:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
         report.timings.setdefault("total", time.perf_counter() - t0)
         if not report.references:
             from .citations import experiment_keys, references

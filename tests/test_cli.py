@@ -311,3 +311,14 @@ def test_a_failed_check_is_said_under_quiet(tmp_path, capsys, monkeypatch):
     assert main(argv) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("[attnflow] deep-linear: CHECKS FAILED in ")
+
+
+def test_a_warning_of_the_run_is_in_its_notes(tmp_path, capsys):
+    """Gradient descent at ``eta dt s_max = 1.5`` warns; the warning is in the report's notes (the
+    checks pass: it was on stderr only)."""
+    argv = ["run", "deep-linear", "--set", "dts=[0.5, 0.02]", "--set", "t_end=6", "--out", str(tmp_path), "--quiet"]
+    with pytest.warns(UserWarning, match="eta dt s_max = 1.5 >= 1"):
+        main(argv)
+    notes = json.loads((tmp_path / "deep-linear" / "summary.json").read_text())["notes"]
+    assert any(n.startswith("warning: UserWarning: gradient descent with eta dt s_max = 1.5 >= 1") for n in notes)
+    assert "- warning: UserWarning: gradient descent" in (tmp_path / "deep-linear" / "summary.md").read_text()
