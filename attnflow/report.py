@@ -185,7 +185,7 @@ def _fmt(v: Any) -> str:
 def _short(v: Any, most: int = 80) -> str:
     """`_fmt`, cut to ``most`` characters (the whole value is in ``summary.json``)."""
     text = _fmt(v)
-    return text if len(text) <= most else text[: most - 5] + " ...]"
+    return text if len(text) <= most else text[: most - 4] + " ..."
 
 
 def _cell(text: Any) -> str:

@@ -182,8 +182,8 @@ class AbstractSetup(eqx.Module):
         ``traj.with_meta(setup=s.record()).save(...)`` and `attnflow.Trajectory.load`, or from a
         ``summary.json``. Nested modules are rebuilt from their ``"type"`` (a name of the
         package, e.g. ``MarkovChain``, ``FlippedSpike``, or of `attnflow`), functions from their
-        name in the package (``soft_committee``; a function of your own: pass it with
-        `replace` on a record without it, see below), lists as arrays.
+        name in the package (``soft_committee``; a function of your own: see below), lists as
+        arrays.
 
         ``ValueError`` names what a record cannot give back: an array written by shape only
         (more than `RECORD_MAX_SIZE` entries), a value traced inside a sweep, a type or a
