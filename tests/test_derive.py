@@ -823,3 +823,24 @@ def test_state_observables_take_the_state_first_as_qkov():
     np.testing.assert_allclose(obs["error"], derive.state_observables(y0, s, derive.rule(s))["error"], rtol=0)
     with pytest.raises(ValueError, match=r"state_observables\(y, setup\)"):
         derive.state_observables(s, y0)
+    # weights first too: the observables of weights are those of their overlaps
+    W = jax.random.normal(jax.random.PRNGKey(0), (1, 300))
+    W_star = jax.random.normal(jax.random.PRNGKey(1), (1, 300))
+    by_weights = derive.weight_observables({"W": W}, s, W_star)
+    overlaps = {"R": W @ W_star.T / 300, "Q": W @ W.T / 300}
+    np.testing.assert_allclose(by_weights["error"], derive.state_observables(overlaps, s)["error"], rtol=1e-12)
+
+
+def test_field_and_error_refuse_overlaps_no_weights_have():
+    """``vector_field`` and ``generalisation_error`` at ``(R, Q)`` with ``Q - R T^-1 R^T`` not PSD, or
+    ``Q`` not symmetric, raise as the setup's ``R0``, ``Q0`` do (they returned numbers: a helper got
+    ``dR = -0.097`` at ``R = 0.9``, ``Q = 0.5 I``)."""
+    s = _tiny_setup()
+    with pytest.raises(ValueError, match=r"derive.vector_field: Q - R T\^-1 R\^T must be positive semidefinite"):
+        derive.vector_field(s, [[0.9]], [[0.5]])
+    with pytest.raises(ValueError, match=r"derive.generalisation_error: Q - R T\^-1 R\^T"):
+        derive.generalisation_error(s, [[0.9]], [[0.5]])
+    two = derive.Setup(derive.soft_committee, derive.soft_committee, 0.1 * jnp.eye(2), 0.5 * jnp.eye(2))
+    with pytest.raises(ValueError, match="Q must be symmetric"):
+        derive.vector_field(two, 0.1 * jnp.eye(2), jnp.array([[0.5, 0.1], [0.0, 0.5]]))
+    assert np.isfinite(float(derive.generalisation_error(s, [[0.7]], [[0.5]])))  # on the boundary side: 0.49 <= 0.5

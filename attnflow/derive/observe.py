@@ -37,8 +37,9 @@ def state_observables(y: dict, setup: Setup, rule: Any = None) -> dict[str, jax.
     return out
 
 
-def weight_observables(setup: Setup, params: dict, W_star: jax.Array, rule: Any) -> dict[str, jax.Array]:
-    """`OBSERVABLES` of finite-``D`` weights ``params = {"W"[, "v"]}``. The local fields of Gaussian
+def weight_observables(params: dict, setup: Setup, W_star: jax.Array, rule: Any = None) -> dict[str, jax.Array]:
+    """`OBSERVABLES` of finite-``D`` weights ``params = {"W"[, "v"]}`` of ``setup`` against the
+    teacher ``W_star`` (the weights first, as in `state_observables`; ``rule`` as there). The local fields of Gaussian
     inputs are exactly Gaussian with covariance given by the measured overlaps, so ``error`` is the
     population error of these weights (up to quadrature), not a test-set estimate."""
     W = params["W"]

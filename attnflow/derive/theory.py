@@ -191,6 +191,17 @@ def _state(setup: Setup, R: Any, Q: Any, v: Any, where: str) -> tuple[Any, Any, 
         raise ValueError(f"Q must have shape (K, K) = {setup.Q0.shape}, got {Q.shape}")
     if (v is None) != (setup.v0 is None):
         raise ValueError(f"v must be given exactly when the setup has a readout v0; got v = {V.show(v)}")
+    if not V.any_traced((R, Q, setup.T)):
+        # as the setup's R0, Q0: the covariance of (lambda, nu) must exist (else the quadrature
+        # returns numbers for fields that no weights have)
+        Qn = np.asarray(Q)
+        if not np.allclose(Qn, Qn.T):
+            raise ValueError(f"{where}: Q must be symmetric, got {V.show(Qn)}")
+        if realisability_gap(R, Q, setup.T) < -1e-10 * (1 + np.abs(Qn).max()):
+            raise ValueError(
+                f"{where}: Q - R T^-1 R^T must be positive semidefinite (no weights have these overlaps), "
+                f"got R = {V.show(R)}, Q = {V.show(Qn)}"
+            )
     return R, Q, (None if v is None else V.floats("v", v))
 
 

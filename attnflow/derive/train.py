@@ -168,7 +168,7 @@ def _train(setup, start, key, rl, steps, total, D, return_model, progress):
         total,
         mode=OnlineSGD(sampler, 1),
         key=k_run,
-        observe=lambda p: weight_observables(setup, p, W_star, rl),
+        observe=lambda p: weight_observables(p, setup, W_star, rl),
         save=TimeGrid(steps),
         clock=1.0 / D,
         progress=progress,
