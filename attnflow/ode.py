@@ -108,6 +108,10 @@ primitive operations (counted through nested calls), else ``diffrax.Tsit5``: unr
 pays for small fields (the Saxe field has 5 primitives) and only lengthens the compilation
 of large ones (the heads Monte Carlo field has 112)."""
 
+# the default controller's smallest step, as a fraction of the span t1 - t0 (1e4 times float64's
+# resolution of t1): below it a solve stops with dt_min_reached
+_DTMIN_FRACTION = 1e-12
+
 
 def _n_primitives(jaxpr) -> int:
     """Number of primitive equations in ``jaxpr``, including those of nested jaxprs."""
@@ -390,7 +394,12 @@ def integrate(
     rtol, atol = jnp.asarray(solver.rtol, dtype), jnp.asarray(solver.atol, dtype)
     controller = solver.stepsize_controller
     if controller is None:
-        controller = diffrax.PIDController(rtol=rtol, atol=atol)
+        # A step below _DTMIN_FRACTION of the span stops the solve (dt_min_reached) rather than
+        # shrinking on: a field that is non-finite from the start (eta = 1e308) rejected every
+        # step until max_steps, minutes of evaluating a large field for one error.
+        controller = diffrax.PIDController(
+            rtol=rtol, atol=atol, dtmin=_DTMIN_FRACTION * jnp.abs(t1 - t0), force_dtmin=False
+        )
     dt0 = None if solver.dt0 is None else jnp.asarray(solver.dt0, dtype)
     if isinstance(event, diffrax.Event) or event is None:
         ev = event
@@ -814,6 +823,13 @@ def _check_solution(field, args, result, t_end, y_end, out_ts, out_ys, max_steps
             "before t1); the ODE diverges or leaves its domain"
         )
     size = max(float(jnp.max(jnp.abs(x))) for x in jax.tree_util.tree_leaves(y_end))
+    if result == diffrax.RESULTS.dt_min_reached:
+        raise MaxStepsError(
+            f"integrate: the step size fell below {_DTMIN_FRACTION:g} (t1 - t0) at t = {t_end:.6g} before "
+            f"t1 = {float(t1):.6g} (largest state entry there: {size:.3g}): the solution changes too fast "
+            "there (a blow-up, a singularity, or a stiff stretch: SolverOptions(solver=af.AutoStiff()) "
+            "switches to an implicit step), or loosen rtol/atol"
+        )
     if result == diffrax.RESULTS.max_steps_reached:
         raise MaxStepsError(
             f"integrate: max_steps={max_steps} reached at t = {t_end:.6g} before t1 = {float(t1):.6g} "

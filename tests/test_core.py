@@ -304,6 +304,13 @@ def test_integrate_divergence_is_an_error():
     # adaptive: blow-up at t = 1 stalls the controller; the error says so
     with pytest.raises((af.MaxStepsError, af.DivergenceError), match="t = 1"):
         af.integrate(lambda t, y, a: y**2, jnp.ones(1), 3.0, solver=af.SolverOptions(max_steps=2000))
+    # with the default max_steps the controller's dtmin (1e-12 of the span) stops the blow-up,
+    # and a field non-finite from the start (a learning rate of 1e308), after a few rejected
+    # steps rather than max_steps of them
+    with pytest.raises(af.MaxStepsError, match=r"step size fell below 1e-12 \(t1 - t0\) at t = 1 before t1 = 3"):
+        af.integrate(lambda t, y, a: y**2, jnp.ones(1), 3.0)
+    with pytest.raises(af.DivergenceError, match="non-finite at t = 0 "):
+        af.integrate(lambda t, y, a: y * jnp.inf, jnp.ones(1), 3.0)
     # inside jit the failure still stops the program
     with pytest.raises(Exception, match="non-finite|solver failed"):
         jax.jit(lambda y: af.integrate(lambda t, y, a: y**2, y, 3.0, solver=euler)["y"])(
