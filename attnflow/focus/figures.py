@@ -175,7 +175,8 @@ def rates_figure(rows: np.ndarray) -> Figure:
     ax = fig.subplots()
     x = rows[:, 0] * rows[:, 1]
     order = np.argsort(x)
-    ax.plot(x[order], rows[order, 4], "k-", label="closed form c (prop. to tau lambda)")
+    # a small cross on each point: a grid of one (tau, lambda) draws no line at all
+    ax.plot(x[order], rows[order, 4], "k-", marker="x", ms=5, label="closed form c (prop. to tau lambda)")
     ax.plot(x, rows[:, 5], "o", mfc="none", ms=8, label="measured growth rate of q+ from theta_c^1")
     ax.set_xlabel("tau * lambda")
     ax.set_ylabel("Stage II rate c")
