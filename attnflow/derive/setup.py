@@ -256,6 +256,22 @@ def realisability_gap(R: Any, Q: Any, T: Any) -> float:
     return float(np.linalg.eigvalsh(0.5 * (P + P.T)).min())
 
 
+def check_realisable(R: Any, Q: Any, T: Any, names: tuple[str, str] = ("R", "Q"), where: str = "") -> None:
+    """``ValueError`` unless ``Q`` is symmetric and ``Q - R T^-1 R^T`` positive semidefinite (to
+    rounding): overlaps some weights have, so that the covariance of ``(lambda, nu)`` exists.
+    ``names`` name ``R`` and ``Q`` in the message, ``where`` prefixes it."""
+    r, q = names
+    prefix = f"{where}: " if where else ""
+    Q = np.asarray(Q)
+    if not np.allclose(Q, Q.T):
+        raise ValueError(f"{prefix}{q} must be symmetric, got {V.show(Q)}")
+    if realisability_gap(R, Q, T) < -1e-10 * (1 + np.abs(Q).max()):
+        raise ValueError(
+            f"{prefix}{q} - {r} T^-1 {r}^T must be positive semidefinite (no weights have these overlaps), "
+            f"got {r} = {V.show(np.asarray(R))}, {q} = {V.show(Q)}"
+        )
+
+
 def default_quadrature(dim: int) -> Quadrature:
     """`GaussHermite` with as many points as `HERMITE_BUDGET` allows when that is at least 12 per
     dimension (``d <= 4``: 16 points, about 1e-6 for smooth activations), else `QuasiMonteCarlo`
@@ -483,12 +499,4 @@ class Setup(AbstractSetup):
         T = np.asarray(self.T)
         if not np.allclose(T, T.T) or np.linalg.eigvalsh(T).min() <= 0:
             raise ValueError(f"T must be symmetric positive definite, got {V.show(T)}")
-        Q = np.asarray(self.Q0)
-        R = np.asarray(self.R0)
-        if not np.allclose(Q, Q.T):
-            raise ValueError(f"Q0 must be symmetric, got {V.show(Q)}")
-        if realisability_gap(R, Q, T) < -1e-10 * (1 + np.abs(Q).max()):
-            raise ValueError(
-                "Q0 - R0 T^{-1} R0^T must be positive semidefinite (no weights have these overlaps), "
-                f"got R0 = {V.show(R)}, Q0 = {V.show(Q)}"
-            )
+        check_realisable(self.R0, self.Q0, T, names=("R0", "Q0"))

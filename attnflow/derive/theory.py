@@ -37,7 +37,7 @@ from .._jit import filter_jit
 from ..ode import ODE
 from ..options import LogGrid, SaveGrid, SolverOptions
 from ..trajectory import Trajectory
-from .setup import Setup, realisability_gap
+from .setup import Setup, check_realisable, realisability_gap
 
 __all__ = [
     "NODE_CHUNK",
@@ -192,16 +192,8 @@ def _state(setup: Setup, R: Any, Q: Any, v: Any, where: str) -> tuple[Any, Any, 
     if (v is None) != (setup.v0 is None):
         raise ValueError(f"v must be given exactly when the setup has a readout v0; got v = {V.show(v)}")
     if not V.any_traced((R, Q, setup.T)):
-        # as the setup's R0, Q0: the covariance of (lambda, nu) must exist (else the quadrature
-        # returns numbers for fields that no weights have)
-        Qn = np.asarray(Q)
-        if not np.allclose(Qn, Qn.T):
-            raise ValueError(f"{where}: Q must be symmetric, got {V.show(Qn)}")
-        if realisability_gap(R, Q, setup.T) < -1e-10 * (1 + np.abs(Qn).max()):
-            raise ValueError(
-                f"{where}: Q - R T^-1 R^T must be positive semidefinite (no weights have these overlaps), "
-                f"got R = {V.show(R)}, Q = {V.show(Qn)}"
-            )
+        # as the setup's R0, Q0 (else the quadrature returns numbers for fields no weights have)
+        check_realisable(R, Q, setup.T, where=where)
     return R, Q, (None if v is None else V.floats("v", v))
 
 
