@@ -850,6 +850,49 @@ def test_every_solve_names_itself_when_float64_is_off(package):
                 P.train(s, T)
 
 
+@pytest.mark.parametrize(
+    "verb",
+    [
+        "qkov.reach_loss",
+        "qkov.ratio_sensitivity",
+        "qkov.optimal_ratio",
+        "qkov.pareto_front",
+        "focus.escape_time",
+        "heads.specialisation_time",
+        "heads.unspecialised_point",
+        "heads.specialisation_spectrum",
+        "derive.plateau",
+    ],
+)
+def test_every_verb_that_integrates_names_itself_when_float64_is_off(verb):
+    """The verbs built on a package's solve or on the saddle tools name themselves, not the
+    ``solve`` or ``fixed_point`` they call, before computing anything."""
+    import importlib
+
+    package, name = verb.split(".")
+    P = importlib.import_module(f"attnflow.{package}")
+    if package == "derive":
+        s = P.Setup(P.soft_committee, P.soft_committee, 0.01 * jnp.ones((2, 2)), 0.2 * jnp.eye(2))
+    else:
+        s = P.Setup()
+    args = {
+        "qkov.reach_loss": (0.5,),
+        "qkov.ratio_sensitivity": (0.5,),
+        "qkov.optimal_ratio": (0.5, 10.0),
+        "qkov.pareto_front": (0.5, [1.0, 2.0]),
+        "heads.specialisation_spectrum": ({"M": jnp.zeros((2, 2)), "Q": jnp.eye(2)},),
+    }.get(verb, ())
+    with jax.enable_x64(False), pytest.raises(RuntimeError, match=rf"^{verb} runs in float64 but JAX 64-bit mode"):
+        getattr(P, name)(s, *args)
+
+
+def test_specialisation_spectrum_names_a_state_that_is_not_one():
+    from attnflow import heads
+
+    with pytest.raises(ValueError, match=r'y must be a state \{"M", "Q", "act"\}.*got 1.0'):
+        heads.specialisation_spectrum(heads.Setup(), 1.0)
+
+
 def _record_cases():
     from attnflow import derive, focus, heads, qkov
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import _validate as V
 from .._jit import filter_jit
-from ..ode import ODE
+from ..ode import ODE, require_x64
 from ..options import LogGrid, SaveGrid, SolverOptions
 from ..trajectory import Trajectory
 from .setup import Setup, check_realisable, realisability_gap
@@ -178,8 +178,6 @@ def generalisation_error(setup: Setup, R: Any, Q: Any, v: Any = None, rule: Rule
 def _state(setup: Setup, R: Any, Q: Any, v: Any, where: str) -> tuple[Any, Any, Any]:
     """``(R, Q, v)`` as float arrays of the setup's shapes, or ``ValueError`` naming the argument;
     ``RuntimeError`` while JAX's 64-bit mode is off (the theory runs in float64, as `solve` does)."""
-    from ..ode import require_x64
-
     require_x64(where)
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.derive.Setup, got {setup!r:.80}")
@@ -341,6 +339,7 @@ def plateau(setup: Setup, *, t_guess: float | None = None, rule: Rule | None = N
 
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.derive.Setup, got {setup!r:.80}")
+    require_x64("derive.plateau")
     sym = symmetrised(setup)
     rl = _rule_of(sym) if rule is None else rule
     if t_guess is None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import equinox as eqx
@@ -639,6 +639,7 @@ def unspecialised_point(
     """
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.heads.Setup, got {setup!r}")
+    require_x64("heads.unspecialised_point")
     M, Q = setup.initial_overlaps() if guess is None else guess
     like = symmetrise(initial_state(setup, M, Q))
     dyn = Dynamics.build(setup, bank, form)
@@ -684,6 +685,14 @@ def specialisation_spectrum(
     restricted to the antisymmetric sector (`antisymmetric_basis`, `attnflow.spectrum` with
     ``basis=``). Its ``lambda_max`` is the escape rate ``lambda`` of equation (15); eigenvectors
     are states shaped like ``y``."""
+    if not isinstance(setup, Setup):
+        raise ValueError(f"setup must be an attnflow.heads.Setup, got {setup!r:.80}")
+    if not isinstance(y, Mapping) or not {"M", "Q"} <= set(y):
+        raise ValueError(
+            'y must be a state {"M", "Q", "act"} of the ODE (8), e.g. unspecialised_point(setup) or '
+            f"heads.ode(setup).y0, got {V.show(y) if not isinstance(y, Mapping) else sorted(y)}"
+        )
+    require_x64("heads.specialisation_spectrum")
     dyn = Dynamics.build(setup, bank, form)
     return spectrum(order_parameter_field, y, dyn, basis=antisymmetric_basis(y))
 

@@ -27,6 +27,7 @@ import optax
 
 from .. import _validate as V
 from .._jit import filter_jit
+from ..ode import require_x64
 from ..options import LinearGrid, SolverOptions
 from ..sensitivity import Sensitivity, sensitivity
 from ..sweep import sweep
@@ -47,9 +48,13 @@ __all__ = [
 _OUTCOME = ("t", "mu_ov", "mu_qk", "alpha")
 
 
-def _check_setup(setup: Any) -> Setup:
+def _check_setup(setup: Any, where: str | None = None) -> Setup:
+    """``setup`` if it is a `Setup`; with ``where`` (a verb that integrates the flow), also
+    float64 on, the error naming that verb rather than the `solve` underneath."""
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.qkov.Setup, got {setup!r}")
+    if where is not None:
+        require_x64(where)
     return setup
 
 
@@ -77,7 +82,7 @@ def reach_loss(setup: Setup, loss_target: Any, *, t1: Any = None, solver: Solver
     traceable under ``jit`` and ``vmap``. ``t1``: the horizon (default `default_horizon`); NaN
     values if the loss is still above the target there. ``solver``: default `DEFAULT_SOLVER`.
     """
-    _check_setup(setup)
+    _check_setup(setup, "qkov.reach_loss")
     _check_loss(loss_target)
     t1 = default_horizon(setup, loss_target) if t1 is None else t1
     tr = solve(setup, t1, loss_target=loss_target, save=LinearGrid(2), solver=solver or DEFAULT_SOLVER)
@@ -118,7 +123,7 @@ def ratio_sensitivity(
     as `capped_rates`. The state at ``L*`` depends on ``r`` only, so ``d alpha / d log r`` is the
     same either way; the time's derivative is not. Traceable (``jit``, ``vmap``, `attnflow.sweep`).
     """
-    _check_setup(setup)
+    _check_setup(setup, "qkov.ratio_sensitivity")
     _check_loss(loss_target)
     if eta_max is not None and not V.any_traced(eta_max):
         V.positive("eta_max", eta_max)
@@ -172,7 +177,7 @@ def pareto_front(
     ``ratios``. ``pareto`` marks the non-dominated ratios: no other ratio reaches the loss
     sooner with at least the same ``alpha``, or with larger ``alpha`` no later.
     """
-    _check_setup(setup)
+    _check_setup(setup, "qkov.pareto_front")
     _check_loss(loss_target)
     V.positive("eta_max", eta_max)
     r = V.reals("ratios", ratios)
@@ -265,7 +270,7 @@ def optimal_ratio(
     ratio considered. Returns `OptimalRatio` (check ``violation`` and ``stationarity``, or
     ``OptimalRatio.converged()``).
     """
-    _check_setup(setup)
+    _check_setup(setup, "qkov.optimal_ratio")
     _check_loss(loss_target)
     V.positive("time_budget", time_budget)
     V.positive("eta_max", eta_max)
