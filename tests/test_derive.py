@@ -451,6 +451,19 @@ def test_bad_input_names_the_argument():
             dict(student=lambda lam, v: lam[0] + lam[2], teacher=f, R0=R, Q0=Q),
             r"student\(lam, v\) with lam of shape \(2,\).* reads past the end .*K = 2",
         ),
+        # a model SGD cannot move: zero gradient almost everywhere (a sign student, a 0-1 loss)
+        (
+            dict(student=lambda lam, v: jnp.sum(jnp.sign(lam)), teacher=f, R0=R, Q0=Q),
+            r"the loss does not change with the student's fields: its gradient is exactly zero",
+        ),
+        (
+            dict(student=f, teacher=f, R0=R, Q0=Q, loss=lambda y_hat, y: (jnp.sign(y_hat) != jnp.sign(y)) * 1.0),
+            r"gradient is exactly zero .* smooth surrogate",
+        ),
+        (
+            dict(student=lambda lam, v: jnp.sum(jnp.sign(lam)), teacher=f, R0=R, Q0=Q, v0=jnp.ones(2)),
+            r"student's fields or readout: its gradient is exactly zero",
+        ),
     ]
     for kw, name in cases:
         with pytest.raises(ValueError, match=name):
@@ -459,6 +472,9 @@ def test_bad_input_names_the_argument():
         derive.GaussHermite(1)
     with pytest.raises(ValueError, match="samples"):
         derive.MonteCarlo(3)
+    # a readout that learns over fixed features (random features) is a model SGD trains
+    features = derive.Setup(lambda lam, v: v @ jnp.sign(lam), f, R, Q, v0=jnp.ones(2))
+    assert features.replace(eta=0.5).v0.shape == (2,)
     s = derive.Setup(f, f, R, Q)
     with pytest.raises(ValueError, match="D must"):
         derive.train(s, 1.0, D=3)

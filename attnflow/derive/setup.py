@@ -281,6 +281,32 @@ def default_quadrature(dim: int) -> Quadrature:
     return GaussHermite(min(n, 40)) if n >= 12 else QuasiMonteCarlo()
 
 
+_GRADIENT_PROBES = 8
+"""How many random inputs `_frozen_model` tries."""
+
+
+@functools.lru_cache(maxsize=256)
+def _frozen_model(student: Callable, teacher: Callable, loss: Callable, K: int, M: int, v_shape: tuple | None) -> bool:
+    """Whether the per-sample loss has an exactly zero gradient, with respect to the student's
+    fields and its readout, at `_GRADIENT_PROBES` standard Gaussian inputs (fixed draws): a
+    model SGD cannot train (Gaussian inputs). Cached per model: a `Setup.replace` in a loop or
+    a sweep checks it once."""
+    rng = np.random.default_rng(0)
+    lam = rng.standard_normal((_GRADIENT_PROBES, K))
+    nu = rng.standard_normal((_GRADIENT_PROBES, M))
+    v = None if v_shape is None else rng.standard_normal(v_shape)
+
+    def sample_loss(lam: Any, v: Any, nu: Any) -> Any:
+        return jnp.sum(loss(student(lam, v), teacher(nu)))
+
+    # values are read here, also while a sweep traces the Setup (the inputs are constants)
+    with jax.ensure_compile_time_eval():
+        grad = jax.vmap(jax.grad(sample_loss, argnums=(0, 1)), in_axes=(0, None, 0))
+        g_lam, g_v = grad(jnp.asarray(lam), None if v is None else jnp.asarray(v), jnp.asarray(nu))
+        leaves = [g_lam] + ([] if g_v is None else jax.tree.leaves(g_v))
+        return bool(all(np.all(np.asarray(g) == 0) for g in leaves))
+
+
 def _callable(name: str, f: Any) -> Callable:
     if not callable(f):
         raise ValueError(f"{name} must be a callable, got {f!r:.80}")
@@ -317,7 +343,10 @@ class Setup(AbstractSetup):
 
     On construction student, teacher and loss are called once on abstract arguments of these
     shapes (`jax.eval_shape`, nothing computed): a call that fails, or a student output whose
-    shape differs from the teacher's, raises ``ValueError`` naming the call.
+    shape differs from the teacher's, raises ``ValueError`` naming the call. With
+    `GaussianInputs`, a loss whose gradient with respect to the student's fields and readout is
+    exactly zero at 8 random inputs (a ``sign`` student, a 0-1 loss) raises ``ValueError``: SGD
+    would not move and the derived field would vanish.
     """
 
     student: Callable = eqx.field(static=True)
@@ -469,6 +498,20 @@ class Setup(AbstractSetup):
                 "(the loss compares them entry by entry)"
             )
         call("loss(student output, teacher output)", self.loss, y_hat, y)
+        if isinstance(self.data, GaussianInputs):
+            v_shape = None if self.v0 is None else tuple(jnp.shape(self.v0))
+            try:
+                frozen = _frozen_model(self.student, self.teacher, self.loss, K, M, v_shape)
+            except TypeError:  # a callable that cannot be a cache key (unhashable): check it uncached
+                frozen = _frozen_model.__wrapped__(self.student, self.teacher, self.loss, K, M, v_shape)
+            if frozen:
+                raise ValueError(
+                    f"the loss does not change with the student's fields{'' if v_shape is None else ' or readout'}: "
+                    f"its gradient is exactly zero at {_GRADIENT_PROBES} random Gaussian inputs, so online SGD "
+                    "would not move and the derived ODE would be dR/dt = dQ/dt = 0. A step function (sign, a "
+                    "0-1 loss) has zero derivative almost everywhere: use a smooth surrogate (erf(x / eps) for "
+                    "sign(x), a logistic loss for the 0-1 loss)"
+                )
 
     def validate(self) -> None:
         if self.R0.ndim != 2 or 0 in self.R0.shape:
