@@ -337,6 +337,9 @@ class Setup(AbstractSetup):
     - ``data``: the data model, `GaussianInputs` (default) or `SingleLocation` (the token model
       of `attnflow.heads`: ``student(lam (K, L), v)``, ``teacher(nu (M, L), e (L,))``, ``M`` the
       prior's ``F``; no label noise);
+    - ``minibatch`` (static): samples per SGD step (default 1); the step uses their mean
+      gradient, which leaves the drift unchanged and divides the ``eta^2`` term of ``dQ/dt`` by
+      ``minibatch`` (eq. (3)); the clock stays ``t = steps / D``;
     - ``quadrature`` (static): `GaussHermite`, `SparseGaussHermite`, `QuasiMonteCarlo` or `MonteCarlo` (default:
       `default_quadrature` of
       the dimension `dim`).
@@ -361,6 +364,7 @@ class Setup(AbstractSetup):
     loss: Callable = eqx.field(static=True)
     data: DataModel
     quadrature: Quadrature = eqx.field(static=True)
+    minibatch: int = eqx.field(static=True)
 
     def __init__(
         self,
@@ -377,6 +381,7 @@ class Setup(AbstractSetup):
         loss: Callable = squared_loss,
         data: DataModel | None = None,
         quadrature: Quadrature | None = None,
+        minibatch: int = 1,
     ):
         self.student = _callable("student", student)
         self.teacher = _callable("teacher", teacher)
@@ -403,6 +408,7 @@ class Setup(AbstractSetup):
                 f"got {quadrature!r:.80}"
             )
         self.quadrature = quadrature
+        self.minibatch = V.positive_int("minibatch (samples per SGD step)", minibatch)
 
     def replace(self, **changes: Any) -> Setup:
         """A copy with the named fields replaced, validated (as every package's ``Setup.replace``;

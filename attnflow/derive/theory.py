@@ -153,7 +153,8 @@ def _weighted_sums(setup: Setup, R: jax.Array, Q: jax.Array, v: Any, nodes: jax.
 
 def _rates(setup: Setup, E: dict) -> dict[str, Any]:
     eta = setup.eta
-    dQ = eta * (E["delta_lam"] + E["delta_lam"].T) + eta**2 * E["delta_delta"]
+    # a step's mean gradient over `minibatch` fresh samples: same drift, 1/B of the variance term
+    dQ = eta * (E["delta_lam"] + E["delta_lam"].T) + eta**2 * E["delta_delta"] / setup.minibatch
     out = {"R": eta * E["delta_nu"], "Q": dQ}
     if E["grad_v"] is not None:
         out["v"] = -setup.rate_v * E["grad_v"]

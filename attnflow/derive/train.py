@@ -64,7 +64,8 @@ def train(
     return_model: bool = False,
     progress: bool = False,
 ) -> Any:
-    """Online SGD of ``setup``'s student on fresh inputs of its data model, one sample per step,
+    """Online SGD of ``setup``'s student on fresh inputs of its data model, ``setup.minibatch``
+    samples per step (their mean gradient; default one),
     labels ``teacher(W* x / sqrt(D)) + sigma xi``, to ``t1 = steps / D``: Gaussian inputs
     ``x ~ N(0, I_D)``, or (`SingleLocation`) ``L`` tokens with the signal ``theta . W* / sqrt(D)``
     added at a uniformly drawn location, the teacher given its fields ``(M, L)`` and the
@@ -166,7 +167,7 @@ def _train(setup, start, key, rl, steps, total, D, return_model, progress):
         params,
         opt,
         total,
-        mode=OnlineSGD(sampler, 1),
+        mode=OnlineSGD(sampler, setup.minibatch),
         key=k_run,
         observe=lambda p: weight_observables(p, setup, W_star, rl),
         save=TimeGrid(steps),
@@ -174,7 +175,7 @@ def _train(setup, start, key, rl, steps, total, D, return_model, progress):
         progress=progress,
         throw=False,
         return_model=return_model,
-        meta={"theory": "derive", "D": D, "clock": "t = steps / D", "batch": 1},
+        meta={"theory": "derive", "D": D, "clock": "t = steps / D", "batch": setup.minibatch},
     )
     if return_model:  # the student's weights with the teacher's, which the overlaps are measured against
         traj, trained, bad = out
