@@ -655,6 +655,28 @@ def test_every_package_gives_the_ode_its_solve_integrates(package):
     assert float(short.ts[-1]) == pytest.approx(0.005, rel=1e-12) and np.all(np.diff(short.ts) > 0)
 
 
+@pytest.mark.parametrize("package", ["deeplinear", "qkov", "focus", "heads", "derive"])
+def test_model_observables_of_the_returned_network_are_what_train_recorded(package):
+    """Every package: ``P.model_observables(net, setup)`` of the network ``train(...,
+    return_model=True)`` returns equals the trajectory's last row (same two arguments in every
+    package); anything else as ``setup`` is refused by name."""
+    P, s, _, _, _ = _ode_case(package)
+    T, kw = {"deeplinear": (1.0, {}), "qkov": (5.0, {}), "focus": (0.2, {"context": 32, "batch": 8})}.get(
+        package, (0.25, {"D": 64})
+    )
+    if package == "heads":
+        kw["eval_samples"] = 500
+    run, net = P.train(s, T, return_model=True, save=af.LinearGrid(3), **kw)
+    extra = {"eval_samples": 500} if package == "heads" else {}
+    obs = P.model_observables(net, s, **extra)
+    assert sorted(obs) == sorted(run.names)
+    last = run.final()
+    for name in run.names:
+        np.testing.assert_allclose(obs[name], last[name], rtol=1e-9, atol=1e-12, err_msg=name)
+    with pytest.raises(ValueError, match="setup"):
+        P.model_observables(net, "not a setup")
+
+
 def test_an_ode_is_data_for_jit_vmap_and_the_saddle_verbs():
     """The mode ODE under ``vmap`` over the learning rate matches the closed form; its fixed
     point and spectrum are the known ones (``u = s``, eigenvalues ``-2 eta s``)."""

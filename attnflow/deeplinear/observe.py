@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from .data import Teacher
 from .model import TwoLayerLinear
+from .setup import Setup
 from .theory import population_loss
 
 __all__ = ["OBSERVABLES", "model_observables", "mode_observables"]
@@ -28,6 +29,11 @@ def mode_observables(u: jax.Array, s: jax.Array) -> dict[str, jax.Array]:
     return {"u": u, "loss": 0.5 * jnp.sum((s - u) ** 2, axis=-1)}
 
 
-def model_observables(model: TwoLayerLinear, teacher: Teacher) -> dict[str, jax.Array]:
-    """`OBSERVABLES` of a network's weights."""
+def model_observables(model: TwoLayerLinear, setup: Setup | Teacher) -> dict[str, jax.Array]:
+    """`OBSERVABLES` of a network's weights (the network `train` returns with
+    ``return_model=True``) for the teacher of ``setup`` (its `Setup`, or the `Teacher` itself):
+    what `train` records."""
+    teacher = setup.teacher if isinstance(setup, Setup) else setup
+    if not isinstance(teacher, Teacher):
+        raise ValueError(f"setup must be an attnflow.deeplinear.Setup (or its Teacher), got {setup!r:.80}")
     return {"u": teacher.modes(model.product), "loss": population_loss(model.W1, model.W2, teacher.A)}

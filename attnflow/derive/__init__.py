@@ -26,6 +26,7 @@ from .data import GaussianInputs as GaussianInputs
 from .data import SingleLocation as SingleLocation
 from .data import signal_token as signal_token
 from .observe import OBSERVABLES as OBSERVABLES
+from .observe import model_observables as model_observables
 from .observe import state_observables as state_observables
 from .observe import weight_observables as weight_observables
 from .setup import HERMITE_BUDGET as HERMITE_BUDGET
@@ -91,6 +92,7 @@ __all__ = [
     "signal_token",
     "soft_committee",
     "ode",
+    "model_observables",
     "plateau",
     "Plateau",
     "symmetrised",

@@ -9,7 +9,7 @@ import jax
 
 from .setup import Setup
 
-__all__ = ["OBSERVABLES", "state_observables", "weight_observables"]
+__all__ = ["OBSERVABLES", "model_observables", "state_observables", "weight_observables"]
 
 OBSERVABLES = MappingProxyType(
     {
@@ -48,3 +48,16 @@ def weight_observables(params: dict, setup: Setup, W_star: jax.Array, rule: Any 
     if "v" in params:
         y["v"] = params["v"]
     return state_observables(y, setup, rule)
+
+
+def model_observables(model: dict, setup: Setup, rule: Any = None) -> dict[str, jax.Array]:
+    """`OBSERVABLES` of the trained network ``model = {"W", "W_star"[, "v"]}`` that
+    `attnflow.derive.train` returns with ``return_model=True`` (the student against the
+    teacher it holds; `weight_observables`): what `train` records, the signature of every
+    package's ``model_observables(model, setup)``."""
+    if not isinstance(model, dict) or not {"W", "W_star"} <= set(model):
+        raise ValueError(
+            f"model must be a dict with 'W' and 'W_star' (and 'v'), as train(..., return_model=True) gives, "
+            f"got {model!r:.80}"
+        )
+    return weight_observables({k: v for k, v in model.items() if k != "W_star"}, setup, model["W_star"], rule)

@@ -55,7 +55,10 @@ def theta_observables(theta: dict, setup: Setup) -> dict[str, jax.Array]:
 
 
 def model_observables(model: OneLayerAttention, setup: Setup) -> dict[str, jax.Array]:
-    """`OBSERVABLES` of a network's weights."""
+    """`OBSERVABLES` of a network's weights (the network `train` returns with
+    ``return_model=True``) under ``setup``'s chain: what `train` records."""
+    if not isinstance(setup, Setup):
+        raise ValueError(f"setup must be an attnflow.focus.Setup, got {setup!r:.80}")
     return theta_observables(model.theta, setup)
 
 

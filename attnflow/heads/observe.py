@@ -55,9 +55,40 @@ def order_parameter_observables(
     return out
 
 
-def model_observables(model: MultiHead, spikes: jax.Array, loss: Any, batch: tuple) -> dict[str, jax.Array]:
-    """`OBSERVABLES` of a finite-``D`` model: overlaps with the spikes, and ``error`` (twice the
-    mean ``loss(a, batch)``, as `attnflow.heads.Target.loss`) and ``attention`` on the held-out ``batch``."""
+def model_observables(
+    model: MultiHead, setup: Any, *, eval_samples: int = 2000, location: int | None = None
+) -> dict[str, jax.Array]:
+    """`OBSERVABLES` of a finite-``D`` network (the `MultiHead` `attnflow.heads.train` returns
+    with ``return_model=True``) in the task of ``setup``: the overlaps with the spikes `train`
+    draws at this ``D`` (`attnflow.heads.TASK_SEED`), and ``error`` and ``attention`` on the
+    held-out batch of ``eval_samples`` samples it evaluates on (`attnflow.heads.EVAL_SEED`;
+    none with ``eval_samples=0``): what `train` records, with the same ``eval_samples`` and
+    ``location``."""
+    from .. import _validate as V
+    from .data import SingleLocationTask
+    from .setup import Setup
+    from .train import EVAL_SEED, TASK_SEED
+
+    if not isinstance(setup, Setup):
+        raise ValueError(f"setup must be an attnflow.heads.Setup, got {setup!r:.80}")
+    if not isinstance(model, MultiHead) or jnp.shape(model.K)[0] != setup.H:
+        raise ValueError(f"model must be a MultiHead of the setup's H = {setup.H} heads, got {model!r:.80}")
+    eval_samples = V.positive_int("eval_samples", eval_samples, minimum=0)
+    D = int(jnp.shape(model.K)[1])
+    task = SingleLocationTask(
+        D, setup.L, setup.prior, key=TASK_SEED, location=location, target=setup.target, dtype=model.K.dtype
+    )
+    batch = task.sample(jax.random.PRNGKey(EVAL_SEED), max(eval_samples, 1))
+    out = _observables_with_spikes(model, task.spikes, setup.target.loss, batch)
+    if not eval_samples:
+        return {k: v for k, v in out.items() if k not in ("error", "attention")}
+    return out
+
+
+def _observables_with_spikes(model: MultiHead, spikes: jax.Array, loss: Any, batch: tuple) -> dict[str, jax.Array]:
+    """`OBSERVABLES` of a finite-``D`` model with the spikes ``(F, D)`` given: overlaps, and
+    ``error`` (twice the mean ``loss(a, batch)``, as `attnflow.heads.Target.loss`) and
+    ``attention`` on the held-out ``batch`` (`model_observables` takes them from the setup)."""
     ov = overlaps(model.K, spikes)
     a = jax.vmap(model.attention)(batch[0])
     eps = batch[2]

@@ -20,7 +20,7 @@ from ..options import LinearGrid, SaveGrid, TimeGrid
 from ..simulate import OnlineSGD, check_start, run_training, simulate
 from .data import SingleLocationTask
 from .model import MultiHead, sample_loss
-from .observe import model_observables
+from .observe import _observables_with_spikes
 from .setup import REFERENCE_D, Setup, check_overlaps
 
 __all__ = [
@@ -214,11 +214,11 @@ def _train(setup, start, M0, Q0, key, D, steps, total, eval_samples, dtype, retu
         held_out = task.sample(jax.random.PRNGKey(EVAL_SEED), eval_samples)
 
         def observe(m):
-            return model_observables(m, task.spikes, target.loss, held_out)
+            return _observables_with_spikes(m, task.spikes, target.loss, held_out)
     else:
 
         def observe(m):
-            out = model_observables(m, task.spikes, target.loss, task.sample(jax.random.PRNGKey(EVAL_SEED), 1))
+            out = _observables_with_spikes(m, task.spikes, target.loss, task.sample(jax.random.PRNGKey(EVAL_SEED), 1))
             return {k: v for k, v in out.items() if k not in ("error", "attention")}
 
     return simulate(

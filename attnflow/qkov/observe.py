@@ -17,6 +17,7 @@ import numpy as np
 
 from .data import TheoryTask
 from .model import QKOVModel, factor_conserved
+from .setup import Setup
 from .theory import alpha, loss
 
 __all__ = [
@@ -52,9 +53,14 @@ def state_observables(state: dict, setup: Any) -> dict[str, jax.Array]:
     }
 
 
-def model_observables(model: QKOVModel, task: TheoryTask) -> dict[str, jax.Array]:
-    """`OBSERVABLES` of a model of ``task``: ``mu_ov`` by `mu_ov_projection`, ``mu_qk`` by
-    `mu_qk_gap`, ``alpha`` from ``mu_qk``, ``loss`` the mean-embedding population loss."""
+def model_observables(model: QKOVModel, setup: Setup | TheoryTask) -> dict[str, jax.Array]:
+    """`OBSERVABLES` of a model (the one `train` returns with ``return_model=True``) of the task of
+    ``setup`` (its `Setup`, or the `TheoryTask` itself): ``mu_ov`` by `mu_ov_projection`,
+    ``mu_qk`` by `mu_qk_gap`, ``alpha`` from ``mu_qk``, ``loss`` the mean-embedding population
+    loss; what `train` records."""
+    task = setup.task if isinstance(setup, Setup) else setup
+    if not isinstance(task, TheoryTask):
+        raise ValueError(f"setup must be an attnflow.qkov.Setup (or its TheoryTask), got {setup!r:.80}")
     W_qk, W_ov = model.W_QK(), model.W_OV()
     mq = mu_qk_gap(W_qk, task, model.score_scale)
     return {
