@@ -408,7 +408,9 @@ def mark_times(
     theory trajectory); ``measured`` maps (some of) the same names to the time measured on a
     simulation, one number or a 1-D sequence (one per seed: each is drawn). Non-finite times
     (an event that never happened: a NaN crossing) and, on a logarithmic time axis,
-    non-positive ones are not drawn. Each line gets a legend entry ``"EVENT: theory t=..."``
+    non-positive ones are not drawn. A time outside the x range of the data already on ``ax``
+    does not stretch the axis: its line is left out and its legend entry ends in "(off the
+    axis)". Each line gets a legend entry ``"EVENT: theory t=..."``
     / ``"EVENT: measured t=..."``; with ``legend=True`` the legend of ``ax`` is redrawn
     (``legend_kw`` passed to ``ax.legend``, ``fontsize=7`` by default).
 
@@ -446,23 +448,40 @@ def mark_times(
         return math.isfinite(t) and (t > 0 or not log_x)
 
     top = ax.get_xaxis_transform()  # x in data, y in axes fraction
+    # a time far past the data would squash the curves into a corner: keep the data's range
+    span = ax.get_xlim() if ax.has_data() else None
+    lo, hi = (min(span), max(span)) if span is not None else (-math.inf, math.inf)
+
+    def line(t: float, label: str | None, **style: Any) -> bool:
+        if lo <= t <= hi:
+            ax.axvline(t, label=label, **style)
+            return True
+        if label is not None:  # still in the legend, with the number
+            ax.plot([], [], label=f"{label} (off the axis)", **style)
+        return False
+
     rows = {}
     for i, (name, tp) in enumerate(pred.items()):
         c = colors[i % len(colors)]
         if drawable(tp):
-            ax.axvline(tp, color=c, ls="--", lw=1.2, alpha=0.9, label=f"{name}: {theory_label} t={tp:.3g}")
+            line(tp, f"{name}: {theory_label} t={tp:.3g}", color=c, ls="--", lw=1.2, alpha=0.9)
         tm = meas.get(name, np.zeros(0))
         finite = tm[np.isfinite(tm)]
         shown = [t for t in tm if drawable(float(t))]
-        for j, t in enumerate(shown):
-            lab = f"{name}: {measured_label} t={np.mean(finite):.3g}" if j == 0 else None
-            if lab is not None and len(finite) > 1:
-                lab += f" (mean of {len(finite)})"
-            ax.axvline(t, color=c, ls=":", lw=1.2, alpha=0.9, label=lab)
-            ax.plot([t], [1.0], "v", color=c, ms=5, transform=top, clip_on=False)
+        lab = f"{name}: {measured_label} t={np.mean(finite):.3g}" if shown else None
+        if lab is not None and len(finite) > 1:
+            lab += f" (mean of {len(finite)})"
+        # the legend entry goes with the first line on the axis (off the axis when none is)
+        on_axis = [t for t in shown if lo <= t <= hi]
+        for t in on_axis or shown[:1]:
+            if line(float(t), lab, color=c, ls=":", lw=1.2, alpha=0.9):
+                ax.plot([t], [1.0], "v", color=c, ms=5, transform=top, clip_on=False)
+            lab = None
         t_meas = float(np.mean(finite)) if finite.size else float("nan")
         ratio = tp / t_meas if finite.size and t_meas != 0 else float("nan")
         rows[name] = (tp, t_meas, ratio)
+    if span is not None:
+        ax.set_xlim(span)
     if legend:
         ax.legend(**{"fontsize": 7, **(legend_kw or {})})
     return rows

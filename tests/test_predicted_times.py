@@ -57,6 +57,22 @@ def test_events_that_never_happen_are_listed_but_not_drawn():
     assert ax.get_legend() is None
 
 
+def test_a_time_past_the_data_keeps_the_axis_and_is_listed_off_the_axis():
+    """A prediction far past the data (t = 500 for data up to t = 10) would squash the curves:
+    the x range stays the data's, and the legend names the time with "(off the axis)"."""
+    ax = _axes()
+    before = ax.get_xlim()
+    rows = mark_times(ax, {"late": 500.0, "early": 2.0}, {"late": [400.0, 5.0]})
+    assert ax.get_xlim() == before
+    assert _vlines(ax) == {"early: theory t=2": 2.0, "late: measured t=202 (mean of 2)": 5.0}
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "late: theory t=500 (off the axis)" in legend
+    assert rows["late"] == (500.0, 202.5, 500.0 / 202.5)
+    empty = Figure().subplots()  # nothing drawn yet: the lines set the range
+    mark_times(empty, {"a": 500.0}, legend=False)
+    assert _vlines(empty) == {"a: theory t=500": 500.0}
+
+
 @pytest.mark.parametrize(
     ("times", "measured", "kw", "argument"),
     [
