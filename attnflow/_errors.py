@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -21,14 +21,16 @@ import jax
 import jax.numpy as jnp
 from jax.extend.core import get_opaque_trace_state
 
-__all__ = ["fail_if", "collecting", "status_code", "check_traced", "blank_failed"]
+__all__ = ["fail_if", "warn_traced", "collecting", "status_code", "check_traced", "blank_failed"]
 
 
 class _Sink(list):
-    """The failures recorded by `collecting`, and the trace it records them for."""
+    """The failures recorded by `collecting`, the warnings (`warn_traced`), and the trace it
+    records them for."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.warnings: list[tuple[Any, str]] = []
         self.trace = get_opaque_trace_state()
 
 
@@ -66,6 +68,17 @@ def check_traced(bad: Any, message: str) -> None:
     sink.append((jnp.asarray(bad()), message))
 
 
+def warn_traced(bad: Any, message: str) -> None:
+    """Record the warning ``message`` where ``bad()`` (a traced boolean) holds, when traced inside
+    `collecting` (a sweep point: the point keeps its values, and the sweep names it with the
+    warning). Elsewhere nothing: a verb warns about concrete values itself, and a traced value
+    outside a sweep has no place to report to."""
+    sink = _SINK.get()
+    if sink is None or get_opaque_trace_state() != sink.trace:
+        return
+    sink.warnings.append((jnp.asarray(bad()), message))
+
+
 def recording() -> bool:
     """Whether `check_traced` records here (inside `collecting`, in its trace: a sweep point),
     so that a value it refuses may be replaced by a harmless stand-in (the point's values become
@@ -101,9 +114,13 @@ def collecting() -> Iterator[list[tuple[Any, str]]]:
         _SINK.reset(token)
 
 
-def status_code(failures: list[tuple[Any, str]]) -> jax.Array:
-    """``0`` where no recorded failure holds, else ``1 + `` the index of the first that does."""
+def status_code(failures: list[tuple[Any, str]], warned: Sequence[tuple[Any, str]] = ()) -> jax.Array:
+    """``1 +`` the index of the first recorded failure that holds; else, where a warning holds,
+    ``-2 - (len(failures) + j)`` for the first such warning ``j`` (its message's index in
+    ``failures + warned``, as `attnflow.SweepResult.status` reads it); else ``0``."""
     code = jnp.zeros((), jnp.int32)
+    for j, (pred, _) in reversed(list(enumerate(warned))):
+        code = jnp.where(pred, jnp.int32(-2 - len(failures) - j), code)
     for i, (pred, _) in reversed(list(enumerate(failures))):
         code = jnp.where(pred, jnp.int32(i + 1), code)
     return code

@@ -84,6 +84,9 @@ __all__ = [
 PENDING = -1
 """`SweepResult.status` of a point computed by another shard whose chunk is not in ``out_dir`` yet."""
 
+WARNED = -2
+"""`SweepResult.status` at or below this: the point ran with a warning (``-2 - k``: message ``k``)."""
+
 
 class SweepError(RuntimeError):
     """Grid points of a sweep failed (raised with ``on_error="raise"``); the message names them."""
@@ -109,6 +112,9 @@ class Static:
         for v in vals:
             if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, str, np.integer, np.floating)):
                 raise ValueError(f"Static axis values must be numbers or strings, got {v!r}")
+        bad = [v for v in vals if not isinstance(v, str) and not math.isfinite(v)]
+        if bad:
+            raise ValueError(f"Static axis values must be finite, got {bad!r} in {vals!r}")
         if len(set(vals)) != len(vals):
             raise ValueError(f"Static axis values must be distinct, got {vals!r}")
         object.__setattr__(self, "values", tuple(v.item() if isinstance(v, np.generic) else v for v in vals))
@@ -120,7 +126,8 @@ class SweepResult:
     ``dims``: axis names in order; ``coords[name]``: the axis values; ``values``: the
     pytree returned by ``fn`` with every leaf of shape ``grid_shape + leaf_shape``;
     ``status``: an integer array of shape ``grid_shape``, 0 where the point ran, else
-    ``1 +`` the index of its failure in ``messages`` (the point's values are then NaN), or
+    ``1 +`` the index of its failure in ``messages`` (the point's values are then NaN),
+    ``-2 -`` the index of a warning it ran with (its values kept: `SweepResult.warnings`), or
     -1 where the point is *pending*: a sharded sweep (`Shard`) left it to another shard whose
     chunk is not in ``out_dir`` yet (its values are NaN, 0 for integer leaves).
     """
@@ -143,8 +150,9 @@ class SweepResult:
 
     @property
     def ok(self) -> np.ndarray:
-        """Boolean array of shape ``grid_shape``: True where the point ran without failure."""
-        return self.status == 0
+        """Boolean array of shape ``grid_shape``: True where the point ran without failure (with
+        or without a warning)."""
+        return (self.status == 0) | (self.status <= WARNED)
 
     @property
     def pending(self) -> np.ndarray:
@@ -156,6 +164,17 @@ class SweepResult:
     def complete(self) -> bool:
         """True when no point is pending: every chunk of the grid was computed or loaded."""
         return not bool(np.any(self.pending))
+
+    def warnings(self) -> list[tuple[dict[str, Any], str]]:
+        """``[(coordinates, message)]`` of the points that ran with a warning, in grid order: a
+        value the run can compute but should not be trusted as asked (gradient descent past its
+        stability limit, which oscillates instead of converging). Their values are kept."""
+        out = []
+        for idx in zip(*np.nonzero(self.status <= WARNED), strict=True):
+            point = {d: self.coords[d][i].item() for d, i in zip(self.dims, idx, strict=True)}
+            k = -int(self.status[idx]) - 2
+            out.append((point, self.messages[k] if 0 <= k < len(self.messages) else f"warning {k}"))
+        return out
 
     def failures(self) -> list[tuple[dict[str, Any], str]]:
         """``[(coordinates, message)]`` of the failed points, in grid order (pending points are
@@ -220,6 +239,54 @@ class SweepResult:
     def __repr__(self) -> str:
         return f"SweepResult(dims={self.dims}, shape={self.shape})"
 
+    def mean(self, dim: str | Sequence[str]) -> SweepResult:
+        """The average over the named axis (or axes), e.g. ``res.mean("seed")``: a `SweepResult`
+        on the other axes, every leaf averaged (a `Trajectory` by `Trajectory.mean`: its runs
+        must share their save times). A failed point makes its group's mean NaN and the group
+        failed (its first failure's message); a pending one makes the group pending."""
+        return self._reduce(dim, "mean", lambda t, axes: t.mean(axes), lambda x, axes: np.mean(x, axis=axes))
+
+    def std(self, dim: str | Sequence[str], ddof: int = 0) -> SweepResult:
+        """The standard deviation over the named axis (or axes), as `mean`; ``ddof = 1`` for the
+        unbiased seed-to-seed variance (`Trajectory.std`)."""
+        if not isinstance(ddof, int | np.integer) or isinstance(ddof, bool) or ddof < 0:
+            raise ValueError(f"std: ddof must be an integer >= 0, got {ddof!r}")
+        return self._reduce(
+            dim, "std", lambda t, axes: t.std(axes, ddof=int(ddof)), lambda x, axes: np.std(x, axis=axes, ddof=ddof)
+        )
+
+    def _reduce(self, dim: Any, what: str, on_trajectory: Callable, on_array: Callable) -> SweepResult:
+        from .trajectory import Trajectory
+
+        names = [dim] if isinstance(dim, str) else list(dim)
+        unknown = [d for d in names if d not in self.dims]
+        if unknown or not names:
+            raise ValueError(f"{what}: {unknown or names} are not axes of this sweep; its axes are {self.dims}")
+        axes = tuple(sorted(self.dims.index(d) for d in set(names)))
+        if len(axes) == len(self.dims):
+            raise ValueError(f"{what}: reducing every axis {self.dims} leaves no grid; keep one axis")
+
+        def reduce(x: Any) -> Any:
+            if isinstance(x, Trajectory):
+                return on_trajectory(x, axes)
+            return jnp.asarray(on_array(np.asarray(x), axes))
+
+        values = jax.tree_util.tree_map(reduce, self.values, is_leaf=lambda x: isinstance(x, Trajectory))
+        st = np.moveaxis(np.asarray(self.status), axes, tuple(range(-len(axes), 0)))
+        st = st.reshape(st.shape[: st.ndim - len(axes)] + (-1,))
+        failed = np.where(st > 0, st, np.iinfo(np.int32).max).min(axis=-1)  # the first failure's code
+        warned = np.where(st <= WARNED, st, np.iinfo(np.int32).min).max(axis=-1)  # the first warning's code
+        status = np.where(
+            np.any(st > 0, axis=-1),
+            failed,
+            np.where(np.any(st == PENDING, axis=-1), PENDING, np.where(np.any(st <= WARNED, axis=-1), warned, 0)),
+        )
+        dims = tuple(d for d in self.dims if d not in names)
+        meta = {**self.meta, f"{what}_over": [self.dims[a] for a in axes]}
+        return SweepResult(
+            dims, {d: self.coords[d] for d in dims}, values, meta, status.astype(np.int32), self.messages
+        )
+
     def save(self, path: str | os.PathLike) -> Path:
         """Write the whole result to ``path`` (``.npz``: every array) and ``path.json`` (axes,
         statuses and failure messages, ``meta``, and the structure of ``values``), atomically;
@@ -252,6 +319,13 @@ class SweepResult:
             path = path.with_name(path.name + ".npz")
         meta_path = path.with_suffix(".json")
         if not path.exists() or not meta_path.exists():
+            folder = path.with_suffix("")
+            if (folder / "sweep.json").exists():
+                raise FileNotFoundError(
+                    f"{folder} is a sweep's out_dir (its chunks and sweep.json), not a result saved by "
+                    "SweepResult.save: run the same af.sweep(fn, axes, out_dir=...) again, which loads the finished "
+                    "chunks without computing them"
+                )
             raise FileNotFoundError(f"no saved sweep result at {path} (and {meta_path.name})")
         try:
             info = json.loads(meta_path.read_text())
@@ -272,6 +346,9 @@ class SweepResult:
         for a `Trajectory`'s times, ...), extra axes named ``<variable>_dim<i>``; ``meta`` in
         ``attrs``. A `Trajectory` leaf keeps its time axis as ``t`` when its save times are
         the same at every grid point that ran (failed and pending points are NaN there).
+        ``status`` is a variable too (`SweepResult.status`: 0 ran, > 0 failed, -1 pending), so a
+        failed point is told from a pending one; a leaf named like an axis (or ``status``)
+        is stored as ``<name>_value``.
 
         Needs the optional dependency xarray (``pip install "attnflow[xarray]"``).
         """
@@ -284,6 +361,8 @@ class SweepResult:
         grid = len(self.dims)
 
         def add(name, arr, extra_dims=()):
+            if name in self.dims or name == "status":  # xarray keeps one variable per name
+                name = f"{name}_value"
             arr = np.asarray(arr)
             n_extra = arr.ndim - grid - len(extra_dims)
             dims = self.dims + tuple(extra_dims) + tuple(f"{name}_dim{j}" for j in range(n_extra))
@@ -324,6 +403,7 @@ class SweepResult:
             add(prefix.rstrip(".") or "value", value)
 
         visit("", self.values)
+        data["status"] = (self.dims, np.asarray(self.status))
         return xr.Dataset(data, coords=coords, attrs={"meta": json.dumps(self.meta, default=str)})
 
 
@@ -543,6 +623,22 @@ class _Defaults:
 _DEFAULTS: contextvars.ContextVar[_Defaults | None] = contextvars.ContextVar("attnflow_sweep_defaults", default=None)
 
 
+@dataclasses.dataclass
+class _StaticSlot:
+    """What `_static_sweep` tells the sweep of one static point: its place ``index`` of ``count``
+    (chunks are numbered across the whole grid, so shards share every static value's work and
+    ``on_chunk`` counts the whole grid); the sweep reports back its chunk count and what a
+    shard of a `sweep_defaults` block left pending, and leaves failures to the whole grid."""
+
+    index: int
+    count: int
+    n_chunks: int = 0
+    pending: tuple | None = None
+
+
+_STATIC_SLOT: contextvars.ContextVar[_StaticSlot | None] = contextvars.ContextVar("attnflow_static_slot", default=None)
+
+
 @contextlib.contextmanager
 def sweep_defaults(
     out_dir: str | Path,
@@ -596,12 +692,41 @@ def _grid(axes: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, np.ndarra
             c = c[None]
         if c.ndim != 1 or c.size == 0:
             raise ValueError(f"sweep axis {d!r} must be a non-empty 1-D array, got shape {c.shape}")
+        if c.dtype.kind not in "biuf":
+            raise ValueError(
+                f"sweep axis {d!r} must hold real numbers (it is traced, one value per grid point), got "
+                f"{c.dtype} values {c.tolist()[:4]!r}; labels, strings and other choices that change the "
+                f"program go in a Static axis: {{{d!r}: af.Static([...])}}"
+            )
         if c.dtype.kind == "f" and not np.all(np.isfinite(c)):
             raise ValueError(f"sweep axis {d!r} has non-finite values: {c[~np.isfinite(c)]}")
+        _check_representable(d, c)
         coords[d] = c
     mesh = np.meshgrid(*(coords[d] for d in dims), indexing="ij")
     flat = {d: m.reshape(-1) for d, m in zip(dims, mesh)}
     return dims, coords, flat
+
+
+def _check_representable(name: str, c: np.ndarray) -> None:
+    """With JAX's 64-bit mode off a traced axis runs in 32 bits: ``ValueError`` naming the axis
+    when that would merge distinct values (``0.1`` and ``0.1 + 1e-9``) or wrap an integer (a
+    seed ``2**32 + 1``), which would silently compute one point twice."""
+    if jax.config.read("jax_enable_x64") or c.dtype.itemsize <= 4:
+        return
+    if c.dtype.kind in "iu":
+        info = np.iinfo(np.int32)
+        bad = c[(c < info.min) | (c > info.max)]
+        if bad.size:
+            raise ValueError(
+                f"sweep axis {name!r} has integers outside 32 bits ({bad.tolist()[:3]}), which JAX runs in 32 bits "
+                "while its 64-bit mode is off: call attnflow.enable_x64() first"
+            )
+        return
+    if c.dtype.kind == "f" and len(np.unique(c.astype(np.float32))) < len(np.unique(c)):
+        raise ValueError(
+            f"sweep axis {name!r} has values that are equal in float32, in which JAX runs them while its 64-bit mode "
+            f"is off ({c.tolist()[:4]}...): call attnflow.enable_x64() first"
+        )
 
 
 _CACHE: dict[tuple[Any, ...], Any] = {}  # compiled function per (fn, devices, layout)
@@ -669,8 +794,8 @@ def _compiled(
             # each point's failures (attnflow's fail_if) become a status code instead of an error
             with collecting() as sink:
                 out = fn(**p)
-            messages[:] = [m for _, m in sink]
-            code = status_code(sink)
+            messages[:] = [m for _, m in sink] + [m for _, m in sink.warnings]
+            code = status_code(sink, sink.warnings)
             return blank_failed(out, code), code
 
         if nested_dims is None:
@@ -842,6 +967,9 @@ def sweep(
     """
     if on_error not in ("nan", "raise"):
         raise ValueError(f"on_error must be 'nan' or 'raise', got {on_error!r}")
+    slot = _STATIC_SLOT.get()
+    if slot is not None:  # this sweep is one static point's; a sweep inside fn is not
+        _STATIC_SLOT.set(None)
     if not callable(fn):
         raise TypeError(f"fn must be callable (the function of the axis names), got {fn!r}")
     _check_axis_names(fn, axes)
@@ -886,6 +1014,8 @@ def sweep(
     dims, coords, flat = _grid(axes)
     n = len(next(iter(flat.values())))
     devices = list(devices) if devices is not None else jax.local_devices()
+    if not devices:
+        raise ValueError("sweep: devices must name at least one device (None: this process's devices)")
     n_dev = len(devices)
     n_rows = len(coords[dims[0]])
     n_inner = n // n_rows  # points in one row of the first axis
@@ -985,8 +1115,15 @@ def sweep(
     if out_path is not None:
         for i in range(n_chunks):
             results[i] = _load_chunk(chunk_file(i), leaves_struct, chunk_size)
-    mine = range(n_chunks) if shard is None else shard.chunks(n_chunks)
+    if shard is None:
+        mine: Sequence[int] = range(n_chunks)
+    elif slot is None:
+        mine = shard.chunks(n_chunks)
+    else:  # the shard's chunks of the whole grid, numbered across the static points
+        offset = slot.index * n_chunks
+        mine = [i for i in range(n_chunks) if (offset + i) % shard.count == shard.index - 1]
     todo = [i for i in mine if results[i] is None]
+    chunk_base, chunk_total = (0, n_chunks) if slot is None else (slot.index * n_chunks, slot.count * n_chunks)
 
     devices_used = 0
     bar = None
@@ -1010,7 +1147,7 @@ def sweep(
             if bar is not None:
                 bar.update(1)
             if on_chunk is not None:
-                on_chunk(i, n_chunks)
+                on_chunk(chunk_base + i, chunk_total)
     finally:
         if bar is not None:
             bar.close()
@@ -1046,6 +1183,7 @@ def sweep(
         "devices_used": devices_used,
         "nested": bool(nest),
         "shard_map": bool(local),
+        "lanes": lanes,
         "computed_chunks": len(todo),
         **({"shard": str(shard), "pending_chunks": len(missing)} if shard is not None else {}),
         **dict(meta or {}),
@@ -1062,20 +1200,44 @@ def sweep(
                 "pending": len(missing),
             }
         )
+    if slot is not None:  # the static sweep pends, reports and raises for the whole grid
+        slot.n_chunks = n_chunks
+        if missing and shard_from_block:
+            slot.pending = (shard, out_path, number, [chunk_base + i for i in todo], [chunk_base + i for i in missing])
+        return result
     if missing and shard_from_block:
         assert shard is not None and out_path is not None
         raise ShardPending(shard, out_path, number, n_chunks, todo, missing)
-    failed = result.failures()
-    if failed:
-        shown = "; ".join(f"{', '.join(f'{k}={v!r}' for k, v in p.items())}: {m}" for p, m in failed[:3])
-        more = f" (and {len(failed) - 3} more)" if len(failed) > 3 else ""
-        text = f"sweep: {len(failed)} of {n} grid points failed: {shown}{more}"
-        if on_error == "raise":
-            raise SweepError(text)
-        warnings.warn(
-            text + "; their values are NaN (SweepResult.status, SweepResult.failures())", RuntimeWarning, stacklevel=2
-        )
+    _report_failures(result, on_error, stacklevel=3)  # past the interrupt wrapper, at the caller of sweep
     return result
+
+
+def _report_failures(result: SweepResult, on_error: str, stacklevel: int) -> None:
+    """Warn about the failed points of ``result``, naming up to three by their coordinates, or
+    raise `SweepError` with ``on_error="raise"``."""
+    warned = result.warnings()
+    if warned:
+        shown = "; ".join(f"{', '.join(f'{k}={v!r}' for k, v in p.items())}: {m}" for p, m in warned[:3])
+        more = f" (and {len(warned) - 3} more)" if len(warned) > 3 else ""
+        warnings.warn(
+            f"sweep: {len(warned)} of {int(np.prod(result.shape))} grid points ran with a warning: {shown}{more} "
+            "(SweepResult.warnings())",
+            RuntimeWarning,
+            stacklevel=stacklevel + 1,
+        )
+    failed = result.failures()
+    if not failed:
+        return
+    shown = "; ".join(f"{', '.join(f'{k}={v!r}' for k, v in p.items())}: {m}" for p, m in failed[:3])
+    more = f" (and {len(failed) - 3} more)" if len(failed) > 3 else ""
+    text = f"sweep: {len(failed)} of {int(np.prod(result.shape))} grid points failed: {shown}{more}"
+    if on_error == "raise":
+        raise SweepError(text)
+    warnings.warn(
+        text + "; their values are NaN (SweepResult.status, SweepResult.failures())",
+        RuntimeWarning,
+        stacklevel=stacklevel + 1,
+    )
 
 
 def _static_sweep(fn: Callable[..., Any], axes: Mapping[str, Any], *, out_dir: Any, **kwargs: Any) -> SweepResult:
@@ -1092,14 +1254,22 @@ def _static_sweep(fn: Callable[..., Any], axes: Mapping[str, Any], *, out_dir: A
     parts: list[tuple[SweepResult, np.ndarray]] = []
     messages: list[str] = []
     infos: list[dict] = []
-    for combo in itertools.product(*(axes[d].values for d in static)):
+    slots: list[_StaticSlot] = []
+    on_error = kwargs.pop("on_error", "nan")
+    combos = list(itertools.product(*(axes[d].values for d in static)))
+    for p, combo in enumerate(combos):
         point = dict(zip(static, combo, strict=True))
         sub_fn = functools.partial(_drop_placeholder, fn, point, placeholder)
         where = None
         if out_dir is not None:
             where = Path(out_dir) / ",".join(f"{d}={v}" for d, v in point.items())
             where.mkdir(parents=True, exist_ok=True)
-        res = sweep(sub_fn, dynamic, out_dir=where, **kwargs)
+        slots.append(_StaticSlot(p, len(combos)))
+        token = _STATIC_SLOT.set(slots[-1])
+        try:
+            res = sweep(sub_fn, dynamic, out_dir=where, on_error="nan", **kwargs)
+        finally:
+            _STATIC_SLOT.reset(token)
         # a Trajectory's metadata is static structure and may name the static value (train's D,
         # dt, steps): it is merged below, so only the rest of the structure must agree
         if parts and str(jax.tree_util.tree_structure(_without_meta(res.values))) != str(
@@ -1118,7 +1288,8 @@ def _static_sweep(fn: Callable[..., Any], axes: Mapping[str, Any], *, out_dir: A
                     "outputs must have the same shapes for every Static value"
                 )
         status = np.asarray(res.status).copy()
-        status[status > 0] += len(messages)  # failure codes index the merged messages
+        status[status > 0] += len(messages)  # failure and warning codes index the merged messages
+        status[status <= WARNED] -= len(messages)
         messages.extend(res.messages)
         parts.append((res, status))
         infos.append(res.meta)
@@ -1144,10 +1315,22 @@ def _static_sweep(fn: Callable[..., Any], axes: Mapping[str, Any], *, out_dir: A
         **infos[0],
         "static_axes": list(static),
         "n_points": int(np.prod([len(c) for c in coords.values()])),
+        "n_chunks": sum(i["n_chunks"] for i in infos),
         "computed_chunks": sum(i.get("computed_chunks", 0) for i in infos),
         "n_programs": len(parts),
     }
-    return SweepResult(dims, coords, values, info, status=status, messages=messages)
+    if "pending_chunks" in infos[0]:
+        info["pending_chunks"] = sum(i["pending_chunks"] for i in infos)
+    result = SweepResult(dims, coords, values, info, status=status, messages=messages)
+    pending = [sl.pending for sl in slots if sl.pending is not None]
+    if pending:  # a shard of a sweep_defaults block: the code after this sweep cannot go on yet
+        shard, _, number, _, _ = pending[0]
+        total = sum(sl.n_chunks for sl in slots)
+        computed = [i for pend in pending for i in pend[3]]
+        missing = [i for pend in pending for i in pend[4]]
+        raise ShardPending(shard, Path(pending[0][1]).parent, number, total, computed, missing)
+    _report_failures(result, on_error, stacklevel=4)
+    return result
 
 
 def _is_trajectory(x: Any) -> bool:
@@ -1233,6 +1416,7 @@ _COMPARED = ("meta", "fn", "structure", "leaves", "dims", "coords", "chunk_size"
 
 _OWN_META = (
     "n_points",
+    "lanes",
     "chunk_size",
     "n_chunks",
     "n_devices",

@@ -815,3 +815,112 @@ def test_to_xarray_keeps_the_time_axis_when_a_point_failed():
     traj = af.Trajectory(ts, {"loss": np.asarray(traj["loss"])})
     res = af.SweepResult(["eta"], {"eta": np.array([1.0, 2.0, 3.0])}, traj, status=[0, 0, 1], messages=["bad"])
     assert res.to_xarray()["loss"].dims == ("eta", "ts_dim0")
+
+
+def test_sweep_refuses_axes_it_cannot_trace_and_names_them():
+    """Strings, objects and complex numbers are not traceable axis values (a Static axis takes
+    labels); NaN is refused in a Static axis as in an array axis; no devices is an error."""
+    f = lambda eta: eta * 2.0
+    for bad in (np.array(["a", "b"]), None, np.array([0.5, "x"], dtype=object), np.array([1 + 1j])):
+        with pytest.raises(ValueError, match=r"sweep axis 'eta' must hold real numbers.*af\.Static"):
+            af.sweep(f, {"eta": bad}, progress=False)
+    with pytest.raises(ValueError, match=r"Static axis values must be finite, got \[nan\]"):
+        af.Static([1.0, float("nan")])
+    with pytest.raises(ValueError, match="devices must name at least one device"):
+        af.sweep(f, {"eta": np.ones(2)}, devices=[], progress=False)
+
+
+def test_without_float64_an_axis_that_32_bits_would_merge_is_refused():
+    f = lambda seed: seed * 1.0
+    with jax.enable_x64(False):
+        with pytest.raises(ValueError, match=r"'seed' has integers outside 32 bits \(\[4294967297\]\).*enable_x64"):
+            af.sweep(f, {"seed": np.array([1, 2**32 + 1])}, progress=False)
+        with pytest.raises(ValueError, match=r"'eta' has values that are equal in float32"):
+            af.sweep(lambda eta: eta * 1.0, {"eta": np.array([0.1, 0.1 + 1e-9])}, progress=False)
+        assert af.sweep(lambda eta: eta * 2, {"eta": np.array([0.1, 0.2])}, progress=False).ok.all()
+
+
+def test_static_sweep_reports_failures_over_the_whole_grid_and_raises_after_it():
+    """Failures of a grid with a Static axis are counted and named over the whole grid (the
+    static coordinate included); on_error="raise" computes every static value first."""
+    seen = []
+
+    def f(eta, seed):
+        seen.append(eta)
+        y = af.integrate(lambda t, y, a: a * y, jnp.ones(()), 50.0, args=eta * 1.0, save=af.LinearGrid(2))["y"][-1]
+        return y + seed
+
+    axes = {"eta": af.Static([20.0, -1.0, 0.5]), "seed": np.arange(2.0)}
+    with pytest.warns(RuntimeWarning, match=r"sweep: 2 of 6 grid points failed: eta=20.0, seed=0.0: ") as caught:
+        res = af.sweep(f, axes, progress=False)
+    assert len([w for w in caught if "grid points failed" in str(w.message)]) == 1
+    assert res.failures()[0][0] == {"eta": 20.0, "seed": 0.0} and res.ok.tolist() == [
+        [False, False],
+        [True] * 2,
+        [True] * 2,
+    ]
+    only_static = af.sweep(lambda eta: f(eta, 0.0), {"eta": af.Static([20.0, -1.0])}, on_error="nan", progress=False)
+    assert [p for p, _ in only_static.failures()] == [{"eta": 20.0}]  # no placeholder axis in the names
+    seen.clear()
+    with pytest.raises(SweepError, match="2 of 6 grid points failed"):
+        af.sweep(f, {"eta": af.Static([20.0, -1.0, 0.25]), "seed": np.arange(2.0)}, on_error="raise", progress=False)
+    assert sorted(set(seen)) == [-1.0, 0.25, 20.0]  # every static value computed before raising
+
+
+def test_shards_of_a_static_sweep_share_its_chunks(tmp_path):
+    """Chunks are numbered across the static values, so N shards of a sweep over sizes each
+    compute about 1/N of the whole grid (they took every size's first chunk alone)."""
+    f = lambda D, seed: jnp.mean(jnp.linspace(0, 1, D) ** 2) + seed
+    axes = {"D": af.Static([3, 5, 7, 9]), "seed": np.arange(2.0)}
+    calls = []
+    for i in (1, 2, 3, 4):
+        part = af.sweep(
+            f, axes, out_dir=tmp_path, shard=af.Shard(i, 4), progress=False, on_chunk=lambda *a: calls.append(a)
+        )
+        assert part.meta["computed_chunks"] == 2 and part.meta["n_chunks"] == 8
+    assert sorted(c[0] for c in calls) == list(range(8)) and {c[1] for c in calls} == {8}
+    assert part.complete and np.allclose(part.values, af.sweep(f, axes, progress=False).values)
+
+
+def test_sweep_result_reduces_over_named_axes_and_to_xarray_keeps_the_status():
+    """``res.mean("seed")`` / ``res.std("seed", ddof=1)``: the other axes kept, a failure in a
+    group fails the group; to_xarray has a status variable and renames a leaf named like an axis."""
+    res = af.SweepResult(
+        ("eta", "seed"),
+        {"eta": np.array([1.0, 2.0]), "seed": np.arange(3)},
+        {"loss": jnp.array([[1.0, 2.0, 3.0], [4.0, 5.0, np.nan]]), "eta": jnp.zeros((2, 3))},
+        status=np.array([[0, 0, -3], [0, 0, 1]]),
+        messages=["diverged", "oscillates"],
+    )
+    m = res.mean("seed")
+    assert m.dims == ("eta",) and np.allclose(m["loss"][0], 2.0) and np.isnan(m["loss"][1])
+    assert m.failures() == [({"eta": 2.0}, "diverged")] and m.warnings() == [({"eta": 1.0}, "oscillates")]
+    assert float(res.std("seed", ddof=1)["loss"][0]) == pytest.approx(1.0)
+    assert res.ok.tolist() == [[True, True, True], [True, True, False]]  # a warned point ran
+    with pytest.raises(ValueError, match=r"\['sed'\] are not axes of this sweep"):
+        res.mean("sed")
+    with pytest.raises(ValueError, match="leaves no grid"):
+        res.mean(["eta", "seed"])
+    pytest.importorskip("xarray")
+    ds = res.to_xarray()
+    assert ds["status"].values.tolist() == [[0, 0, -3], [0, 0, 1]] and "eta_value" in ds
+
+
+def test_a_warning_of_a_traced_point_is_named_by_the_sweep(tmp_path):
+    """Gradient descent past its stability limit (eta dt s_max >= 1) warns when called, and in
+    a sweep over eta the point keeps its values and is named (SweepResult.warnings)."""
+    from attnflow import deeplinear as dl
+
+    s = dl.Setup()  # s_max = 3, dt = 0.01: the limit is eta = 33.3
+    final = lambda eta: dl.train(s.replace(eta=eta), 2.0, save=af.LinearGrid(2))["loss"][-1]
+    with pytest.warns(RuntimeWarning, match=r"1 of 2 grid points ran with a warning: eta=40.0: gradient descent"):
+        res = af.sweep(final, {"eta": np.array([1.0, 40.0])}, progress=False)
+    assert res.ok.all() and np.all(np.isfinite(res.values))
+    assert [p for p, _ in res.warnings()] == [{"eta": 40.0}]
+    with pytest.warns(UserWarning, match="eta dt s_max = 1.2 >= 1"):
+        direct = final(40.0)
+    assert float(direct) == pytest.approx(float(res.values[1]), rel=1e-12)
+    again = af.sweep(final, {"eta": np.array([1.0, 40.0])}, out_dir=tmp_path, progress=False)
+    assert (
+        af.sweep(final, {"eta": np.array([1.0, 40.0])}, out_dir=tmp_path, progress=False).warnings() == again.warnings()
+    )

@@ -8,10 +8,12 @@ from types import MappingProxyType
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
 from .. import _validate as V
+from .._errors import warn_traced
 from .._jit import filter_jit
 from ..options import LinearGrid, SaveGrid, TimeGrid
 from ..simulate import FullBatch, OnlineSGD, run_training, simulate
@@ -83,9 +85,10 @@ def train(
                 f"got {model!r:.120}"
             )
     total, steps = (save or DEFAULT_TRAIN_SAVE).steps_for(t1, dt)
+    # the map u -> u (1 + eta dt (s - u))^2 has slope 1 - 2 eta dt s at u = s: past eta dt s = 1 it
+    # settles into an oscillation (or blows up) instead of u = s, with nothing non-finite to stop it
+    unstable = "gradient descent with eta dt s_max >= 1: it does not converge to u = s (it oscillates or diverges)"
     if not V.any_traced((setup.eta, setup.s)):
-        # the map u -> u (1 + eta dt (s - u))^2 has slope 1 - 2 eta dt s at u = s: past eta dt s = 1 it
-        # settles into an oscillation (or blows up) instead of u = s, with nothing non-finite to stop it
         rate = float(setup.eta) * float(dt) * float(np.max(np.asarray(setup.s)))
         if rate >= 1.0:
             warnings.warn(
@@ -93,6 +96,8 @@ def train(
                 "(it oscillates or diverges); lower eta or dt",
                 stacklevel=2,
             )
+    else:  # a sweep over eta: the point keeps its values and the sweep names it (SweepResult.warnings)
+        warn_traced(lambda: setup.eta * dt * jnp.max(setup.s) >= 1.0, unstable)
     key = V.prng_key(key)
     args = (
         setup,

@@ -488,10 +488,14 @@ def focus_rates(cfg: RatesConfig, quiet: bool) -> Report:
             err = abs(c_meas / c - 1)
             worst = max(worst, err if np.isfinite(err) else np.inf)  # a failed fit fails the check
             if not np.isfinite(c_meas):
-                rep.notes.append(
-                    f"lambda={lam:g}, tau={tau:g}: no growth rate of q+ measured from theta_c^1 (q+ did not pass "
-                    f"from {10 * q[0]:.3g} to 0.05 within t = {float(tr2.ts[-1]):.4g}, {len(q)} saves)"
+                window = int(np.count_nonzero((q >= 10 * q[0]) & (q <= 0.05)))
+                why = (
+                    f"only {window} of the {len(q)} saves lie in the fit window from {10 * q[0]:.3g} to 0.05 (the "
+                    "fit needs 3): raise n_save"
+                    if q.max() >= 0.05
+                    else f"q+ did not pass from {10 * q[0]:.3g} to 0.05 within t = {float(tr2.ts[-1]):.4g}"
                 )
+                rep.notes.append(f"lambda={lam:g}, tau={tau:g}: no growth rate of q+ measured from theta_c^1 ({why})")
             rep.check(
                 f"lambda={lam:g}, tau={tau:g}: 2 sigma measured vs predicted (rel. error)",
                 abs(s_meas / two_sigma - 1),
