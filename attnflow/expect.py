@@ -80,6 +80,10 @@ def permuted_copies(draws: Any, perms: Any, axis: Any) -> Any:
     return jax.tree_util.tree_map(copies, draws, axis, is_leaf=lambda a: a is None)
 
 
+PSD_ROOT_RTOL = 1e-12
+"""Eigenvalues of ``P`` below this times its largest are zeros in `psd_sqrt`'s derivative."""
+
+
 @jax.custom_jvp
 def psd_sqrt(P: jax.Array) -> jax.Array:
     """Symmetric root ``U diag(sqrt(max(lambda, 0))) U^T`` of ``(P + P^T) / 2``.
@@ -88,7 +92,9 @@ def psd_sqrt(P: jax.Array) -> jax.Array:
     permutation of the coordinates; the symmetric root is. Its JVP solves the Sylvester
     equation ``S dS + dS S = dP``: ``dS = U [(U^T dP U)_ij / (sqrt l_i + sqrt l_j)] U^T``,
     set to zero where the denominator vanishes (autodiff through ``eigh`` would give NaN
-    at repeated eigenvalues).
+    at repeated eigenvalues). Eigenvalues within rounding of zero (below ``1e-12``
+    times the largest) count as zero there: ``eigh`` returns an exact zero as ``+-1e-18``,
+    whose ``1 / sqrt`` would make the derivative of a singular ``P`` jump by ``1e9``.
     """
     w, U = jnp.linalg.eigh(0.5 * (P + jnp.swapaxes(P, -1, -2)))
     return (U * jnp.sqrt(jnp.clip(w, 0.0))[..., None, :]) @ jnp.swapaxes(U, -1, -2)
@@ -98,8 +104,10 @@ def psd_sqrt(P: jax.Array) -> jax.Array:
 def _psd_sqrt_jvp(primals, tangents):
     (P,), (dP,) = primals, tangents
     w, U = jnp.linalg.eigh(0.5 * (P + jnp.swapaxes(P, -1, -2)))
-    s = jnp.sqrt(jnp.clip(w, 0.0))
-    S = (U * s[..., None, :]) @ jnp.swapaxes(U, -1, -2)
+    S = (U * jnp.sqrt(jnp.clip(w, 0.0))[..., None, :]) @ jnp.swapaxes(U, -1, -2)
+    # the derivative's denominators: an eigenvalue at rounding level is a zero, not a tiny root
+    floor = PSD_ROOT_RTOL * jnp.max(jnp.abs(w), axis=-1, keepdims=True)
+    s = jnp.sqrt(jnp.where(w > floor, w, 0.0))
     Ut = jnp.swapaxes(U, -1, -2)
     dPs = 0.5 * (dP + jnp.swapaxes(dP, -1, -2))
     inner = Ut @ dPs @ U

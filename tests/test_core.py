@@ -592,6 +592,16 @@ def test_psd_sqrt_value_and_grads():
     dP = jnp.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
     _, dR = jax.jvp(af.psd_sqrt, (jnp.eye(3),), (dP,))
     np.testing.assert_allclose(dR, dP / 2, atol=1e-14)  # sqrt(I + e dP) = I + e dP / 2 + O(e^2)
+    # a singular P (rank one, as at coinciding keys): eigh returns its zeros as +-1e-18, which
+    # count as zeros; the derivative along the null space is the zero of the exact case
+    v = jnp.ones(4) / 2
+    u = jnp.array([1.0, -1.0, 1.0, -1.0]) / 2
+    for c in (0.0321, 0.05):
+        _, dS = jax.jvp(af.psd_sqrt, (c * 4 * jnp.outer(v, v),), (jnp.outer(u, u),))
+        np.testing.assert_allclose(dS, 0.0, atol=1e-12)
+    exact = jnp.diag(jnp.array([0.3, 0.0, 0.0]))
+    _, dS = jax.jvp(af.psd_sqrt, (exact,), (jnp.diag(jnp.array([0.0, 1.0, 0.0])),))
+    np.testing.assert_allclose(dS, 0.0, atol=1e-15)
 
 
 # ----------------------------------------------------------------------------- plot

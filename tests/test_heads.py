@@ -301,6 +301,54 @@ def test_unspecialised_point_of_four_heads_is_a_root_of_the_full_field():
     assert abs(Q[0, 2] - Q[0, 1]) > 1e-4  # opposite heads apart from neighbouring ones
 
 
+def test_spectrum_of_four_heads_lies_in_the_sector_the_cyclic_field_keeps():
+    """H = 4 with cyclic copies: the antisymmetric sector is the complement of the cyclically
+    invariant states (a circulant Q), which the field's Jacobian keeps invariant, so every
+    eigenvalue `specialisation_spectrum` returns is one of the full Jacobian (on the symmetric-Q
+    states); the equal-off-diagonal complement holds a circulant direction that is not."""
+    s = Setup(H=4)
+    bank = BankOptions(n=1024)
+    y = unspecialised_point(s, (jnp.zeros((4, 1)), 0.25 * jnp.eye(4)), bank=bank)
+    sector = hd.specialisation_spectrum(s, y, bank=bank)
+    dyn = Dynamics.build(s, bank)
+    basis = hd.antisymmetric_basis(y, circulant=True)
+    flat, unravel = jax.flatten_util.ravel_pytree(y)
+    J = jax.jacfwd(lambda x: jax.flatten_util.ravel_pytree(order_parameter_field(0.0, unravel(x), dyn))[0])(flat)
+    # the sector is invariant: J maps it into itself
+    leak = J @ basis - basis @ (basis.T @ J @ basis)
+    assert float(jnp.max(jnp.abs(leak))) < 1e-10
+    full = np.linalg.eigvals(np.asarray(J))
+    for lam in np.asarray(sector.values):
+        assert np.min(np.abs(full - lam)) < 1e-8
+    assert basis.shape[1] < hd.antisymmetric_basis(y).shape[1]  # the circulant directions are left out
+
+
+def test_observables_are_measured_on_an_independent_bank():
+    """``BankOptions.independent_eval`` (default): the field and so ``M``, ``Q`` are those of
+    the bank, the recorded ``error`` that of a second, independent bank (`EVAL_STREAM`)."""
+    s = Setup()
+    own, fresh = BankOptions(n=256, independent_eval=False), BankOptions(n=256)
+    a = hd.solve(s, 2.0, bank=fresh, save=af.LinearGrid(3))
+    b = hd.solve(s, 2.0, bank=own, save=af.LinearGrid(3))
+    np.testing.assert_array_equal(a["M"], b["M"])
+    np.testing.assert_array_equal(a["Q"], b["Q"])
+    assert float(jnp.max(jnp.abs(a["error"] - b["error"]))) > 1e-4
+    M, Q = a["M"][-1], a["Q"][-1]
+    for traj, bank in (
+        (a, FieldBank(s.prior, s.L, s.H, fresh, stream=hd.EVAL_STREAM)),
+        (b, FieldBank(s.prior, s.L, s.H, own)),
+    ):
+        assert float(traj["error"][-1]) == pytest.approx(float(generalisation_error(M, Q, Softmax(), bank)), rel=1e-12)
+
+
+def test_a_root_with_coinciding_keys_is_named():
+    """The heads-staged setup with bank seed 8 from Q = sigma0^2 I finds a root with Q - M M^T of
+    rank 1, which the flow never nears: `unspecialised_point` warns."""
+    s = Setup(prior=AnisotropicGaussian([0.0, 0.0], [9.0, 4.0]), H=4, init=FiniteDDraw(sigma0=0.4, D=2000, seed=1))
+    with pytest.warns(UserWarning, match=r"the keys coincide off the signal \(Q - M M\^T has rank 1 of 4"):
+        unspecialised_point(s, (jnp.zeros((4, 2)), 0.16 * jnp.eye(4)), bank=BankOptions(n=1024, seed=8))
+
+
 @pytest.mark.slow  # the heads-specialisation-time experiment makes the same check
 def test_escape_time_linear_in_log_D_with_jacobian_slope():
     """Seeds kappa / sqrt(D) at the unspecialised fixed point: t_spec = t0 + ln D / (2 lambda) (equation (12)),
@@ -527,6 +575,17 @@ def test_bad_input():
         symmetric_seed(jnp.zeros((2, 1)), jnp.eye(2), 1.0, 100, direction=[1.0, 0.0])
     with pytest.raises(ValueError, match="target must be"):
         SingleLocationTask(100, 4, FlippedSpike(1.0), target="scalar")
+    with pytest.raises(ValueError, match="independent_eval"):
+        BankOptions(independent_eval="yes")
+    # started specialised: no escape to time (specialisation_time refuses it alike)
+    m0 = jnp.array([[0.8], [-0.8]])
+    started = Setup(init=Overlaps(m0, m0 @ m0.T + 0.1 * jnp.eye(2)))
+    with pytest.raises(ValueError, match=r"escape = 0.5 must lie above the initial specialisation S\(M0\) = 1.131"):
+        solve(started, 1.0, escape=0.5, bank=BankOptions(n=16))
+    # a support point of weight 0 gets no oracle head (its b would be -inf)
+    Th, Qo, b = oracle_config(Discrete([[1.0], [-1.0], [2.0]], [0.5, 0.5, 0.0]))
+    assert Th.shape == (2, 1) and np.all(np.isfinite(b))
+    BayesSoftmax(oracle_config(FlippedSpike(2.0, 1.0))[2])
 
 
 @pytest.mark.slow

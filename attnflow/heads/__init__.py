@@ -71,6 +71,7 @@ from .theory import DEFAULT_BANK_SIZE as DEFAULT_BANK_SIZE
 from .theory import DEFAULT_SAVE as DEFAULT_SAVE
 from .theory import DEFAULT_SOLVER as DEFAULT_SOLVER
 from .theory import ESCAPE_THRESHOLD as ESCAPE_THRESHOLD
+from .theory import EVAL_STREAM as EVAL_STREAM
 from .theory import PSD_TOLERANCE as PSD_TOLERANCE
 from .theory import AllPermutations as AllPermutations
 from .theory import AutodiffForm as AutodiffForm
@@ -109,6 +110,7 @@ from .train import train as train
 
 __all__ = [
     "BANK_SEED",
+    "EVAL_STREAM",
     "BAYES_SAMPLES",
     "BAYES_SEED",
     "DEFAULT_BANK_SIZE",

@@ -62,14 +62,19 @@ def bayes_risk(prior: Prior, L: int, key: Any = BAYES_SEED, n: int = BAYES_SAMPL
 
 def oracle_config(prior: Prior) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(M, Q, b)`` at which Bayes-softmax is the Bayes estimator, for a prior with finite support
-    (equation (13)): one head per support point, ``M = Theta``, ``Q = Theta Theta^T``,
-    ``b_h = log pi_h - |theta_h|^2 / 2``."""
+    (equation (13)): one head per support point of positive weight, ``M = Theta``,
+    ``Q = Theta Theta^T``, ``b_h = log pi_h - |theta_h|^2 / 2`` (a point of weight 0, as in
+    ``FlippedSpike(s, p=1)``, gets no head: its ``b`` would be ``-inf``, and the posterior
+    never puts mass there)."""
     support = prior.support() if isinstance(prior, Prior) else None
     if support is None:
         raise ValueError(
             f"the oracle configuration needs a prior with finite support (Discrete, FlippedSpike), got {prior!r}"
         )
     Th, pw = support
+    if not V.any_traced(pw):
+        keep = np.flatnonzero(np.asarray(pw) > 0)
+        Th, pw = Th[keep], pw[keep]
     return Th, Th @ Th.T, jnp.log(pw) - 0.5 * jnp.sum(Th**2, axis=1)
 
 

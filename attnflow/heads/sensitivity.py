@@ -20,16 +20,14 @@ from typing import Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 
 from .. import _validate as V
 from ..ode import require_x64, with_progress
 from ..options import LinearGrid, SolverOptions
 from ..sensitivity import Sensitivity, sensitivity, solver_for_mode
 from .data import FlippedSpike
-from .observe import specialisation
 from .setup import Setup
-from .theory import DEFAULT_SOLVER, ESCAPE_THRESHOLD, BankOptions, DriftForm, solve
+from .theory import DEFAULT_SOLVER, ESCAPE_THRESHOLD, BankOptions, DriftForm, check_escape_start, solve
 
 __all__ = [
     "SPECIALISATION_HORIZON",
@@ -56,19 +54,6 @@ def _check(setup: Any, threshold: Any, t1: Any, solver: Any, where: str) -> tupl
         raise ValueError(f"{where}: solver must be attnflow.SolverOptions(...) or None, got {solver!r}")
     require_x64(where)
     return threshold, DEFAULT_SOLVER if solver is None else solver
-
-
-def _check_start(setup: Setup, threshold: Any) -> None:
-    """The heads must start below the threshold (else the event fires at t = 0)."""
-    if V.any_traced((setup, threshold)):
-        return
-    M0, _ = setup.initial_overlaps()
-    s0 = float(specialisation(jnp.asarray(M0)))
-    if not s0 < float(threshold):
-        raise ValueError(
-            f"threshold = {V.show(threshold)} must lie above the initial specialisation S(M0) = {s0:.4g}: "
-            "the heads start specialised"
-        )
 
 
 def specialisation_time(
@@ -101,7 +86,7 @@ def specialisation_time(
     """
     threshold, solver = _check(setup, threshold, t1, solver, "heads.specialisation_time")
     solver = with_progress(solver, None, progress)
-    _check_start(setup, threshold)
+    check_escape_start(setup, threshold, "threshold")
     traj = solve(setup, t1, escape=threshold, save=LinearGrid(2), bank=bank, form=form, solver=solver)
     return traj.t_event
 
@@ -148,7 +133,7 @@ def specialisation_time_sensitivity(
             f"got prior {setup.prior!r}"
         )
     solver = solver_for_mode(mode, with_progress(solver, None, progress))
-    _check_start(setup, threshold)
+    check_escape_start(setup, threshold, "threshold")
 
     def outcome(eta, s):
         st = setup.replace(eta=eta, prior=eqx.tree_at(lambda p: p.s, setup.prior, s))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -45,6 +46,7 @@ from .setup import Setup, check_overlaps
 
 __all__ = [
     "BANK_SEED",
+    "EVAL_STREAM",
     "DEFAULT_BANK_SIZE",
     "DEFAULT_SAVE",
     "DEFAULT_SOLVER",
@@ -82,6 +84,10 @@ DEFAULT_BANK_SIZE = 2**14
 
 BANK_SEED = 7
 """Seed of the Monte Carlo bank."""
+
+EVAL_STREAM = 1
+"""`FieldBank` stream of the independent bank `solve` evaluates its observables on
+(`BankOptions.independent_eval`): the key of ``seed`` folded with 1."""
 
 DEFAULT_SAVE = LinearGrid(101)
 """`solve`'s save grid when none is given."""
@@ -161,7 +167,17 @@ class BankOptions(eqx.Module):
     - ``antithetic``: append ``(-theta, -zeta, +w)`` so that the field is exactly equivariant under
       ``M -> -M``; ``None`` (default): on for sign-symmetric priors; refused for the others;
     - ``copies``: head permutations of ``w`` (`CyclicCopies` default, `AllPermutations`, `NoCopies`);
-    - ``root``: the root of ``P`` (`SymmetricRoot` default, `CholeskyRoot`).
+    - ``root``: the root of ``P`` (`SymmetricRoot` default, `CholeskyRoot`);
+    - ``independent_eval``: the observables `solve` records (``error``, ``attention``) are
+      expectations over a second bank of the same options, drawn independently (`EVAL_STREAM`),
+      as SGD's are on held-out samples (default ``True``). The field's own bank is what the
+      ODE fits: a state trained on it reads a lower error there than on fresh draws (about
+      0.01 at ``n = 1024``, below the Bayes risk where a model nears it). ``False``: the
+      field's bank.
+
+    ``antithetic=None`` reads the prior's ``sign_symmetric``; with a prior parameter traced (a
+    sweep over ``p``) that cannot be read, so the copies are off at every point, ``p = 1/2``
+    included: pass ``antithetic=True`` to a sweep over symmetric priors only.
     """
 
     n: int = eqx.field(static=True, default=DEFAULT_BANK_SIZE)
@@ -170,9 +186,12 @@ class BankOptions(eqx.Module):
     enumerate_support: bool = eqx.field(static=True, default=True)
     copies: HeadCopies = eqx.field(default_factory=CyclicCopies)
     root: MatrixRoot = eqx.field(default_factory=SymmetricRoot)
+    independent_eval: bool = eqx.field(static=True, default=True)
 
     def __check_init__(self):
         V.positive_int("n (bank size)", self.n)
+        if not isinstance(self.independent_eval, bool):
+            raise ValueError(f"independent_eval must be True or False, got {self.independent_eval!r}")
         V.positive_int("seed", self.seed, minimum=0)
         if self.antithetic not in (None, True, False):
             raise ValueError(f"antithetic must be None, True or False, got {self.antithetic!r}")
@@ -225,7 +244,10 @@ class FieldBank(eqx.Module):
     root: MatrixRoot
     n: int = eqx.field(static=True)
 
-    def __init__(self, prior: Prior, L: int, H: int, options: BankOptions | None = None):
+    def __init__(self, prior: Prior, L: int, H: int, options: BankOptions | None = None, *, stream: int = 0):
+        """Draws for ``prior``, ``L`` tokens and ``H`` heads as ``options`` says (default
+        `BankOptions()`). ``stream``: another bank of the same options, independent of stream 0
+        (`EVAL_STREAM` is the one `solve` evaluates its observables on)."""
         if not isinstance(prior, Prior):
             raise ValueError(f"prior must be a Prior, got {prior!r}")
         L = V.positive_int("L", L, minimum=2)
@@ -241,6 +263,9 @@ class FieldBank(eqx.Module):
                 raise ValueError(f"antithetic copies need a sign-symmetric prior; {type(prior).__name__} is not")
         # the seed as a key, not a static option: a bank of another seed compiles nothing
         key = jax.random.PRNGKey(options.seed)
+        stream = V.positive_int("stream", stream, minimum=0)
+        if stream:
+            key = jax.random.fold_in(key, stream)
         draws = _draw_bank(prior, L, H, dataclasses.replace(options, seed=0), antithetic, key)
         self.theta, self.zeta, self.w, self.weights = draws["theta"], draws["zeta"], draws["w"], draws["weights"]
         self.groups, self.n = draws["groups"], options.n
@@ -377,11 +402,18 @@ class AutodiffForm(DriftForm):
 # ----------------------------------------------------------------------------- the ODE
 class Dynamics(eqx.Module):
     """What `order_parameter_field` needs besides the state: the `Setup`, its `FieldBank` and the
-    `DriftForm`. ``Dynamics.build(setup, bank, form)`` draws the bank from `BankOptions`."""
+    `DriftForm`, and the bank the observables are evaluated on (``eval_bank``; ``None``: the
+    field's). ``Dynamics.build(setup, bank, form)`` draws the banks from `BankOptions`."""
 
     setup: Setup
     bank: FieldBank
     form: DriftForm
+    eval_bank: FieldBank | None = None
+
+    @property
+    def observe_bank(self) -> FieldBank:
+        """The bank `solve`'s observables are expectations over."""
+        return self.bank if self.eval_bank is None else self.eval_bank
 
     def __check_init__(self):
         if not isinstance(self.setup, Setup):
@@ -395,7 +427,14 @@ class Dynamics(eqx.Module):
         drift ``form`` (default `ExpectationForm()`)."""
         if not isinstance(setup, Setup):
             raise ValueError(f"setup must be an attnflow.heads.Setup, got {setup!r}")
-        return cls(setup, FieldBank(setup.prior, setup.L, setup.H, bank), ExpectationForm() if form is None else form)
+        options = BankOptions() if bank is None else bank
+        field_bank = FieldBank(setup.prior, setup.L, setup.H, options)
+        eval_bank = (
+            FieldBank(setup.prior, setup.L, setup.H, options, stream=EVAL_STREAM)
+            if isinstance(options, BankOptions) and options.independent_eval
+            else None
+        )
+        return cls(setup, field_bank, ExpectationForm() if form is None else form, eval_bank)
 
 
 def _param_loss(chi: jax.Array, params: dict, activation: Activation) -> jax.Array:
@@ -436,7 +475,7 @@ def _field(t, y, args):
 def _dynamics_observe(t, y, dyn):
     s = dyn.setup
     return order_parameter_observables(
-        y["M"], y["Q"], s.activation.with_params(y["act"]), dyn.bank, s.target.label_noise()
+        y["M"], y["Q"], s.activation.with_params(y["act"]), dyn.observe_bank, s.target.label_noise()
     )
 
 
@@ -525,6 +564,7 @@ def solve(
     solver = with_progress(solver, o.solver, progress)
     if escape is not None:
         V.positive("escape (threshold of the specialisation)", escape)
+        check_escape_start(setup, escape, "escape")
     threshold = jnp.asarray(jnp.inf if escape is None else escape, dtype=float)
     traj = integrate(
         _field,
@@ -540,6 +580,20 @@ def solve(
     if not V.any_traced((traj.ts, traj.ys)):
         _check_psd_along(traj, solver)
     return traj
+
+
+def check_escape_start(setup: Setup, threshold: Any, name: str) -> None:
+    """``ValueError`` unless the heads start below the specialisation ``threshold`` (called
+    ``name``): an escape event would never fire from above it."""
+    if V.any_traced((setup, threshold)):
+        return
+    M0, _ = setup.initial_overlaps()
+    s0 = float(specialisation(jnp.asarray(M0)))
+    if not s0 < float(threshold):
+        raise ValueError(
+            f"{name} = {V.show(threshold)} must lie above the initial specialisation S(M0) = {s0:.4g}: "
+            "the heads start specialised, so there is no escape to time"
+        )
 
 
 def _check_psd_along(traj: Trajectory, solver: SolverOptions) -> None:
@@ -660,12 +714,25 @@ def unspecialised_point(
                 f"unspecialised_point: the root found has Q - M M^T with eigenvalue {ev:.3g} < 0, not a "
                 "state of keys; try another guess or a larger bank"
             )
+        rank = int(np.sum(np.linalg.eigvalsh(P) > 1e-8 * max(float(np.trace(P)), 1e-300)))
+        if setup.H > 1 and rank < min(setup.H, np.linalg.matrix_rank(np.asarray(like["Q"] - like["M"] @ like["M"].T))):
+            row = np.round(np.asarray(y["Q"])[0], 4).tolist()
+            warnings.warn(
+                f"unspecialised_point: at the root found the keys coincide off the signal (Q - M M^T has rank {rank} "
+                f"of {setup.H}; first row of Q {row}). The equal-heads field has such roots besides the plateau, and "
+                "the ODE need not come near them: check the point against a solve's plateau, or give a guess from "
+                "it (guess=(M, Q) of a saved state on the plateau)",
+                stacklevel=2,
+            )
     return y
 
 
-def antisymmetric_basis(y: dict) -> jax.Array:
+def antisymmetric_basis(y: dict, circulant: bool = False) -> jax.Array:
     """Orthonormal basis ``(n, k)`` of the antisymmetric sector at the state ``y`` (flattened by
-    ``ravel_pytree``): the directions with symmetric ``Q`` orthogonal to the permutation-invariant states."""
+    ``ravel_pytree``): the directions with symmetric ``Q`` orthogonal to the permutation-invariant
+    states; ``circulant``: orthogonal to the states invariant under the cyclic shifts of the heads
+    (``Q`` set by the distance of two heads on the cycle), the invariant manifold of a field with
+    `CyclicCopies` at ``H >= 4``, on whose complement its Jacobian acts."""
     flat, unravel = ravel_pytree(y)
 
     def sym_Q(x):  # physical states have symmetric Q: q_hh' - q_h'h is not a direction of the dynamics
@@ -673,7 +740,12 @@ def antisymmetric_basis(y: dict) -> jax.Array:
         return ravel_pytree({**s, "Q": 0.5 * (s["Q"] + s["Q"].T)})[0]
 
     Pq = jax.jacfwd(sym_Q)(flat)
-    Ps = jax.jacfwd(lambda x: ravel_pytree(symmetrise(unravel(x)))[0])(flat)
+
+    def project(x):
+        z = unravel(x)
+        return ravel_pytree(_symmetric_state(_symmetric_coords(z, circulant), z, circulant))[0]
+
+    Ps = jax.jacfwd(project)(flat)
     evals, evecs = jnp.linalg.eigh(Pq - 0.5 * (Ps + Ps.T))
     return evecs[:, evals > 0.5]
 
@@ -683,8 +755,9 @@ def specialisation_spectrum(
 ) -> Spectrum:
     """Spectrum of the Jacobian of the full right-hand side (8) at ``y`` (``jax.jacfwd``),
     restricted to the antisymmetric sector (`antisymmetric_basis`, `attnflow.spectrum` with
-    ``basis=``). Its ``lambda_max`` is the escape rate ``lambda`` of equation (15); eigenvectors
-    are states shaped like ``y``."""
+    ``basis=``; with the default `CyclicCopies` and ``H >= 4``, the complement of the cyclically
+    invariant states, which that field keeps invariant). Its ``lambda_max`` is the escape rate
+    ``lambda`` of equation (15); eigenvectors are states shaped like ``y``."""
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.heads.Setup, got {setup!r:.80}")
     if not isinstance(y, Mapping) or not {"M", "Q"} <= set(y):
@@ -694,7 +767,8 @@ def specialisation_spectrum(
         )
     require_x64("heads.specialisation_spectrum")
     dyn = Dynamics.build(setup, bank, form)
-    return spectrum(order_parameter_field, y, dyn, basis=antisymmetric_basis(y))
+    circulant = isinstance((BankOptions() if bank is None else bank).copies, CyclicCopies) and setup.H > 3
+    return spectrum(order_parameter_field, y, dyn, basis=antisymmetric_basis(y, circulant))
 
 
 def predicted_escape_time(lam: Any, D: Any, t0: Any = 0.0) -> Any:
