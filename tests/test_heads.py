@@ -301,6 +301,26 @@ def test_unspecialised_point_of_four_heads_is_a_root_of_the_full_field():
     assert abs(Q[0, 2] - Q[0, 1]) > 1e-4  # opposite heads apart from neighbouring ones
 
 
+def test_anisotropic_gaussian_with_a_full_covariance_is_a_rotated_diagonal_one():
+    """``AnisotropicGaussian(mu, C)`` with ``C = R diag(v) R^T``: ``log Z(R u)`` is that of the
+    diagonal prior of mean ``R^T mu`` at ``u`` (to rounding), its draws have covariance ``C``, and
+    a ``C`` that is not positive semidefinite is refused."""
+    th = 0.4
+    R = jnp.array([[np.cos(th), -np.sin(th)], [np.sin(th), np.cos(th)]])
+    v, mu = jnp.array([9.0, 4.0]), jnp.array([0.3, -0.2])
+    full = AnisotropicGaussian(mu, R @ jnp.diag(v) @ R.T)
+    diag = AnisotropicGaussian(R.T @ mu, v)
+    u = jax.random.normal(jax.random.PRNGKey(0), (5, 2))
+    np.testing.assert_allclose(full.log_Z(u @ R.T), diag.log_Z(u), atol=1e-13)
+    x = np.asarray(full.sample(jax.random.PRNGKey(1), 100_000))
+    np.testing.assert_allclose(np.cov(x.T), np.asarray(full.covariance), atol=0.15)
+    np.testing.assert_allclose(x.mean(0), mu, atol=0.03)
+    with pytest.raises(ValueError, match="covariance C must be symmetric positive semidefinite"):
+        AnisotropicGaussian([0.0, 0.0], [[1.0, 2.0], [2.0, 1.0]])
+    with pytest.raises(ValueError, match="variances 1-D of its length"):
+        AnisotropicGaussian([0.0, 0.0], [[1.0, 0.0, 0.0]])
+
+
 def test_spectrum_of_four_heads_lies_in_the_sector_the_cyclic_field_keeps():
     """H = 4 with cyclic copies: the antisymmetric sector is the complement of the cyclically
     invariant states (a circulant Q), which the field's Jacobian keeps invariant, so every
@@ -583,7 +603,7 @@ def test_bad_input():
     with pytest.raises(ValueError, match=r"escape = 0.5 must lie above the initial specialisation S\(M0\) = 1.131"):
         solve(started, 1.0, escape=0.5, bank=BankOptions(n=16))
     # a support point of weight 0 gets no oracle head (its b would be -inf)
-    Th, Qo, b = oracle_config(Discrete([[1.0], [-1.0], [2.0]], [0.5, 0.5, 0.0]))
+    Th, _, b = oracle_config(Discrete([[1.0], [-1.0], [2.0]], [0.5, 0.5, 0.0]))
     assert Th.shape == (2, 1) and np.all(np.isfinite(b))
     BayesSoftmax(oracle_config(FlippedSpike(2.0, 1.0))[2])
 

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _validate as V
+from ..expect import psd_sqrt
 from ..prior import Prior
 from ..rng import normal
 
@@ -80,7 +81,9 @@ class FlippedSpike(Prior):
 
 
 class AnisotropicGaussian(Prior):
-    """``theta ~ N(mean, diag(variances))``, variances > 0 (canonical ``v_1 > v_2 > ...``)."""
+    """``theta ~ N(mean, C)``: ``variances`` 1-D, ``C = diag(variances)`` with ``variances > 0``
+    (canonical ``v_1 > v_2 > ...``), or 2-D, the covariance ``C`` itself (symmetric positive
+    semidefinite)."""
 
     mean: jax.Array
     variances: jax.Array
@@ -88,16 +91,37 @@ class AnisotropicGaussian(Prior):
 
     def __init__(self, mean: Any, variances: Any):
         mean, variances = V.floats("mean", mean), V.floats("variances", variances)
-        if mean.ndim != 1 or variances.shape != mean.shape:
-            raise ValueError(f"mean and variances must be 1-D of equal length, got {mean.shape} and {variances.shape}")
+        F = mean.shape[0] if mean.ndim == 1 else None
+        if F is None or variances.shape not in ((F,), (F, F)):
+            raise ValueError(
+                "mean must be 1-D and variances 1-D of its length (a diagonal covariance) or its covariance "
+                f"matrix C (F, F); got {mean.shape} and {variances.shape}"
+            )
         V.finite_tree("mean", mean)
-        V.positive("variances", variances)
+        if variances.ndim == 1:
+            V.positive("variances", variances)
+        elif not V.any_traced(variances):
+            C = np.asarray(variances)
+            V.finite_tree("variances (covariance C)", C)
+            low = float(np.linalg.eigvalsh(0.5 * (C + C.T)).min())
+            if not np.allclose(C, C.T, rtol=0, atol=1e-12 * max(1.0, np.abs(C).max())) or low < -1e-12 * max(
+                1.0, np.abs(C).max()
+            ):
+                raise ValueError(
+                    f"the covariance C must be symmetric positive semidefinite, got {V.show(C)} (smallest eigenvalue "
+                    f"{low:.3g})"
+                )
         self.mean, self.variances = mean, variances
         self.symmetric = not V.any_traced(mean) and bool(np.all(np.asarray(mean) == 0))
 
     @property
     def F(self) -> int:
         return self.mean.shape[0]
+
+    @property
+    def covariance(self) -> jax.Array:
+        """``C`` ``(F, F)``."""
+        return jnp.diag(self.variances) if self.variances.ndim == 1 else self.variances
 
     @property
     def sign_symmetric(self) -> bool:
@@ -107,11 +131,27 @@ class AnisotropicGaussian(Prior):
         return None
 
     def sample(self, key, n):
-        return self.mean + jnp.sqrt(self.variances) * jax.random.normal(key, (n, self.F))
+        z = jax.random.normal(key, (n, self.F))
+        if self.variances.ndim == 1:
+            return self.mean + jnp.sqrt(self.variances) * z
+        return self.mean + z @ psd_sqrt(self.variances)
 
     def log_Z(self, u):
         v, mu = self.variances, self.mean
-        return jnp.sum(-0.5 * jnp.log1p(v) + (v * u**2 + 2 * mu * u - mu**2) / (2 * (1 + v)), axis=-1)
+        if v.ndim == 1:
+            return jnp.sum(-0.5 * jnp.log1p(v) + (v * u**2 + 2 * mu * u - mu**2) / (2 * (1 + v)), axis=-1)
+        # E exp(theta . u - |theta|^2 / 2) for theta ~ N(mu, C), with A = (I + C)^{-1}:
+        # -log det(I + C) / 2 + u^T C A u / 2 + u^T A mu - mu^T A mu / 2
+        eye = jnp.eye(self.F, dtype=v.dtype)
+        A = jnp.linalg.inv(eye + v)
+        _, logdet = jnp.linalg.slogdet(eye + v)
+        CA = v @ A
+        return (
+            -0.5 * logdet
+            + 0.5 * jnp.einsum("...i,ij,...j->...", u, CA, u)
+            + jnp.einsum("...i,ij,j->...", u, A, mu)
+            - 0.5 * mu @ A @ mu
+        )
 
 
 class Discrete(Prior):
