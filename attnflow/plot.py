@@ -85,7 +85,7 @@ def _components(name: str, refs: Sequence[np.ndarray], given: Any) -> tuple[list
 
 def overlay(
     theory: Trajectory | None,
-    simulations: Trajectory | Sequence[Trajectory] | None = None,
+    simulations: Trajectory | Sequence[Trajectory] | Mapping[str, Any] | None = None,
     names: Sequence[str] | None = None,
     *,
     log_time: bool = False,
@@ -104,7 +104,9 @@ def overlay(
 
     ``simulations`` may be one `Trajectory`, a batched one (leading seed axes) or a list. Several
     runs saved at the same times are drawn as their mean (markers) and min-max band; runs saved at
-    different times (another ``t1`` or save grid) are drawn one by one.
+    different times (another ``t1`` or save grid) are drawn one by one. A mapping ``{label:
+    runs}`` (each a `Trajectory`, batched or not, or a list) draws each group apart, with its own
+    marker and legend entry (runs at several sizes: ``{"D=250": run_a, "D=1000": run_b}``).
     Observables with feature axes draw one colour per component, labelled ``name[i,j]`` (up to
     10 components) or by ``component_labels`` (one list for every panel, or ``{name: list}``,
     indexed by the flattened entry); a square matrix symmetric at every saved time (an overlap
@@ -121,10 +123,18 @@ def overlay(
         )
     if theory is not None and _failed(theory):
         raise ValueError("overlay: the theory is a failed run (its times are NaN)")
-    every = _as_runs(simulations)
-    runs = [r for r in every if not _failed(r)]  # failed sweep points are left out, and counted
-    if len(runs) < len(every):
-        simulation_label = f"{simulation_label} ({len(every) - len(runs)} failed runs left out)"
+    if isinstance(simulations, Mapping):
+        given = [(str(k), _as_runs(v)) for k, v in simulations.items()]
+    else:
+        given = [(simulation_label, _as_runs(simulations))]
+    groups = []
+    for label, group in given:
+        ok = [r for r in group if not _failed(r)]  # failed sweep points are left out, and counted
+        if len(ok) < len(group):
+            label = f"{label} ({len(group) - len(ok)} failed runs left out)"
+        groups.append((label, ok))
+    every = [r for _, group in given for r in group]
+    runs = [r for _, group in groups for r in group]
     if every and not runs and theory is None:
         raise ValueError(f"overlay: all {len(every)} simulation runs failed (their times are NaN)")
     if theory is None and not runs:
@@ -154,43 +164,54 @@ def overlay(
                 if col_labels[c] is not None:
                     lab = f"{theory_label} {col_labels[c]}"
                 ax.plot(t, y[:, j], "-", color=_COLORS[c % 10], lw=1.8, label=lab)
-        if len(sim) == 1 or (len(sim) > 1 and not _same_times(sim)):
-            # runs saved at different times are drawn one by one: a band would mix their clocks
-            label = simulation_label if len(sim) == 1 else f"{simulation_label} ({len(sim)} runs, own save times)"
-            for k, run in enumerate(sim):
-                keep = _marker_indices(len(run.ts), max_markers)
-                t = np.asarray(run.ts)[keep]
-                y = _columns(np.asarray(run[name]))[keep]
-                for c, j in enumerate(cols):
-                    ax.plot(
-                        t,
-                        y[:, j],
-                        "o",
-                        ms=3.5,
-                        mfc="none",
-                        color=_COLORS[c % 10],
-                        alpha=0.9,
-                        label=label if c == 0 and k == 0 else None,
-                    )
-        elif len(sim) > 1:
-            keep = _marker_indices(len(sim[0].ts), max_markers)
-            t = np.asarray(sim[0].ts)[keep]
-            ys = np.stack([_columns(np.asarray(r[name]))[keep] for r in sim])  # (seed, T, comp)
-            for c, j in enumerate(cols):
-                color = _COLORS[c % 10]
-                ax.fill_between(t, ys[:, :, j].min(0), ys[:, :, j].max(0), color=color, alpha=0.18, lw=0)
-                ax.plot(
-                    t,
-                    ys[:, :, j].mean(0),
-                    "o",
-                    ms=3,
-                    mfc="none",
-                    color=color,
-                    label=f"{simulation_label} (mean, min-max of {len(sim)})" if c == 0 else None,
-                )
+        for g, (label, group) in enumerate(groups):
+            sim = [r for r in group if name in r]
+            _draw_runs(ax, name, sim, cols, label, _MARKERS[g % len(_MARKERS)], max_markers)
         _style_panel(ax, name, log_time, log_y, time_label, labels)
         ax.legend(fontsize=7, framealpha=0.6)  # the least-covering place, and data shows through
     return _finish(fig, axes, len(names), title)
+
+
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+
+
+def _draw_runs(ax: Any, name: str, sim: list, cols: list, label: str, marker: str, max_markers: int) -> None:
+    """One group of runs of `overlay` on ``ax``: one run as markers, runs at the same save times
+    as their mean (markers) and min-max band, runs at different times one by one."""
+    if len(sim) == 1 or (len(sim) > 1 and not _same_times(sim)):
+        # runs saved at different times are drawn one by one: a band would mix their clocks
+        label = label if len(sim) == 1 else f"{label} ({len(sim)} runs, own save times)"
+        for k, run in enumerate(sim):
+            keep = _marker_indices(len(run.ts), max_markers)
+            t = np.asarray(run.ts)[keep]
+            y = _columns(np.asarray(run[name]))[keep]
+            for c, j in enumerate(cols):
+                ax.plot(
+                    t,
+                    y[:, j],
+                    marker,
+                    ms=3.5,
+                    mfc="none",
+                    color=_COLORS[c % 10],
+                    alpha=0.9,
+                    label=label if c == 0 and k == 0 else None,
+                )
+    elif len(sim) > 1:
+        keep = _marker_indices(len(sim[0].ts), max_markers)
+        t = np.asarray(sim[0].ts)[keep]
+        ys = np.stack([_columns(np.asarray(r[name]))[keep] for r in sim])  # (seed, T, comp)
+        for c, j in enumerate(cols):
+            color = _COLORS[c % 10]
+            ax.fill_between(t, ys[:, :, j].min(0), ys[:, :, j].max(0), color=color, alpha=0.18, lw=0)
+            ax.plot(
+                t,
+                ys[:, :, j].mean(0),
+                marker,
+                ms=3,
+                mfc="none",
+                color=color,
+                label=f"{label} (mean, min-max of {len(sim)})" if c == 0 else None,
+            )
 
 
 def _marker_indices(T: int, max_markers: int) -> np.ndarray:

@@ -641,6 +641,21 @@ def test_overlay_draws_runs_on_other_clocks_one_by_one():
     assert "(mean, min-max of 2)" in ax.get_legend_handles_labels()[1][0]
 
 
+def test_overlay_draws_labelled_groups_of_runs_apart():
+    """``{label: runs}``: each group its own marker and legend entry (runs at two sizes are not
+    merged into one band); a batched group is its mean and band."""
+    ts = jnp.linspace(0, 1, 5)
+    small = af.Trajectory(jnp.stack([ts, ts]), {"y": jnp.stack([ts, 3 * ts])})  # two seeds
+    large = af.Trajectory(ts, {"y": 2 * ts})
+    theory = af.Trajectory(ts, {"y": 2 * ts})
+    ax = next(x for x in af.overlay(theory, {"D=250": small, "D=1000": large}, "y").axes if x.get_visible())
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels == ["theory", "D=250 (mean, min-max of 2)", "D=1000"]
+    assert [line.get_marker() for line in ax.lines] == ["None", "o", "s"]
+    np.testing.assert_allclose(ax.lines[1].get_ydata(), 2 * ts)
+    np.testing.assert_allclose(ax.lines[2].get_ydata(), 2 * ts)
+
+
 def test_overlay_names_matrix_entries_and_draws_a_symmetric_matrix_once():
     ts = jnp.linspace(0, 1, 6)
     R = ts[:, None, None] * jnp.array([[1.0, 2.0], [3.0, 4.0]])
