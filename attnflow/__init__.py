@@ -3,7 +3,7 @@
 Theory (order-parameter and reduced ODEs, `integrate`) and simulation (SGD / gradient
 flow of the same networks, `simulate`) return the same `Trajectory` of named
 observables; `sweep` runs either over a grid in one compiled call. Each theory package
-(`deeplinear`, `qkov`, `focus`, `heads`) has the same shape: ``Setup``, ``solve``,
+(`deeplinear`, `qkov`, `focus`, `heads`, `derive`) has the same shape: ``Setup``, ``solve``,
 ``train`` and ``OBSERVABLES`` (see `attnflow.setup`).
 """
 

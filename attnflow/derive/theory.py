@@ -58,7 +58,10 @@ __all__ = [
 ]
 
 Rule = tuple[jax.Array, jax.Array]
-"""Quadrature nodes ``(n, d)`` of ``N(0, I_d)`` and weights ``(n,)``."""
+"""A quadrature rule, as `rule` returns it and the ``rule=`` arguments take it: nodes ``(n, d)``
+and weights ``(n,)``. The nodes are points of ``N(0, I_d)`` with ``d`` = `Setup.dim`; with
+`SingleLocation` data each node also carries its amplitudes ``theta`` and signal location
+(`DataModel.nodes`)."""
 
 
 def rule(setup: Setup) -> Rule:
