@@ -123,8 +123,11 @@ def train(
     `DEFAULT_TRAIN_SAVE`, time units); ``error`` and ``attention`` on a held-out batch of
     ``eval_samples`` (``0``: not recorded). ``dtype``: of tokens and keys (default JAX's float).
 
-    Against ``solve`` of the same setup the gap shrinks as ``D^{-1/2}``: at the defaults
-    (``Setup()``, ``t1 = 12``, ``D = 1000``) it stays within `TRAIN_TOLERANCE`. A diverging
+    Against ``solve`` of the same setup the gap shrinks as ``D^{-1/2}`` away from an escape: at
+    the defaults (``Setup()``, ``t1 = 12``, ``D = 1000``) it stays within `TRAIN_TOLERANCE`.
+    Across a specialisation the SGD noise re-seeds the unstable direction, so the escape time
+    differs from the ODE's (started from the same overlaps) by an ``O(1)`` amount that does not
+    shrink with ``D``; the shapes after it match (``heads`` docs page, phases). A diverging
     run raises `attnflow.DivergenceError` naming the step.
     ``event(t, obs) -> scalar`` (as in `solve`) sets ``t_event``: the first time it changes sign
     on the saved points, placed linearly between them (`attnflow.event_time`); the run goes on
