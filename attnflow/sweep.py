@@ -169,22 +169,22 @@ class SweepResult:
         """``[(coordinates, message)]`` of the points that ran with a warning, in grid order: a
         value the run can compute but should not be trusted as asked (gradient descent past its
         stability limit, which oscillates instead of converging). Their values are kept."""
+        return self._points(self.status <= WARNED, lambda code: -code - 2, "warning")
+
+    def _points(self, mask: np.ndarray, message_index: Callable[[int], int], kind: str) -> list:
+        """``[(coordinates, message)]`` where ``mask`` holds, the message read from each status
+        code by ``message_index``."""
         out = []
-        for idx in zip(*np.nonzero(self.status <= WARNED), strict=True):
+        for idx in zip(*np.nonzero(mask), strict=True):
             point = {d: self.coords[d][i].item() for d, i in zip(self.dims, idx, strict=True)}
-            k = -int(self.status[idx]) - 2
-            out.append((point, self.messages[k] if 0 <= k < len(self.messages) else f"warning {k}"))
+            k = message_index(int(self.status[idx]))
+            out.append((point, self.messages[k] if 0 <= k < len(self.messages) else f"{kind} {k}"))
         return out
 
     def failures(self) -> list[tuple[dict[str, Any], str]]:
         """``[(coordinates, message)]`` of the failed points, in grid order (pending points are
         not failures)."""
-        out = []
-        for idx in zip(*np.nonzero(self.status > 0), strict=True):
-            point = {d: self.coords[d][i].item() for d, i in zip(self.dims, idx, strict=True)}
-            code = int(self.status[idx])
-            out.append((point, self.messages[code - 1] if 0 < code <= len(self.messages) else f"failure {code}"))
-        return out
+        return self._points(self.status > 0, lambda code: code - 1, "failure")
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -346,8 +346,8 @@ class SweepResult:
         for a `Trajectory`'s times, ...), extra axes named ``<variable>_dim<i>``; ``meta`` in
         ``attrs``. A `Trajectory` leaf keeps its time axis as ``t`` when its save times are
         the same at every grid point that ran (failed and pending points are NaN there).
-        ``status`` is a variable too (`SweepResult.status`: 0 ran, > 0 failed, -1 pending), so a
-        failed point is told from a pending one; a leaf named like an axis (or ``status``)
+        ``status`` is a variable too (`SweepResult.status`: 0 ran, > 0 failed, -1 pending, <= -2
+        ran with a warning), so a failed point is told from a pending one; a leaf named like an axis (or ``status``)
         is stored as ``<name>_value``.
 
         Needs the optional dependency xarray (``pip install "attnflow[xarray]"``).
@@ -1215,22 +1215,23 @@ def sweep(
 def _report_failures(result: SweepResult, on_error: str, stacklevel: int) -> None:
     """Warn about the failed points of ``result``, naming up to three by their coordinates, or
     raise `SweepError` with ``on_error="raise"``."""
+
+    def named(points: list) -> str:  # up to three points, by their coordinates
+        shown = "; ".join(f"{', '.join(f'{k}={v!r}' for k, v in p.items())}: {m}" for p, m in points[:3])
+        return shown + (f" (and {len(points) - 3} more)" if len(points) > 3 else "")
+
+    n = int(np.prod(result.shape))
     warned = result.warnings()
     if warned:
-        shown = "; ".join(f"{', '.join(f'{k}={v!r}' for k, v in p.items())}: {m}" for p, m in warned[:3])
-        more = f" (and {len(warned) - 3} more)" if len(warned) > 3 else ""
         warnings.warn(
-            f"sweep: {len(warned)} of {int(np.prod(result.shape))} grid points ran with a warning: {shown}{more} "
-            "(SweepResult.warnings())",
+            f"sweep: {len(warned)} of {n} grid points ran with a warning: {named(warned)} (SweepResult.warnings())",
             RuntimeWarning,
             stacklevel=stacklevel + 1,
         )
     failed = result.failures()
     if not failed:
         return
-    shown = "; ".join(f"{', '.join(f'{k}={v!r}' for k, v in p.items())}: {m}" for p, m in failed[:3])
-    more = f" (and {len(failed) - 3} more)" if len(failed) > 3 else ""
-    text = f"sweep: {len(failed)} of {int(np.prod(result.shape))} grid points failed: {shown}{more}"
+    text = f"sweep: {len(failed)} of {n} grid points failed: {named(failed)}"
     if on_error == "raise":
         raise SweepError(text)
     warnings.warn(
