@@ -618,6 +618,12 @@ def _head_distance(H: int) -> np.ndarray:
     return np.minimum(d, H - d)
 
 
+def _circulant(setup: Setup, bank: BankOptions | None) -> bool:
+    """Whether the field of ``setup`` on ``bank`` keeps only the cyclically invariant states (a
+    circulant ``Q``) invariant, not the fully symmetric ones: `CyclicCopies` with ``H >= 4``."""
+    return isinstance((BankOptions() if bank is None else bank).copies, CyclicCopies) and setup.H > 3
+
+
 def _symmetric_coords(y: dict, circulant: bool = False) -> jax.Array:
     """Coordinates of a permutation-invariant state: row mean of ``M``, mean diagonal and mean
     off-diagonal of ``Q``, and the head-mean of each learned parameter. ``circulant``: of a
@@ -700,8 +706,7 @@ def unspecialised_point(
     # the cyclic copies make the field exactly equivariant under the cyclic shifts only: for
     # H >= 4 the invariant manifold has a circulant Q (neighbouring and opposite heads apart),
     # on which the root is a fixed point of the full field; equal off-diagonal entries are not
-    copies = (BankOptions() if bank is None else bank).copies
-    circulant = isinstance(copies, CyclicCopies) and setup.H > 3
+    circulant = _circulant(setup, bank)
     solver = optx.LevenbergMarquardt(rtol=1e-10, atol=1e-12) if solver is None else solver
     field = _circulant_field if circulant else _symmetric_field
     z = fixed_point(field, _symmetric_coords(like, circulant), (dyn, like), solver=solver, max_steps=max_steps)
@@ -767,7 +772,7 @@ def specialisation_spectrum(
         )
     require_x64("heads.specialisation_spectrum")
     dyn = Dynamics.build(setup, bank, form)
-    circulant = isinstance((BankOptions() if bank is None else bank).copies, CyclicCopies) and setup.H > 3
+    circulant = _circulant(setup, bank)
     return spectrum(order_parameter_field, y, dyn, basis=antisymmetric_basis(y, circulant))
 
 
