@@ -197,13 +197,16 @@ class SweepResult:
         """Grid index of the point whose coordinates are closest to ``point`` (per named axis),
         with a warning naming the point taken when a value is not on its axis (relative
         distance above ``1e-6``). A numeric value outside an axis's range, or a label not on
-        it, raises ``ValueError``."""
+        it, raises ``ValueError``. A list of values gives the array of their indices."""
         unknown = set(point) - set(self.dims)
         if unknown:
             raise ValueError(f"unknown sweep axis {sorted(unknown)}; axes are {self.dims}")
         idx: list[Any] = []
         for d in self.dims:
-            if d in point:
+            if d in point and not isinstance(point[d], str) and np.ndim(point[d]) == 1:
+                pos = self.dims.index(d)
+                idx.append(np.array([self.index(**{d: v})[pos] for v in point[d]], dtype=int))
+            elif d in point:
                 c = self.coords[d]
                 if c.dtype.kind in "fiu":
                     x = float(np.asarray(point[d], dtype=float))
@@ -231,10 +234,18 @@ class SweepResult:
         return tuple(idx)
 
     def sel(self, **point: Any) -> Any:
-        """The values at (the nearest) given coordinates; unnamed axes are kept. A value
-        outside an axis's range raises ``ValueError``."""
+        """The values at (the nearest) given coordinates; unnamed axes are kept, and an axis given
+        a list of values keeps those points (``res.sel(eta=[0.5, 1.0])``). A value outside an
+        axis's range raises ``ValueError``."""
         idx = self.index(**point)
-        return jax.tree_util.tree_map(lambda x: x[idx], self.values)
+
+        def pick(x: Any) -> Any:
+            for axis, i in enumerate(idx):  # lists first, each along its own axis (not jointly)
+                if isinstance(i, np.ndarray):
+                    x = jnp.take(x, i, axis=axis)
+            return x[tuple(slice(None) if isinstance(i, np.ndarray) else i for i in idx)]
+
+        return jax.tree_util.tree_map(pick, self.values)
 
     def __repr__(self) -> str:
         return f"SweepResult(dims={self.dims}, shape={self.shape})"

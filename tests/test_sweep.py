@@ -924,3 +924,12 @@ def test_a_warning_of_a_traced_point_is_named_by_the_sweep(tmp_path):
     assert (
         af.sweep(final, {"eta": np.array([1.0, 40.0])}, out_dir=tmp_path, progress=False).warnings() == again.warnings()
     )
+
+
+def test_sel_takes_lists_of_values_along_each_axis():
+    r = af.sweep(lambda a, b: {"x": a * 10 + b}, {"a": np.arange(4.0), "b": np.arange(3.0)}, progress=False)
+    np.testing.assert_array_equal(r.sel(a=[1.0, 3.0])["x"], [[10, 11, 12], [30, 31, 32]])
+    np.testing.assert_array_equal(r.sel(a=[1.0, 3.0], b=[0.0, 2.0])["x"], [[10, 12], [30, 32]])  # not jointly
+    np.testing.assert_array_equal(r.sel(a=2.0, b=[2.0, 1.0])["x"], [22, 21])
+    with pytest.raises(ValueError, match="outside the sweep's axis a"):
+        r.sel(a=[1.0, 9.0])
