@@ -65,9 +65,8 @@ def model_observables(
     none with ``eval_samples=0``): what `train` records, with the same ``eval_samples`` and
     ``location``."""
     from .. import _validate as V
-    from .data import SingleLocationTask
     from .setup import Setup
-    from .train import EVAL_SEED, TASK_SEED
+    from .train import EVAL_SEED, _task_of
 
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.heads.Setup, got {setup!r:.80}")
@@ -75,9 +74,7 @@ def model_observables(
         raise ValueError(f"model must be a MultiHead of the setup's H = {setup.H} heads, got {model!r:.80}")
     eval_samples = V.positive_int("eval_samples", eval_samples, minimum=0)
     D = int(jnp.shape(model.K)[1])
-    task = SingleLocationTask(
-        D, setup.L, setup.prior, key=TASK_SEED, location=location, target=setup.target, dtype=model.K.dtype
-    )
+    task = _task_of(setup, D, location, model.K.dtype)
     batch = task.sample(jax.random.PRNGKey(EVAL_SEED), max(eval_samples, 1))
     out = _observables_with_spikes(model, task.spikes, setup.target.loss, batch)
     if not eval_samples:

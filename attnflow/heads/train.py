@@ -182,6 +182,14 @@ def train(
     return run_training(_train, args, clock=dt, total=total, event=event)
 
 
+def _task_of(setup: Setup, D: int, location: int | None, dtype: Any) -> SingleLocationTask:
+    """The task `train` runs ``setup`` on at dimension ``D``: its spikes drawn from `TASK_SEED`
+    (so `attnflow.heads.model_observables` measures a returned network against the same ones)."""
+    return SingleLocationTask(
+        D, setup.L, setup.prior, key=TASK_SEED, location=location, target=setup.target, dtype=dtype
+    )
+
+
 def _label(learned):
     def rule(path):
         if path.startswith(".K"):
@@ -193,9 +201,7 @@ def _label(learned):
 
 @filter_jit
 def _train(setup, start, M0, Q0, key, D, steps, total, eval_samples, dtype, return_model, location, progress):
-    task = SingleLocationTask(
-        D, setup.L, setup.prior, key=TASK_SEED, location=location, target=setup.target, dtype=dtype
-    )
+    task = _task_of(setup, D, location, dtype)
     k_frame, k_sgd = jax.random.split(key)
     K = keys_from_overlaps(M0, Q0, task.spikes, key=k_frame).astype(dtype)
     activation = jax.tree_util.tree_map(
