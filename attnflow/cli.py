@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 import shutil
 import signal
@@ -66,7 +67,35 @@ def _parse_sets(items: list[str]) -> dict[str, str]:
     return out
 
 
+def _imports(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="a module or .py file whose experiments (attnflow.report.register) join the built-in ones; "
+        "repeatable (also $ATTNFLOW_EXPERIMENTS, comma-separated)",
+    )
+
+
+def _load(args) -> dict:
+    """Every registered experiment, the built-in ones and those of ``--import``, ``$ATTNFLOW_EXPERIMENTS``
+    and installed entry points; an error in importing one of the user's modules names it (exit status 2)."""
+    from .registry import load_all
+
+    try:
+        return load_all(getattr(args, "imports", []) or [])
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    except Exception as err:
+        if getattr(args, "debug", False):
+            raise
+        raise UsageError(f"importing experiments failed: {type(err).__name__}: {_one_line(err)}") from None
+
+
 def _common(p: argparse.ArgumentParser) -> None:
+    _imports(p)
     p.add_argument("--out", default="attnflow-out", help="output folder (default: attnflow-out)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument(
@@ -92,9 +121,11 @@ def _parser(run_epilog: str | None = None) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     ls = sub.add_parser("list", help="list registered experiments")
     ls.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    _imports(ls)
     sh = sub.add_parser("show", help="an experiment's options: name, type and default")
     sh.add_argument("name", help="the experiment (`attnflow list` lists them)")
     sh.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    _imports(sh)
     r = sub.add_parser(
         "run", help="run one experiment", epilog=run_epilog, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -137,6 +168,7 @@ def _parser(run_epilog: str | None = None) -> argparse.ArgumentParser:
     ct = sub.add_parser("cite", help="BibTeX for an experiment, a package, or (no name) everything reproduce uses")
     ct.add_argument("name", nargs="?", default=None, help="experiment (qkov-reduced) or package (qkov)")
     ct.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    _imports(ct)
     return p
 
 
@@ -273,7 +305,12 @@ def _run_help_options(argv: list[str]) -> str | None:
         return None
     from .registry import get_experiment, load_all
 
-    names = load_all()
+    imports = [b for a, b in itertools.pairwise(argv) if a == "--import"]
+    imports += [a.split("=", 1)[1] for a in argv if a.startswith("--import=")]
+    try:
+        names = load_all(imports)
+    except Exception:
+        names = load_all()  # the run itself says what is wrong with the import
     for word in argv[1:]:
         if word in names:
             return _show_options(get_experiment(word))
@@ -425,6 +462,8 @@ def _main(args) -> int:
     if args.command == "cite":
         from .citations import bibtex, keys_for
 
+        if args.name is not None:
+            _load(args)
         print(bibtex(keys_for(args.name)), end="")
         return EXIT_OK
     if args.command == "cache":
@@ -441,19 +480,19 @@ def _main(args) -> int:
         )
         return EXIT_OK
     from .ode import enable_x64
-    from .registry import get_experiment, headline, load_all
+    from .registry import get_experiment
     from .report import config_from
 
     enable_x64()  # theory runs in float64: enabled here, at the entry point
     use_compilation_cache()  # JAX's persistent cache: later runs skip most compilation ($ATTNFLOW_CACHE)
     if args.command == "list":
-        for e in load_all().values():
+        for e in _load(args).values():
             mark = "*" if e.headline else " "
             print(f"{mark} {e.name:28s} [{e.package}] {e.description}")
         print("(* = headline experiment, run by `attnflow reproduce`; `attnflow show NAME` lists its options)")
         return EXIT_OK
     if args.command == "show":
-        load_all()
+        _load(args)
         exp = get_experiment(args.name)
         print(_show_options(exp))
         return EXIT_OK
@@ -463,7 +502,7 @@ def _main(args) -> int:
         shard = _parse_shard(args.shard, args.merge)
         if args.chunk_size is not None and args.chunk_size < 1:
             raise UsageError(f"--chunk-size must be a positive integer, got {args.chunk_size}")
-        load_all()
+        _load(args)
         exp = get_experiment(args.name)
         overrides = _parse_sets(args.set)
         config = config_from(exp.config, overrides, exp.name)  # every option checked before computing
@@ -506,7 +545,8 @@ def _main(args) -> int:
         if not args.quiet:
             print(f"[attnflow] {exp.name} -> {out / exp.name}", file=sys.stderr)
         return EXIT_OK if res["passed"] else EXIT_FAILED
-    exps = list(load_all().values()) if args.all else headline()
+    loaded = _load(args)
+    exps = [e for e in loaded.values() if args.all or e.headline]
     out = _check_out(args.out)
     _check_replaceable(out, [e.name for e in exps])
     stage = _staging(out)

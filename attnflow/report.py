@@ -12,6 +12,7 @@ folder: ``*.npz`` + ``*.json`` trajectories, ``*.png`` figures, ``summary.json``
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import numbers
@@ -224,6 +225,10 @@ class Experiment:
         return option_notes(self.config)
 
     def run(self, overrides: Mapping[str, Any] | None = None, quiet: bool = True) -> Report:
+        """Run the recipe on its defaults with ``overrides`` applied (`config_from`: values or
+        ``--set`` strings, checked before running) and return its `Report`, with the warnings
+        the run raised in its notes, its total time, its references and the compilations it
+        made (`attnflow.count_compilations`)."""
         config = config_from(self.config, overrides or {}, self.name)
         t0 = time.perf_counter()
         with count_compilations() as compiled, warnings.catch_warnings(record=True) as caught:
@@ -284,14 +289,20 @@ def register(
 
 
 def experiments() -> dict[str, Experiment]:
+    """``{name: Experiment}`` of the experiments registered so far in this process (the
+    ``attnflow`` command's are those of `attnflow.registry.load_all`)."""
     return dict(_REGISTRY)
 
 
 def get_experiment(name: str) -> Experiment:
+    """The registered experiment ``name``; ``ValueError`` naming the closest registered names
+    (and listing all) when there is none."""
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown experiment {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+        close = difflib.get_close_matches(str(name), list(_REGISTRY), n=3, cutoff=0.6)
+        hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+        raise ValueError(f"unknown experiment {name!r}; {hint}known: {', '.join(sorted(_REGISTRY))}") from None
 
 
 def parse_value(text: str) -> Any:

@@ -1,0 +1,118 @@
+"""A user's own experiments in the ``attnflow`` command: ``--import``, ``$ATTNFLOW_EXPERIMENTS``
+and the ``attnflow.experiments`` entry-point group (`attnflow.registry.load_all`)."""
+
+import importlib.metadata
+import json
+import textwrap
+
+import pytest
+
+from attnflow import registry
+from attnflow.cli import main
+from attnflow.report import get_experiment
+
+# a user's experiment: a sweep of x**2 over a grid, checked against the sum written out
+SOURCE = textwrap.dedent(
+    """
+    from dataclasses import dataclass
+
+    import jax.numpy as jnp
+
+    import attnflow as af
+    from attnflow.report import Report, register
+
+
+    @dataclass(frozen=True)
+    class Config:
+        top: float = 3.0  # largest x
+        n: int = 8  # grid points
+
+
+    @register("{name}", config=Config, description="a user's sweep of x**2", sweeps=True)
+    def run(cfg: Config, quiet: bool) -> Report:
+        res = af.sweep(lambda x: {{"y": x**2}}, {{"x": jnp.linspace(0.0, cfg.top, cfg.n)}}, progress=False)
+        report = Report("{name}", cfg)
+        report.summary["sum"] = float(jnp.sum(res["y"]))
+        exact = sum((cfg.top * i / (cfg.n - 1)) ** 2 for i in range(cfg.n))
+        report.check("sum vs exact", abs(report.summary["sum"] - exact), 1e-9)
+        return report
+    """
+)
+
+
+def _write(folder, module, name):
+    path = folder / f"{module}.py"
+    path.write_text(SOURCE.format(name=name))
+    return path
+
+
+def _summary(out, name):
+    return json.loads((out / name / "summary.json").read_text())
+
+
+def test_import_file_lists_shows_and_runs_it(tmp_path, capsys):
+    path = _write(tmp_path, "lab_file_a", "lab-a")
+    assert main(["list", "--import", str(path)]) == 0
+    assert "lab-a" in capsys.readouterr().out
+    assert main(["show", "lab-a", "--import", str(path)]) == 0
+    assert "--set top=3.0" in capsys.readouterr().out
+    out = tmp_path / "out"
+    assert main(["run", "lab-a", "--import", str(path), "--set", "top=2", "--out", str(out), "--quiet"]) == 0
+    s = _summary(out, "lab-a")
+    assert s["config"] == {"top": 2.0, "n": 8} and s["passed"]
+    assert s["summary"]["sum"] == pytest.approx(sum((2 * i / 7) ** 2 for i in range(8)), rel=1e-12)
+    assert get_experiment("lab-a").package == "lab_file_a"
+
+
+def test_shards_of_a_users_experiment_merge_to_the_plain_run(tmp_path, monkeypatch):
+    """The module named in $ATTNFLOW_EXPERIMENTS, found in the working folder as `python -m` would."""
+    _write(tmp_path, "lab_env_b", "lab-b")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(registry.EXPERIMENTS_ENV, " lab_env_b , ")
+    sets = ["--set", "n=16", "--quiet"]
+    assert main(["run", "lab-b", *sets, "--out", "plain"]) == 0
+    assert main(["run", "lab-b", *sets, "--out", "sharded", "--shard", "1/2"]) == 0
+    assert main(["run", "lab-b", *sets, "--out", "sharded", "--shard", "2/2"]) == 0
+    assert main(["run", "lab-b", *sets, "--out", "sharded", "--merge"]) == 0
+    merged = _summary(tmp_path / "sharded", "lab-b")
+    assert merged["summary"] == _summary(tmp_path / "plain", "lab-b")["summary"]
+    assert any("2 of the 2 sweep chunks were loaded" in n for n in merged["notes"])
+
+
+def test_entry_point_adds_experiments(tmp_path, monkeypatch, capsys):
+    _write(tmp_path, "lab_ep_c", "lab-c")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ep = importlib.metadata.EntryPoint(name="lab", value="lab_ep_c", group=registry.ENTRY_POINT_GROUP)
+    real = importlib.metadata.entry_points
+
+    def entry_points(**kw):
+        return (ep,) if kw.get("group") == registry.ENTRY_POINT_GROUP else real(**kw)
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+    assert "lab-c" in registry.load_all()
+    assert main(["list"]) == 0
+    assert "lab-c" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("missing_dir/lab.py", "--import 'missing_dir/lab.py': no such file"),
+        ("no_such_lab_module", "--import 'no_such_lab_module': no module named 'no_such_lab_module'"),
+        ("json_clash/json.py", "a module named 'json' is already imported"),
+        ("broken_lab.py", "importing experiments failed: ZeroDivisionError: division by zero"),
+    ],
+)
+def test_bad_import_is_one_line_exit_2(source, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "json_clash").mkdir()
+    (tmp_path / "json_clash" / "json.py").write_text("")
+    (tmp_path / "broken_lab.py").write_text("1 / 0\n")
+    assert main(["list", "--import", source]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_unknown_experiment_suggests_the_closest(capsys):
+    assert main(["show", "qkov-reducd"]) == 2
+    assert "did you mean 'qkov-reduced'" in capsys.readouterr().err
