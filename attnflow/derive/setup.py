@@ -282,18 +282,24 @@ def default_quadrature(dim: int) -> Quadrature:
 
 
 _GRADIENT_PROBES = 8
-"""How many random inputs `_frozen_model` tries."""
+"""How many random inputs `_frozen_model` tries at each of its `_PROBE_SCALES`."""
+
+_PROBE_SCALES = (0.1, 1.0, 10.0, 100.0)
+"""Standard deviations of `_frozen_model`'s inputs: a unit that is active only far from the
+origin (``relu(lam - 2.5)``, a dead zone) has a nonzero gradient at the larger scales, which
+SGD from a large initialisation meets; a step function has none at any."""
 
 
 @functools.lru_cache(maxsize=256)
 def _frozen_model(student: Callable, teacher: Callable, loss: Callable, K: int, M: int, v_shape: tuple | None) -> bool:
     """Whether the per-sample loss has an exactly zero gradient, with respect to the student's
-    fields and its readout, at `_GRADIENT_PROBES` standard Gaussian inputs (fixed draws): a
-    model SGD cannot train (Gaussian inputs). Cached per model: a `Setup.replace` in a loop or
-    a sweep checks it once."""
+    fields and its readout, at `_GRADIENT_PROBES` Gaussian inputs of each standard deviation of
+    `_PROBE_SCALES` (fixed draws): a model SGD cannot train (Gaussian inputs). Cached per model:
+    a `Setup.replace` in a loop or a sweep checks it once."""
     rng = np.random.default_rng(0)
-    lam = rng.standard_normal((_GRADIENT_PROBES, K))
-    nu = rng.standard_normal((_GRADIENT_PROBES, M))
+    scale = np.repeat(np.asarray(_PROBE_SCALES), _GRADIENT_PROBES)[:, None]
+    lam = scale * rng.standard_normal((scale.size, K))
+    nu = scale * rng.standard_normal((scale.size, M))
     v = None if v_shape is None else rng.standard_normal(v_shape)
 
     def sample_loss(lam: Any, v: Any, nu: Any) -> Any:
@@ -348,8 +354,8 @@ class Setup(AbstractSetup):
     shapes (`jax.eval_shape`, nothing computed): a call that fails, or a student output whose
     shape differs from the teacher's, raises ``ValueError`` naming the call. With
     `GaussianInputs`, a loss whose gradient with respect to the student's fields and readout is
-    exactly zero at 8 random inputs (a ``sign`` student, a 0-1 loss) raises ``ValueError``: SGD
-    would not move and the derived field would vanish.
+    exactly zero at 32 random inputs of standard deviations 0.1 to 100 (a ``sign`` student, a
+    0-1 loss) raises ``ValueError``: SGD would not move and the derived field would vanish.
     """
 
     student: Callable = eqx.field(static=True)
@@ -513,7 +519,8 @@ class Setup(AbstractSetup):
             if frozen:
                 raise ValueError(
                     f"the loss does not change with the student's fields{'' if v_shape is None else ' or readout'}: "
-                    f"its gradient is exactly zero at {_GRADIENT_PROBES} random Gaussian inputs, so online SGD "
+                    f"its gradient is exactly zero at {_GRADIENT_PROBES * len(_PROBE_SCALES)} random Gaussian inputs "
+                    f"(standard deviations {', '.join(f'{x:g}' for x in _PROBE_SCALES)}), so online SGD "
                     "would not move and the derived ODE would be dR/dt = dQ/dt = 0. A step function (sign, a "
                     "0-1 loss) has zero derivative almost everywhere: use a smooth surrogate (erf(x / eps) for "
                     "sign(x), a logistic loss for the 0-1 loss)"
