@@ -602,6 +602,14 @@ def test_bad_input():
     started = Setup(init=Overlaps(m0, m0 @ m0.T + 0.1 * jnp.eye(2)))
     with pytest.raises(ValueError, match=r"escape = 0.5 must lie above the initial specialisation S\(M0\) = 1.131"):
         solve(started, 1.0, escape=0.5, bank=BankOptions(n=16))
+    # in a sweep over the learning rate too, at once; over the threshold the point fails by name
+    with pytest.raises(ValueError, match=r"escape = 0.5 must lie above the initial specialisation"):
+        af.sweep(lambda eta: solve(started.replace(eta=eta), 1.0, escape=0.5, bank=BankOptions(n=16)).t_event,
+                 {"eta": [1.0]}, progress=False)  # fmt: skip
+    with pytest.warns(RuntimeWarning, match=r"1 of 2 grid points failed: thr=0.5: escape must lie above"):
+        res = af.sweep(lambda thr: solve(started, 1.0, escape=thr, bank=BankOptions(n=16)).t_event,
+                       {"thr": [0.5, 2.0]}, progress=False)  # fmt: skip
+    assert res.status.tolist()[0] > 0 and res.status.tolist()[1] == 0
     # a support point of weight 0 gets no oracle head (its b would be -inf)
     Th, _, b = oracle_config(Discrete([[1.0], [-1.0], [2.0]], [0.5, 0.5, 0.0]))
     assert Th.shape == (2, 1) and np.all(np.isfinite(b))
@@ -655,3 +663,15 @@ def test_flipped_spike_built_inside_jit_keeps_its_sign_symmetry():
 
     assert bool(flag(3.0)) and hd.FlippedSpike(3.0).sign_symmetric
     assert not hd.FlippedSpike(3.0, 0.4).sign_symmetric
+
+
+def test_staged_linearises_before_the_earliest_escape_whatever_the_order():
+    """heads-staged's plateau state: half the earliest escape, with the variances in any order."""
+    from attnflow.heads.experiments import _plateau_index
+
+    ts = np.linspace(0.0, 300.0, 301)
+    assert ts[_plateau_index(ts, np.array([20.0, 124.0]), 300.0)] == 10.0
+    assert ts[_plateau_index(ts, np.array([190.0, 20.0]), 300.0)] == 10.0  # was 95: feature 2 specialised
+    assert ts[_plateau_index(ts, np.array([np.nan, 40.0, np.inf]), 300.0)] == 20.0
+    assert ts[_plateau_index(ts, np.array([np.nan, np.inf]), 300.0)] == 150.0
+

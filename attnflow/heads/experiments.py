@@ -442,6 +442,14 @@ class StagedConfig:
         V.positive("threshold", self.threshold)
 
 
+def _plateau_index(ts: np.ndarray, t_escape: np.ndarray, t_end: float) -> int:
+    """The save index nearest half the earliest finite escape time of any feature (``t_end``
+    when none escaped): a state on the plateau, before any feature has specialised."""
+    finite = np.asarray(t_escape, dtype=float)[np.isfinite(t_escape)]
+    first = float(finite.min()) if finite.size else t_end
+    return int(np.argmin(np.abs(ts - 0.5 * first)))
+
+
 @register(
     "heads-staged",
     config=StagedConfig,
@@ -463,11 +471,12 @@ def heads_staged(cfg: StagedConfig, quiet: bool) -> Report:
     rep.timings["ODE"] = tm.seconds
     t_ode = np.asarray(feature_escape_times(ode, cfg.threshold))
     with Timer() as tm:
-        # linearised on the flow's own plateau (symmetrised), halfway to the first escape: the
-        # plateau drifts slowly, and the root of the equal-heads field a root find reaches from
-        # Q = sigma0^2 I can be one whose keys coincide, which the flow never nears
+        # linearised on the flow's own plateau (symmetrised), halfway to the first escape of any
+        # feature (variances in any order): the plateau drifts slowly, and the root of the
+        # equal-heads field a root find reaches from Q = sigma0^2 I can be one whose keys
+        # coincide, which the flow never nears
         ts = np.asarray(ode.ts)
-        k = int(np.argmin(np.abs(ts - 0.5 * (t_ode[0] if np.isfinite(t_ode[0]) else cfg.t_end))))
+        k = _plateau_index(ts, t_ode, cfg.t_end)
         y0 = symmetrise({"M": ode["M"][k], "Q": ode["Q"][k], "act": {n: ode[n][k] for n in setup.activation.learned}})
         spec = specialisation_spectrum(setup, y0, bank=bank)
     rep.timings["linearisation on the plateau"] = tm.seconds

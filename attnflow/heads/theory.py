@@ -32,6 +32,7 @@ import optimistix as optx
 from jax.flatten_util import ravel_pytree
 
 from .. import _validate as V
+from .._errors import check_traced
 from .._jit import filter_jit
 from ..analysis import first_crossing
 from ..expect import all_permutations, antithetic_copies, cyclic_permutations, permuted_copies, psd_sqrt
@@ -584,11 +585,21 @@ def solve(
 
 def check_escape_start(setup: Setup, threshold: Any, name: str) -> None:
     """``ValueError`` unless the heads start below the specialisation ``threshold`` (called
-    ``name``): an escape event would never fire from above it."""
-    if V.any_traced((setup, threshold)):
+    ``name``): an escape event would never fire from above it. Traced (a sweep over the
+    threshold or the initialisation; over the learning rate it is checked at once): the point
+    is marked failed with that message instead (`check_traced`), not left to read as "no
+    escape by t1"."""
+    with jax.ensure_compile_time_eval():  # M0 of a concrete initialisation is a value, also in a sweep
+        M0, _ = setup.initial_overlaps()
+    if V.any_traced((M0, threshold)):
+        check_traced(
+            lambda: ~(specialisation(jnp.asarray(M0)) < threshold),
+            f"{name} must lie above the initial specialisation S(M0): the heads start specialised, so there is "
+            "no escape to time",
+        )
         return
-    M0, _ = setup.initial_overlaps()
-    s0 = float(specialisation(jnp.asarray(M0)))
+    with jax.ensure_compile_time_eval():
+        s0 = float(specialisation(jnp.asarray(M0)))
     if not s0 < float(threshold):
         raise ValueError(
             f"{name} = {V.show(threshold)} must lie above the initial specialisation S(M0) = {s0:.4g}: "
