@@ -241,8 +241,8 @@ class SweepResult:
 
         def pick(x: Any) -> Any:
             for axis, i in enumerate(idx):  # lists first, each along its own axis (not jointly)
-                if isinstance(i, np.ndarray):
-                    x = jnp.take(x, i, axis=axis)
+                if isinstance(i, np.ndarray):  # NumPy values stay NumPy (float64 kept without x64)
+                    x = jnp.take(x, i, axis=axis) if isinstance(x, jax.Array) else np.take(x, i, axis=axis)
             return x[tuple(slice(None) if isinstance(i, np.ndarray) else i for i in idx)]
 
         return jax.tree_util.tree_map(pick, self.values)
@@ -280,7 +280,8 @@ class SweepResult:
         def reduce(x: Any) -> Any:
             if isinstance(x, Trajectory):
                 return on_trajectory(x, axes)
-            return jnp.asarray(on_array(np.asarray(x), axes))
+            out = on_array(np.asarray(x), axes)
+            return jnp.asarray(out) if isinstance(x, jax.Array) else out  # NumPy stays NumPy (its float64)
 
         values = jax.tree_util.tree_map(reduce, self.values, is_leaf=lambda x: isinstance(x, Trajectory))
         st = np.moveaxis(np.asarray(self.status), axes, tuple(range(-len(axes), 0)))
@@ -385,8 +386,8 @@ class SweepResult:
                 flat = ts.reshape(-1, ts.shape[-1])
                 # failed and pending points hold NaN times: only the points that ran must agree
                 ran = ~np.all(np.isnan(flat), axis=1) if flat.dtype.kind in "fc" else np.ones(len(flat), bool)
-                if ts.shape[:-1] == self.status.shape:
-                    ran &= self.status.reshape(-1) == 0
+                if ts.shape[:-1] == self.status.shape:  # points that ran, warned ones included
+                    ran &= np.asarray(self.ok).reshape(-1)
                 first = flat[ran][0] if ran.any() else None
                 if first is not None and bool(np.all(flat[ran] == first)):
                     coords[f"{prefix}t" if prefix else "t"] = first

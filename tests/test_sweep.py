@@ -920,6 +920,12 @@ def test_a_warning_of_a_traced_point_is_named_by_the_sweep(tmp_path):
     with pytest.warns(UserWarning, match="eta dt s_max = 1.2 >= 1"):
         direct = final(40.0)
     assert float(direct) == pytest.approx(float(res.values[1]), rel=1e-12)
+    pytest.importorskip("xarray")  # every point warned: the time axis is still one coordinate
+    runs = af.sweep(
+        lambda eta: dl.train(s.replace(eta=eta), 2.0, save=af.LinearGrid(3)), {"eta": np.array([40.0, 50.0])},
+        progress=False,
+    )  # fmt: skip
+    assert runs.status.tolist() != [0, 0] and runs.to_xarray()["loss"].dims[:2] == ("eta", "t")
     again = af.sweep(final, {"eta": np.array([1.0, 40.0])}, out_dir=tmp_path, progress=False)
     assert (
         af.sweep(final, {"eta": np.array([1.0, 40.0])}, out_dir=tmp_path, progress=False).warnings() == again.warnings()
@@ -933,3 +939,10 @@ def test_sel_takes_lists_of_values_along_each_axis():
     np.testing.assert_array_equal(r.sel(a=2.0, b=[2.0, 1.0])["x"], [22, 21])
     with pytest.raises(ValueError, match="outside the sweep's axis a"):
         r.sel(a=[1.0, 9.0])
+    # NumPy values (a loaded result) stay NumPy, their float64 too, whatever JAX's precision
+    loaded = af.SweepResult(
+        ("a", "seed"), {"a": np.arange(2.0), "seed": np.arange(2)}, {"x": np.array([[1.0, 1.0 + 1e-12], [2.0, 2.0]])}
+    )
+    for picked in (loaded.sel(a=[0.0])["x"], loaded.mean("seed")["x"], loaded.std("seed")["x"]):
+        assert type(picked) is np.ndarray and picked.dtype == np.float64
+    assert loaded.mean("seed")["x"][0] - 1.0 == pytest.approx(5e-13, rel=1e-3)
