@@ -93,7 +93,7 @@ def psd_sqrt(P: jax.Array) -> jax.Array:
     equation ``S dS + dS S = dP``: ``dS = U [(U^T dP U)_ij / (sqrt l_i + sqrt l_j)] U^T``,
     set to zero where the denominator vanishes (autodiff through ``eigh`` would give NaN
     at repeated eigenvalues). Eigenvalues within rounding of zero (below ``1e-12``
-    times the largest) count as zero there: ``eigh`` returns an exact zero as ``+-1e-18``,
+    times the largest in float64, ``n eps`` times it in a lower precision) count as zero there: ``eigh`` returns an exact zero as ``+-1e-18``,
     whose ``1 / sqrt`` would make the derivative of a singular ``P`` jump by ``1e9``.
     """
     w, U = jnp.linalg.eigh(0.5 * (P + jnp.swapaxes(P, -1, -2)))
@@ -106,7 +106,10 @@ def _psd_sqrt_jvp(primals, tangents):
     w, U = jnp.linalg.eigh(0.5 * (P + jnp.swapaxes(P, -1, -2)))
     S = (U * jnp.sqrt(jnp.clip(w, 0.0))[..., None, :]) @ jnp.swapaxes(U, -1, -2)
     # the derivative's denominators: an eigenvalue at rounding level is a zero, not a tiny root
-    floor = PSD_ROOT_RTOL * jnp.max(jnp.abs(w), axis=-1, keepdims=True)
+    # (relative to the largest: 1e-12 in float64; n eps of the dtype where that is larger, as
+    # numpy.linalg.matrix_rank's tolerance, 2.4e-7 for a 2 x 2 float32 P)
+    rtol = max(PSD_ROOT_RTOL, w.shape[-1] * float(jnp.finfo(w.dtype).eps))
+    floor = rtol * jnp.max(jnp.abs(w), axis=-1, keepdims=True)
     s = jnp.sqrt(jnp.where(w > floor, w, 0.0))
     Ut = jnp.swapaxes(U, -1, -2)
     dPs = 0.5 * (dP + jnp.swapaxes(dP, -1, -2))

@@ -602,6 +602,11 @@ def test_psd_sqrt_value_and_grads():
     exact = jnp.diag(jnp.array([0.3, 0.0, 0.0]))
     _, dS = jax.jvp(af.psd_sqrt, (exact,), (jnp.diag(jnp.array([0.0, 1.0, 0.0])),))
     np.testing.assert_allclose(dS, 0.0, atol=1e-15)
+    # in float32 eigh's zeros are +-1e-8: n eps of the largest count as zero (was |dS| ~ 2e3)
+    for c in (0.0321, 0.05, 0.3):
+        P32 = (c * 4 * jnp.outer(v, v)).astype(jnp.float32)
+        _, dS = jax.jvp(af.psd_sqrt, (P32,), (jnp.outer(u, u).astype(jnp.float32),))
+        assert dS.dtype == jnp.float32 and float(jnp.max(jnp.abs(dS))) < 1e-5
 
 
 # ----------------------------------------------------------------------------- plot
