@@ -92,9 +92,10 @@ def psd_sqrt(P: jax.Array) -> jax.Array:
     permutation of the coordinates; the symmetric root is. Its JVP solves the Sylvester
     equation ``S dS + dS S = dP``: ``dS = U [(U^T dP U)_ij / (sqrt l_i + sqrt l_j)] U^T``,
     set to zero where the denominator vanishes (autodiff through ``eigh`` would give NaN
-    at repeated eigenvalues). Eigenvalues within rounding of zero (below ``1e-12``
-    times the largest in float64, ``n eps`` times it in a lower precision) count as zero there: ``eigh`` returns an exact zero as ``+-1e-18``,
-    whose ``1 / sqrt`` would make the derivative of a singular ``P`` jump by ``1e9``.
+    at repeated eigenvalues). Eigenvalues within rounding of zero (below ``1e-12`` times
+    the largest in float64, ``n eps`` times it in a lower precision) count as zero there:
+    ``eigh`` returns an exact zero as ``+-1e-18``, whose ``1 / sqrt`` would make the
+    derivative of a singular ``P`` jump by ``1e9``.
     """
     w, U = jnp.linalg.eigh(0.5 * (P + jnp.swapaxes(P, -1, -2)))
     return (U * jnp.sqrt(jnp.clip(w, 0.0))[..., None, :]) @ jnp.swapaxes(U, -1, -2)

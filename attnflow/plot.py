@@ -112,7 +112,8 @@ def overlay(
     indexed by the flattened entry); a square matrix symmetric at every saved time (an overlap
     matrix ``Q``) draws each off-diagonal entry once (its upper triangle).
     At most ``max_markers`` simulation points are drawn per curve (evenly in save index).
-    Failed runs of a sweep (NaN times) are left out, and their number is in the legend.
+    Failed runs of a sweep (NaN times) are left out, and their number is in the legend (a group
+    whose runs all failed keeps its legend entry, "(all N runs failed)").
     """
     if theory is not None and not isinstance(theory, Trajectory):
         raise ValueError(f"overlay: theory must be a Trajectory or None, got {type(theory).__name__}")
@@ -130,7 +131,9 @@ def overlay(
     groups = []
     for label, group in given:
         ok = [r for r in group if not _failed(r)]  # failed sweep points are left out, and counted
-        if len(ok) < len(group):
+        if not ok and group:  # still in the legend: a size whose runs all diverged is a result
+            label = f"{label} ({f'all {len(group)} runs' if len(group) > 1 else 'the run'} failed)"
+        elif len(ok) < len(group):
             label = f"{label} ({len(group) - len(ok)} failed runs left out)"
         groups.append((label, ok))
     every = [r for _, group in given for r in group]
@@ -165,6 +168,9 @@ def overlay(
                     lab = f"{theory_label} {col_labels[c]}"
                 ax.plot(t, y[:, j], "-", color=_COLORS[c % 10], lw=1.8, label=lab)
         for g, (label, group) in enumerate(groups):
+            if not group:
+                ax.plot([], [], _MARKERS[g % len(_MARKERS)], color="0.5", mfc="none", label=label)
+                continue
             sim = [r for r in group if name in r]
             _draw_runs(ax, name, sim, cols, label, _MARKERS[g % len(_MARKERS)], max_markers)
         _style_panel(ax, name, log_time, log_y, time_label, labels)
@@ -431,8 +437,8 @@ def mark_times(
     (an event that never happened: a NaN crossing) and, on a logarithmic time axis,
     non-positive ones are not drawn. A time outside the x range of the data already on ``ax``
     does not stretch the axis: its line is left out and its legend entry ends in "(off the
-    axis)". Each line gets a legend entry ``"EVENT: theory t=..."``
-    / ``"EVENT: measured t=..."``; with ``legend=True`` the legend of ``ax`` is redrawn
+    axis)" (measured times partly on the axis: "(k off the axis)"). Each line gets a legend
+    entry ``"EVENT: theory t=..."`` / ``"EVENT: measured t=..."``; with ``legend=True`` the legend of ``ax`` is redrawn
     (``legend_kw`` passed to ``ax.legend``, ``fontsize=7`` by default).
 
     Returns ``{event: (t_predicted, t_measured, t_predicted / t_measured)}`` for every event
@@ -494,6 +500,8 @@ def mark_times(
             lab += f" (mean of {len(finite)})"
         # the legend entry goes with the first line on the axis (off the axis when none is)
         on_axis = [t for t in shown if lo <= t <= hi]
+        if lab is not None and on_axis and len(on_axis) < len(shown):
+            lab += f" ({len(shown) - len(on_axis)} off the axis)"
         for t in on_axis or shown[:1]:
             if line(float(t), lab, color=c, ls=":", lw=1.2, alpha=0.9):
                 ax.plot([t], [1.0], "v", color=c, ms=5, transform=top, clip_on=False)

@@ -718,6 +718,12 @@ def test_plots_leave_failed_sweep_points_out():
     assert "failed, left out: c=2" in ax.get_legend().get_title().get_text()
     ax = next(a for a in af.overlay(None, res.values, "y").axes if a.get_visible())
     assert "(1 failed runs left out)" in ax.get_legend_handles_labels()[1][0]
+    # a group whose runs all failed keeps its legend entry
+    failed = res.values.batch(2)
+    ax = next(
+        a for a in af.overlay(None, {"D=250": failed, "D=1000": res.values.batch(0)}, "y").axes if a.get_visible()
+    )
+    assert ax.get_legend_handles_labels()[1] == ["D=250 (the run failed)", "D=1000"]
     np.testing.assert_allclose(res.values.mean(axis=0)["y"], np.full(5, np.nan))  # the group holds a failure
 
 

@@ -473,7 +473,7 @@ def test_bad_input_names_the_argument():
     with pytest.raises(ValueError, match="samples"):
         derive.MonteCarlo(3)
     # a unit active only far from the origin is trainable: SGD from Q0 = 25 moves it
-    far = lambda lam, v=None: jnp.sum(jax.nn.relu(lam - 2.5))  # noqa: E731
+    far = lambda lam, v=None: jnp.sum(jax.nn.relu(lam - 2.5))
     s_far = derive.Setup(far, far, jnp.full((1, 1), 2.5), jnp.full((1, 1), 25.0))
     assert float(s_far.replace(R0=jnp.full((1, 1), 0.5), Q0=jnp.ones((1, 1))).Q0[0, 0]) == 1.0
     field = derive.vector_field(s_far, s_far.R0, s_far.Q0)

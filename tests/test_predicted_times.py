@@ -64,7 +64,7 @@ def test_a_time_past_the_data_keeps_the_axis_and_is_listed_off_the_axis():
     before = ax.get_xlim()
     rows = mark_times(ax, {"late": 500.0, "early": 2.0}, {"late": [400.0, 5.0]})
     assert ax.get_xlim() == before
-    assert _vlines(ax) == {"early: theory t=2": 2.0, "late: measured t=202 (mean of 2)": 5.0}
+    assert _vlines(ax) == {"early: theory t=2": 2.0, "late: measured t=202 (mean of 2) (1 off the axis)": 5.0}
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "late: theory t=500 (off the axis)" in legend
     assert rows["late"] == (500.0, 202.5, 500.0 / 202.5)
