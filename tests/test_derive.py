@@ -692,6 +692,21 @@ def test_single_location_solve_options_and_errors():
         derive.SingleLocation("spike")
     with pytest.raises(ValueError, match="data must be"):
         derive.Setup(derive.soft_committee, derive.soft_committee, [[0.1]], [[0.5]], data="tokens")
+    # a positional student (a fixed position bias) breaks exchangeable=True's signal-at-0 shortcut,
+    # which gave dR/dt -0.18 against -0.015 (helper's own Monte Carlo, 2e6 draws): refused by name
+    b = jnp.array([1.0, 0.0, -1.0])
+    positional = lambda lam, v: jax.nn.softmax(2.0 * lam[0] + b)
+    tokens = derive.SingleLocation(heads.FlippedSpike(2.0, 0.5), L=3)
+    with pytest.raises(ValueError, match=r"permuted: .*exchangeable=False"):
+        derive.Setup(positional, derive.signal_token, [[0.4]], [[0.7]], data=tokens)
+    ok = derive.Setup(
+        positional,
+        derive.signal_token,
+        [[0.4]],
+        [[0.7]],
+        data=derive.SingleLocation(heads.FlippedSpike(2.0, 0.5), L=3, exchangeable=False),
+    )
+    assert ok.data.exchangeable is False
 
 
 def test_single_location_train_follows_the_derived_ode():

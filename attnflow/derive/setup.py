@@ -313,6 +313,39 @@ def _frozen_model(student: Callable, teacher: Callable, loss: Callable, K: int, 
         return bool(all(np.all(np.asarray(g) == 0) for g in leaves))
 
 
+@functools.lru_cache(maxsize=256)
+def _positional_gap(
+    student: Callable, teacher: Callable, loss: Callable, K: int, M: int, L: int, v_shape: tuple | None
+) -> float:
+    """The largest relative change of the per-sample loss of the token model when its ``L``
+    locations are permuted (fields, teacher projections and signal location alike), over
+    `_GRADIENT_PROBES` random inputs and permutations (fixed draws; a random readout of shape
+    ``v_shape``): 0 up to rounding for a student and loss equivariant under the locations,
+    which `SingleLocation`'s ``exchangeable=True`` assumes."""
+    rng = np.random.default_rng(1)
+    n = _GRADIENT_PROBES
+    lam = rng.standard_normal((n, K, L))
+    nu = rng.standard_normal((n, M, L))
+    e = np.eye(L)[rng.integers(0, L, n)]
+    perm = np.stack([rng.permutation(L) for _ in range(n)])
+    v = None if v_shape is None else rng.standard_normal(v_shape)
+
+    def sample_loss(lam: Any, nu: Any, e: Any, v: Any) -> Any:
+        return jnp.sum(loss(student(lam, v), teacher(nu, e)))
+
+    with jax.ensure_compile_time_eval():  # values, also while a sweep traces the Setup
+        one = jax.vmap(sample_loss, in_axes=(0, 0, 0, None))
+        vj = None if v is None else jnp.asarray(v)
+        a = np.asarray(one(jnp.asarray(lam), jnp.asarray(nu), jnp.asarray(e), vj))
+        take = np.arange(n)[:, None]
+        b = np.asarray(
+            one(jnp.asarray(lam[take, :, perm].transpose(0, 2, 1)), jnp.asarray(nu[take, :, perm].transpose(0, 2, 1)),
+                jnp.asarray(e[take, perm]), vj)
+        )  # fmt: skip
+    scale = np.maximum(np.abs(a), 1e-12)
+    return float(np.max(np.abs(a - b) / scale))
+
+
 def _callable(name: str, f: Any) -> Callable:
     if not callable(f):
         raise ValueError(f"{name} must be a callable, got {f!r:.80}")
@@ -510,6 +543,21 @@ class Setup(AbstractSetup):
                 "(the loss compares them entry by entry)"
             )
         call("loss(student output, teacher output)", self.loss, y_hat, y)
+        if isinstance(self.data, SingleLocation) and self.data.exchangeable:
+            v_shape = None if self.v0 is None else tuple(jnp.shape(self.v0))
+            args = (self.student, self.teacher, self.loss, K, M, self.data.L, v_shape)
+            try:
+                gap = _positional_gap(*args)
+            except TypeError:  # a callable that cannot be a cache key (unhashable): check it uncached
+                gap = _positional_gap.__wrapped__(*args)
+            if not gap < 1e-6:
+                raise ValueError(
+                    f"the loss changes by up to {gap:.2g} (relative) when the {self.data.L} token locations are "
+                    "permuted: the student (or its readout, or the loss) treats positions differently, but "
+                    "SingleLocation(exchangeable=True) puts the signal at location 0, which holds only for a model "
+                    "equivariant under the locations. Use SingleLocation(..., exchangeable=False) (it enumerates "
+                    "the locations)"
+                )
         if isinstance(self.data, GaussianInputs):
             v_shape = None if self.v0 is None else tuple(jnp.shape(self.v0))
             try:
