@@ -372,7 +372,9 @@ class Setup(AbstractSetup):
       ``v <- v - (eta_v / D) grad_v loss``; ``None``, the default: ``eta``, which it then follows
       through ``replace(eta=...)``; `rate_v` is the rate in use);
     - ``noise``: label-noise standard deviation ``sigma``, or ``None`` for none (a number, even 0,
-      adds the noise variable ``xi`` to the quadrature);
+      adds the noise variable ``xi`` to the quadrature); one ``xi`` per sample, added to every
+      entry of a vector-valued label alike (``y = teacher(nu) + sigma xi``, in the ODE and in
+      `train`);
     - ``data``: the data model, `GaussianInputs` (default) or `SingleLocation` (the token model
       of `attnflow.heads`: ``student(lam (K, L), v)``, ``teacher(nu (M, L), e (L,))``, ``M`` the
       prior's ``F``; no label noise);
