@@ -52,7 +52,8 @@ class SaveGrid(eqx.Module):
         The grid is read in time units: `LinearGrid` and `LogGrid` are laid on the step axis
         (``t_min`` divided by ``dt``), `TimeGrid` times are rounded to the nearest step.
         ``t1`` shorter than one step raises ``ValueError``; a ``t1`` that is not a multiple of
-        ``dt`` ends at the nearest step, with a warning naming that time.
+        ``dt`` ends at the last step before it (never past ``t1``: a theory solved to ``t1``
+        covers the run), with a warning naming that time.
         """
         t1f = V.finite_scalar("t1", t1)
         dtf = V.finite_scalar("dt", dt)
@@ -60,10 +61,13 @@ class SaveGrid(eqx.Module):
             raise ValueError(f"t1 and dt must be positive, got t1={t1!r}, dt={dt!r}")
         if t1f < dtf * (1 - 1e-9):
             raise ValueError(f"t1 = {t1f:g} is shorter than one step dt = {dtf:g}")
-        total = max(1, int(round(t1f / dtf)))
+        # the last step at or before t1 (up to rounding): a run never passes t1, so a theory solved
+        # to t1 covers every time it saves
+        total = max(1, int(np.floor(t1f / dtf * (1 + 1e-12) + 1e-6)))
         if abs(total * dtf - t1f) > 1e-9 * t1f + 1e-6 * dtf:
             warnings.warn(
-                f"t1 = {t1f:g} is not a multiple of dt = {dtf:g}: the run ends at step {total}, t = {total * dtf:g}",
+                f"t1 = {t1f:g} is not a multiple of dt = {dtf:g}: the run ends at the last step before it, step "
+                f"{total}, t = {total * dtf:g}",
                 stacklevel=_caller_outside_attnflow(),
             )
         if total > 2**31 - 1:
@@ -169,8 +173,8 @@ class LogGrid(SaveGrid):
 class TimeGrid(SaveGrid):
     """Explicit save times ``ts`` (1-D, finite, strictly increasing). As steps
     (`steps`) they must be integers in ``[0, total]``; as times of a run with step ``dt``
-    (`steps_for`) they are rounded to the nearest step, and two that round to the same step
-    raise ``ValueError``."""
+    (`steps_for`) they are rounded to the nearest step (at most the run's last), and two that
+    round to the same step raise ``ValueError``."""
 
     ts: Any
 
@@ -207,9 +211,10 @@ class TimeGrid(SaveGrid):
 
     def _steps_in_time(self, total, dt):
         s = np.asarray(self.ts, dtype=float)
-        if s[0] < 0 or s[-1] > total * dt * (1 + 1e-12):
+        # up to t1, which may lie within a step past the last one (a t1 not a multiple of dt)
+        if s[0] < 0 or s[-1] >= (total + 1) * dt * (1 - 1e-12):
             raise ValueError(f"save times must lie in [0, {total * dt:g}], got {s[0]:g} .. {s[-1]:g}")
-        steps = np.round(s / dt).astype(np.int64)
+        steps = np.minimum(np.round(s / dt), total).astype(np.int64)
         same = np.flatnonzero(np.diff(steps) == 0)
         if same.size:
             # dropping one would return fewer save points than asked for, silently misaligned

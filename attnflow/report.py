@@ -231,9 +231,16 @@ class Experiment:
         made (`attnflow.count_compilations`)."""
         config = config_from(self.config, overrides or {}, self.name)
         t0 = time.perf_counter()
-        with count_compilations() as compiled, warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("default")
-            report = self.fn(config, quiet)
+        caught: list = []
+        try:
+            with count_compilations() as compiled, warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("default")
+                report = self.fn(config, quiet)
+        except BaseException:
+            # a run that fails still shows what it warned of (often the cause)
+            for w in list(caught):
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+            raise
         # a warning of the run (an unstable learning rate, a failed sweep point) is part of its
         # result: in the report's notes, and shown as it would have been
         for message in dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught):

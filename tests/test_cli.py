@@ -1,5 +1,6 @@
 """The `attnflow` command: list, run, reproduce, errors."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -322,3 +323,23 @@ def test_a_warning_of_the_run_is_in_its_notes(tmp_path, capsys):
     notes = json.loads((tmp_path / "deep-linear" / "summary.json").read_text())["notes"]
     assert any(n.startswith("warning: UserWarning: gradient descent with eta dt s_max = 1.5 >= 1") for n in notes)
     assert "- warning: UserWarning: gradient descent" in (tmp_path / "deep-linear" / "summary.md").read_text()
+
+
+def test_a_failed_run_still_shows_its_warnings(tmp_path, capsys):
+    """What a run warned of before failing is often the cause: shown, then the one-line error."""
+    import warnings as w
+
+    from attnflow.report import Report, register
+
+    @dataclasses.dataclass(frozen=True)
+    class Cfg:
+        x: float = 1.0
+
+    @register("warn-then-fail", config=Cfg, description="warns, then fails", sweeps=False)
+    def warn_then_fail(cfg: Cfg, quiet: bool) -> Report:
+        w.warn("t1 = 14 is not a multiple of dt = 0.03", UserWarning, stacklevel=1)
+        raise RuntimeError("compare refused the run")
+
+    with pytest.warns(UserWarning, match="not a multiple of dt"):
+        code = main(["run", "warn-then-fail", "--out", str(tmp_path), "--quiet"])
+    assert code == 1 and "compare refused the run" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """Trajectory, integrate, simulate, optim, expect, plot: behaviour and bad input."""
 
 import json
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -757,11 +758,18 @@ def test_save_grids_and_horizons_refuse_what_they_cannot_honour():
     np.testing.assert_allclose(fit.times(0.0, 50.0), af.LogGrid(5, 5.0).times(0.0, 50.0), rtol=1e-15)
     np.testing.assert_allclose(jax.jit(fit.times)(0.0, 1.0), fit.times(0.0, 1.0), rtol=1e-12)
     np.testing.assert_array_equal(fit.steps_for(1.0, 0.01)[1], [0, 1, 5, 22, 100])
-    with pytest.warns(UserWarning, match=r"t1 = 1 is not a multiple of dt = 0.3: the run ends at step 3, t = 0.9"):
+    with pytest.warns(
+        UserWarning,
+        match=r"t1 = 1 is not a multiple of dt = 0.3: the run ends at the last step before it, step 3, t = 0.9",
+    ):
         total, steps = af.LinearGrid(4).steps_for(1.0, 0.3)
     assert total == 3 and steps.tolist() == [0, 1, 2, 3]
-    import warnings
-
+    # never past t1 (14 / 0.03 = 466.7: step 466, not the nearest 467 at t = 14.01, past a theory to 14)
+    with pytest.warns(UserWarning, match=r"the run ends at the last step before it, step 466, t = 13.98"):
+        assert af.LinearGrid(4).steps_for(14.0, 0.03)[0] == 466
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert af.LinearGrid(4).steps_for(0.3, 0.1)[0] == 3  # 0.3 / 0.1 = 2.9999999999999996
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a multiple up to rounding: no warning
         assert af.LinearGrid(3).steps_for(100.0, 0.02)[0] == 5000

@@ -547,11 +547,11 @@ class Setup(AbstractSetup):
         call("loss(student output, teacher output)", self.loss, y_hat, y)
         if isinstance(self.data, SingleLocation) and self.data.exchangeable:
             v_shape = None if self.v0 is None else tuple(jnp.shape(self.v0))
-            args = (self.student, self.teacher, self.loss, K, M, self.data.L, v_shape)
+            probe = (self.student, self.teacher, self.loss, K, M, self.data.L, v_shape)
             try:
-                gap = _positional_gap(*args)
+                gap = _positional_gap(*probe)
             except TypeError:  # a callable that cannot be a cache key (unhashable): check it uncached
-                gap = _positional_gap.__wrapped__(*args)
+                gap = _positional_gap.__wrapped__(*probe)
             if not gap < 1e-6:
                 raise ValueError(
                     f"the loss changes by up to {gap:.2g} (relative) when the {self.data.L} token locations are "
