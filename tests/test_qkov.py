@@ -615,3 +615,50 @@ def test_optimal_ratio_result_prints_its_numbers_and_certifies_itself():
     assert bool(result(0.01, 0.0, 0.05).converged(tol=0.02))
     with pytest.raises(ValueError, match="tol"):
         ok.converged(tol=0.0)
+
+
+def test_factorised_qk_rate_in_both_query_modes_matches_the_full_matrices():
+    """g_QK = 2 s_QK mu_QK / c with s_QK = b (distinct_uniform) or sqrt(b) (dedicated, one query row
+    per class): the reduced rate equals the factorised full-matrix flow's (the distinct readout,
+    exact on the manifold); it was 3x too fast for dedicated queries at b = 9. The first integral
+    with Phi_FA = c (ln mu + (m/n) Ei(mu)) / (2 s_QK) holds along the solve."""
+    for mode in ("distinct_uniform", "dedicated"):
+        task = TheoryTask(m=3, n=40, b=9, M=4, n_common=400, query_mode=mode)
+        for par in ("FACO", "FAFO"):
+            for c in (1.0, 0.5):
+                model = make_aligned(task, par, 2.0, 0.7, score_scale=c)
+                g = jax.grad(task.population_loss)(model)
+                dW = -(g.W_q.T @ model.W_k + model.W_q.T @ g.W_k)  # eta_QK = 1
+                s = Setup(
+                    parametrisation=par, m=3, n=40, b=9, M=4, n_common=400, query_mode=mode, eta_qk=1.0, score_scale=c
+                )
+                want = reduced_field(0.0, {"mu_ov": jnp.array(2.0), "mu_qk": jnp.array(0.7)}, s)["mu_qk"]
+                assert float(want) == pytest.approx(c * float(qkov.mu_qk_distinct(dW, task)), rel=1e-10)
+        s = Setup(parametrisation="FACO", m=3, n=40, b=9, M=4, n_common=400, query_mode=mode, mu0=0.05)
+        assert s.s_qk == (9.0 if mode == "distinct_uniform" else 3.0)
+        tr = qkov.solve(s, 2000.0)
+        assert float(jnp.max(jnp.abs(qkov.first_integral(tr.ys, s)))) < 1e-7
+
+
+def test_online_sgd_records_the_networks_own_loss_and_attention():
+    """Online SGD leaves the invariant manifold, where the mean-embedding loss is a projection:
+    train records loss and alpha on EVAL_SAMPLES held-out sequences (fold_in(key, EVAL_STREAM)),
+    exactly model_observables of the returned network on them."""
+    s = Setup()
+    tr, model = train(s, 300.0, dt=1.0, batch=16, key=3, save=af.LinearGrid(3), return_model=True)
+    assert tr.meta["observed on"] == f"loss and alpha on {qkov.EVAL_SAMPLES} held-out sequences"
+    bank = s.task.sample(jax.random.fold_in(jax.random.PRNGKey(3), qkov.EVAL_STREAM), qkov.EVAL_SAMPLES)
+    own = qkov.model_observables(model, s, eval_set=bank)
+    for name in ("loss", "alpha", "mu_qk"):
+        assert float(tr[name][-1]) == pytest.approx(float(own[name]), rel=1e-10), name
+    proj = qkov.model_observables(model, s)  # the manifold forms differ off the manifold
+    assert abs(float(own["loss"]) - float(proj["loss"])) > 1e-4
+    mc = float(s.task.monte_carlo_loss(model, jax.random.PRNGKey(11), 2**15))
+    assert float(own["loss"]) == pytest.approx(mc, rel=0.05)
+    # full-batch descent stays on the manifold: the mean-embedding forms, unless asked
+    gd = train(s, 300.0, dt=1.0, save=af.LinearGrid(3))
+    assert "observed on" not in gd.meta
+    with pytest.raises(ValueError, match="eval_samples measures loss and alpha on held-out sequences under descent"):
+        train(s, 10.0, eval_samples=100)
+    with pytest.raises(ValueError, match="eval_samples"):
+        train(s, 10.0, dt=1.0, batch=4, eval_samples=0)

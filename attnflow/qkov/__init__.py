@@ -127,8 +127,10 @@ from .theory import to_tau as to_tau
 from .theory import upper_bounds as upper_bounds
 from .train import BATCH_SEED_OFFSET as BATCH_SEED_OFFSET
 from .train import DEFAULT_TRAIN_SAVE as DEFAULT_TRAIN_SAVE
+from .train import EVAL_SAMPLES as EVAL_SAMPLES
 from .train import EVAL_SEED as EVAL_SEED
 from .train import EVAL_SIZE as EVAL_SIZE
+from .train import EVAL_STREAM as EVAL_STREAM
 from .train import FINAL_EVAL_SEED as FINAL_EVAL_SEED
 from .train import FIXED_ATTENTION_SAVE as FIXED_ATTENTION_SAVE
 from .train import FIXED_EVAL_SEED as FIXED_EVAL_SEED
@@ -157,7 +159,9 @@ __all__ = [
     "DEFAULT_SOLVER",
     "DEFAULT_TRAIN_SAVE",
     "DTAP_EDGES",
+    "EVAL_SAMPLES",
     "EVAL_SEED",
+    "EVAL_STREAM",
     "EVAL_SIZE",
     "FACO",
     "FAFO",

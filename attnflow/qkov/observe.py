@@ -36,8 +36,10 @@ OBSERVABLES = MappingProxyType(
     {
         "mu_ov": "OV margin mu_OV: W_OV = mu_OV D_OV (projection readout of W_OV on D_OV)",
         "mu_qk": "QK score gap mu_QK = c (W_QK[q, d] - W_QK[q, k]), q, d distinct, k common (gap readout)",
-        "alpha": "attention mass on the m distinct positions, m e^mu_QK / (m e^mu_QK + n)",
-        "loss": "population cross-entropy (mean-embedding form, exact on the invariant manifold)",
+        "alpha": "attention mass on the m distinct positions, m e^mu_QK / (m e^mu_QK + n) (train under online "
+        "SGD: measured on held-out sequences)",
+        "loss": "population cross-entropy (mean-embedding form, exact on the invariant manifold; train under "
+        "online SGD: the network's own, on held-out sequences)",
     }
 )
 """What `attnflow.qkov.solve` and `attnflow.qkov.train` both record."""
@@ -53,16 +55,32 @@ def state_observables(state: dict, setup: Any) -> dict[str, jax.Array]:
     }
 
 
-def model_observables(model: QKOVModel, setup: Setup | TheoryTask) -> dict[str, jax.Array]:
+def model_observables(
+    model: QKOVModel, setup: Setup | TheoryTask, *, eval_set: tuple | None = None
+) -> dict[str, jax.Array]:
     """`OBSERVABLES` of a model (the one `train` returns with ``return_model=True``) of the task of
     ``setup`` (its `Setup`, or the `TheoryTask` itself): ``mu_ov`` by `mu_ov_projection`,
-    ``mu_qk`` by `mu_qk_gap`, ``alpha`` from ``mu_qk``, ``loss`` the mean-embedding population
-    loss; what `train` records."""
+    ``mu_qk`` by `mu_qk_gap`; ``alpha`` from ``mu_qk`` and ``loss`` the mean-embedding population
+    loss (both exact on the invariant manifold), or, given ``eval_set`` (``(tokens, labels,
+    relevant)`` of `TheoryTask.sample`: what `train` uses off the manifold, under online SGD),
+    the network's own mean cross-entropy and mean attention mass on the ``m`` distinct positions
+    over those sequences. What `train` records."""
     task = setup.task if isinstance(setup, Setup) else setup
     if not isinstance(task, TheoryTask):
         raise ValueError(f"setup must be an attnflow.qkov.Setup (or its TheoryTask), got {setup!r:.80}")
     W_qk, W_ov = model.W_QK(), model.W_OV()
     mq = mu_qk_gap(W_qk, task, model.score_scale)
+    if eval_set is not None:
+        tokens, y, rel = eval_set
+        z, a = model(tokens)
+        logp = jnp.take_along_axis(jax.nn.log_softmax(z, axis=-1), y[:, None], axis=1)[:, 0]
+        return {
+            "mu_ov": mu_ov_projection(W_ov, task),
+            "mu_qk": mq,
+            # the query (last) is not attended: the attention covers the context positions
+            "alpha": jnp.mean(jnp.sum(jnp.where(rel[:, : a.shape[-1]], a, 0.0), axis=-1)),
+            "loss": -jnp.mean(logp),
+        }
     return {
         "mu_ov": mu_ov_projection(W_ov, task),
         "mu_qk": mq,

@@ -7,6 +7,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import _validate as V
 from ..setup import AbstractSetup, array_field
@@ -145,6 +146,14 @@ class Setup(AbstractSetup):
     def query_power(self) -> int:
         """``p`` in the ``b^p`` of the QK rate: 2 for ``distinct_uniform`` queries, 1 for ``dedicated``."""
         return 2 if self.query_mode == "distinct_uniform" else 1
+
+    @property
+    def s_qk(self) -> float:
+        """The singular value ``s_QK`` of the QK direction the flow moves along (the
+        factorisation multiplier ``2 s_QK mu_QK / c``, section 5.3): ``b`` for
+        ``distinct_uniform`` queries (``D_QK = sum_c 1_{D_c} 1_{D_c}^T``), ``sqrt(b)`` for
+        ``dedicated`` ones (``sum_c e_{q_c} 1_{D_c}^T``, one query row per class)."""
+        return float(self.b) if self.query_mode == "distinct_uniform" else float(np.sqrt(self.b))
 
     @property
     def task(self) -> TheoryTask:

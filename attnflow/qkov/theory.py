@@ -10,12 +10,13 @@ State: ``{"mu_ov": mu_OV, "mu_qk": mu_QK}`` (scalars or batched arrays); paramet
     d mu_QK/dt = kappa c^2 eta_QK (M-1) alpha (1-alpha) mu_OV / (M b^p E) * g_QK  (3b)
 
 with factorisation multipliers ``g_OV = 2 sqrt(b) mu_OV`` (factorised OV, else 1) and
-``g_QK = 2 b mu_QK / c`` (factorised QK, else 1); ``kappa = 1 + b/|C|`` with the common
-correction (else 1), ``p = 2`` (distinct_uniform query) or 1 (dedicated query).
+``g_QK = 2 s_QK mu_QK / c`` (factorised QK, else 1), ``s_QK = b`` (distinct_uniform query)
+or ``sqrt(b)`` (dedicated query: one query row per class); ``kappa = 1 + b/|C|`` with the
+common correction (else 1), ``p = 2`` (distinct_uniform query) or 1 (dedicated query).
 
 First integral (4): ``Phi(mu_QK) - K Psi(mu_OV)`` is constant, with
 ``K = kappa c^2 r (M-1) / (M b^(p-1))``, ``r = eta_QK / eta_OV``,
-``Phi_CA = mu + (m/n) e^mu``, ``Phi_FA = c (ln mu + (m/n) Ei(mu)) / (2b)``,
+``Phi_CA = mu + (m/n) e^mu``, ``Phi_FA = c (ln mu + (m/n) Ei(mu)) / (2 s_QK)``,
 ``Psi_CO = mu^2 / 2``, ``Psi_FO = mu / (2 sqrt b)``.
 
 Time: `solve` integrates in ``t``, the clock of the gradient flow ``dW/dt = -eta grad L``
@@ -96,7 +97,7 @@ def reduced_field(t: Any, state: dict, setup: Setup) -> dict:
     invE = _inv_E(a * mu_ov, setup.M)
     b, M, c = float(setup.b), float(setup.M), setup.score_scale
     g_ov = 2.0 * np.sqrt(b) * mu_ov if setup.factorised_ov else 1.0
-    g_qk = 2.0 * b * mu_qk / c if setup.factorised_qk else 1.0
+    g_qk = 2.0 * setup.s_qk * mu_qk / c if setup.factorised_qk else 1.0
     d_ov = setup.eta_ov * a * invE / b * g_ov
     d_qk = (
         setup.kappa
@@ -127,7 +128,9 @@ def _K(setup: Setup) -> jax.Array:
 def _Phi(mu_qk, setup):
     if setup.factorised_qk:
         return (
-            setup.score_scale * (jnp.log(mu_qk) + setup.m / setup.n * jax.scipy.special.expi(mu_qk)) / (2.0 * setup.b)
+            setup.score_scale
+            * (jnp.log(mu_qk) + setup.m / setup.n * jax.scipy.special.expi(mu_qk))
+            / (2.0 * setup.s_qk)
         )
     return mu_qk + setup.m / setup.n * jnp.exp(mu_qk)
 
@@ -432,7 +435,7 @@ def _rk4(setup, y0, loss_target, save_steps, max_steps, d_tau, clip, clamp, eps)
         a = alpha_of(mu_qk)
         E = ex(a * mu_ov) + M - 1.0 + eps
         g_ov = 2.0 * np.sqrt(b) * mu_ov if setup.factorised_ov else 1.0
-        g_qk = 2.0 * b * mu_qk / c if setup.factorised_qk else 1.0
+        g_qk = 2.0 * setup.s_qk * mu_qk / c if setup.factorised_qk else 1.0
         d_ov = setup.eta_ov * a / (b * E + eps) * g_ov
         d_qk = setup.kappa * c**2 * setup.eta_qk * (M - 1.0) * a * (1.0 - a) * mu_ov / (M * b**p * E + eps) * g_qk
         return jnp.stack([d_ov, d_qk]) / scale

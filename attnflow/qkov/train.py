@@ -86,8 +86,16 @@ def _flow_field(t, model, setup):
     return jax.tree_util.tree_map(lambda g, lab: -rates[lab] * g, grads, circuit_labels(grads))
 
 
-def _observe(model, task, conserved):
-    out = model_observables(model, task)
+EVAL_SAMPLES = 2048
+"""Held-out sequences on which `train` under online SGD measures ``loss`` and ``alpha``."""
+
+EVAL_STREAM = 0x5EED
+"""`train`'s held-out sequences are drawn from ``fold_in(key, EVAL_STREAM)``, apart from the
+training draws."""
+
+
+def _observe(model, task, conserved, eval_set=None):
+    out = model_observables(model, task, eval_set=eval_set)
     if conserved:
         for c, (A, B) in model.factors().items():
             out[f"conserved_{c}"] = A.T @ A - B @ B.T
@@ -117,6 +125,7 @@ def train(
     event: Callable[[Any, Mapping[str, Any]], Any] | None = None,
     return_model: bool = False,
     progress: bool = False,
+    eval_samples: int | None = None,
 ) -> Any:
     """The full matrices of ``setup``'s theory task (`Setup.task`, ``V = M b + |C|`` tokens, the
     model of `Setup.parametrisation` with ``n_out = M``, query not attended), trained to time
@@ -135,7 +144,12 @@ def train(
     trained on from instead of the start, the clock starting at 0 again.
 
     Records `attnflow.qkov.OBSERVABLES` at the save grid (default `DEFAULT_TRAIN_SAVE`, in time
-    units; for gradient flow the same times as `solve`); ``conserved=True`` adds, per
+    units; for gradient flow the same times as `solve`). ``loss`` and ``alpha`` are the
+    mean-embedding forms, exact on the invariant manifold, which gradient flow and full-batch
+    descent keep; online SGD leaves it (its sampling noise moves the matrices off it), so there
+    they are the network's own mean cross-entropy and attention mass on the distinct positions
+    over ``eval_samples`` held-out sequences (default `EVAL_SAMPLES` with ``batch``; give a
+    number for full-batch descent too; drawn from ``key`` apart from the training draws); ``conserved=True`` adds, per
     factorised circuit ``W = A B``, ``conserved_qk`` / ``conserved_ov`` = ``A^T A - B B^T``
     (constant under gradient flow, eq. (8)). A diverging descent raises
     `attnflow.DivergenceError` naming the step.
@@ -163,6 +177,15 @@ def train(
         batch = V.positive_int("batch", batch)
         if dt is None:
             raise ValueError(f"online SGD (batch={batch}) needs a time step dt")
+    if eval_samples is not None:
+        eval_samples = V.positive_int("eval_samples", eval_samples)
+        if dt is None:
+            raise ValueError(
+                "eval_samples measures loss and alpha on held-out sequences under descent (dt=...); gradient flow "
+                "stays on the invariant manifold, where the recorded mean-embedding forms are exact"
+            )
+    elif batch is not None:
+        eval_samples = EVAL_SAMPLES
     save = save or DEFAULT_TRAIN_SAVE
     st = setup.initial_state(initial)
     if model is not None:  # train on from a given network (one returned by return_model=True)
@@ -176,6 +199,8 @@ def train(
         "batch": batch,
         "clock": "t; gradient flow dW/dt = -eta grad L per circuit",
     }
+    if eval_samples is not None:
+        meta["observed on"] = f"loss and alpha on {eval_samples} held-out sequences"
     if dt is None:
         require_x64("qkov.train (gradient flow, dt=None; dt=... trains by gradient descent in float32)")
         observe = _flow_observe_conserved if conserved else _flow_observe
@@ -209,13 +234,15 @@ def train(
         bool(return_model),
         progress,
         {**meta, "method": "gradient descent" if batch is None else "online SGD"},
+        eval_samples,
     )
     return run_training(_descend, args, clock=dt, total=total, event=event)
 
 
 @filter_jit
-def _descend(setup, key, initial, model, steps, total, dt, batch, conserved, return_model, progress, meta):
+def _descend(setup, key, initial, model, steps, total, dt, batch, conserved, return_model, progress, meta, n_eval):
     task = setup.task
+    eval_set = None if n_eval is None else task.sample(jax.random.fold_in(key, EVAL_STREAM), n_eval)
     if model is None:
         model = make_aligned(
             task, setup.parametrisation, initial["mu_ov"], initial["mu_qk"], score_scale=setup.score_scale
@@ -236,7 +263,7 @@ def _descend(setup, key, initial, model, steps, total, dt, batch, conserved, ret
         total,
         mode=mode,
         key=key,
-        observe=lambda m: _observe(m, task, conserved),
+        observe=lambda m: _observe(m, task, conserved, eval_set),
         save=TimeGrid(steps),
         clock=dt,
         progress=progress,
