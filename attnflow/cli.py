@@ -204,12 +204,38 @@ def _check_replaceable(out: Path, names: list[str]) -> None:
         path = out / name
         if not path.exists() and not path.is_symlink():
             continue
-        if path.is_dir() and not path.is_symlink() and ((path / "summary.json").is_file() or not any(path.iterdir())):
+        if path.is_dir() and not path.is_symlink() and (path / "summary.json").is_file():
+            foreign = _foreign_files(path)
+            if foreign:
+                shown = ", ".join(repr(f) for f in foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+                raise UsageError(
+                    f"--out {str(out)!r}: {str(path)!r} holds files the run did not write ({shown}); a run replaces "
+                    "that folder and would delete them: move them, or choose another --out"
+                )
+            continue
+        if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
             continue
         raise UsageError(
             f"--out {str(out)!r}: {str(path)!r} exists and is not the result of a run (no summary.json in it); "
             "a run replaces that folder: move it, or choose another --out"
         )
+
+
+def _foreign_files(folder: Path) -> list[str]:
+    """The entries of a run's folder that its ``summary.json`` does not list (the user's own
+    files), sorted; none when the summary lists no files (a run of an older attnflow)."""
+    import json
+
+    try:
+        files = json.loads((folder / "summary.json").read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return []
+    if not isinstance(files, dict):
+        return []
+    ours = {"summary.json", "summary.md", *files.get("figures", [])}
+    for npz in files.get("trajectories", []):
+        ours |= {npz, str(Path(npz).with_suffix(".json"))}
+    return sorted(p.name for p in folder.iterdir() if p.name not in ours)
 
 
 def _os_error(err: OSError) -> str:

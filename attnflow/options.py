@@ -80,6 +80,16 @@ class SaveGrid(eqx.Module):
         return self.steps(total)
 
 
+def train_steps(save: Any, default: SaveGrid, t1: Any, dt: Any) -> tuple[int, np.ndarray]:
+    """``(total steps, save steps)`` of a ``train`` to ``t1`` with ``dt`` per step
+    (`SaveGrid.steps_for`) on ``save``, ``default`` when None; anything but a `SaveGrid`
+    raises ``ValueError`` naming it, as `attnflow.integrate` and `attnflow.simulate` do."""
+    grid = default if save is None else save
+    if not isinstance(grid, SaveGrid):
+        raise ValueError(f"save must be a SaveGrid (LinearGrid, LogGrid or TimeGrid), got {save!r:.80}")
+    return grid.steps_for(t1, dt)
+
+
 def _caller_outside_attnflow() -> int:
     """The ``stacklevel`` of the first caller outside attnflow and the JAX libraries that trace
     it (a warning then names the user's line)."""

@@ -242,8 +242,9 @@ class Trajectory:
 
     def mean(self, axis: int | tuple[int, ...] | None = None) -> Trajectory:
         """The average over batch axes (default: all of them), e.g. over the seeds of a sweep of
-        `train`. The runs must share their save times. The result has no ``t_event`` and no
-        ``stats`` (they belong to single runs). A failed run (a point of a sweep filled with NaN)
+        `train`. The runs must share their save times. ``t_event`` is averaged alike (NaN for a
+        group in which an event did not fire: ``np.nanmean(traj.t_event, axis)`` averages the
+        others); ``stats`` (solver counts of single runs) are dropped. A failed run (a point of a sweep filled with NaN)
         makes its group's mean NaN; runs that finished keep their times and values."""
         return self._reduce(jnp.mean, axis, "mean")
 
@@ -251,7 +252,7 @@ class Trajectory:
         """The standard deviation over batch axes (default: all), as `mean`: ``sqrt(sum (y -
         mean)^2 / (n - ddof))`` over the ``n`` runs. ``ddof = 0`` (the default) is the spread of
         the runs; ``ddof = 1`` the unbiased estimate of the seed-to-seed variance, for error bars
-        from a few seeds."""
+        from a few seeds (``t_event`` too)."""
         if not isinstance(ddof, int | np.integer) or isinstance(ddof, bool) or ddof < 0:
             raise ValueError(f"std: ddof must be an integer >= 0, got {ddof!r}")
         return self._reduce(lambda v, axis: jnp.std(v, axis=axis, ddof=int(ddof)), axis, "std", min_runs=ddof + 1)
@@ -280,7 +281,8 @@ class Trajectory:
             failed = np.isnan(t).any(axis=-1)  # failed runs: their group's times become NaN too
             failed = np.any(failed, axis=axes)
             ts = jnp.asarray(np.where(failed[..., None], np.nan, t0))
-        return Trajectory(ts, ys, {**self.meta, "reduced": what})
+        t_event = None if self.t_event is None else fn(self.t_event, axis=axes)
+        return Trajectory(ts, ys, {**self.meta, "reduced": what}, t_event)
 
     def final(self) -> dict[str, jax.Array]:
         """The last saved value of every observable (for event-terminated runs: the event state)."""

@@ -969,3 +969,23 @@ def test_a_record_says_what_it_cannot_give_back():
     chain = {"type": "MarkovChain", "pi": np.asarray(s.chain.pi), "P": np.asarray(s.chain.P)}
     back = focus.Setup.from_record(s.record() | {"chain": chain})
     np.testing.assert_array_equal(back.chain.P, s.chain.P)
+
+
+@pytest.mark.parametrize("package", ["deeplinear", "qkov", "focus", "heads", "derive"])
+@pytest.mark.parametrize("save", [20, [0.0, 1.0], 0])
+def test_every_train_refuses_a_save_that_is_not_a_grid(package, save):
+    """As solve, integrate and simulate do: named before any computing (was AttributeError on
+    steps_for; qkov took 0 for the default grid)."""
+    import importlib
+
+    from attnflow import derive
+
+    P = importlib.import_module(f"attnflow.{package}")
+    s = (
+        derive.Setup(derive.soft_committee, derive.soft_committee, [[0.1]], [[0.5]])
+        if package == "derive"
+        else P.Setup()
+    )
+    kw = {"dt": 0.5} if package in ("deeplinear", "qkov", "focus") else {}
+    with pytest.raises(ValueError, match=r"save must be a SaveGrid \(LinearGrid, LogGrid or TimeGrid\), got"):
+        P.train(s, 1.0, save=save, **kw)

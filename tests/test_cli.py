@@ -195,6 +195,11 @@ def test_reused_out_holds_only_the_new_run_and_summary_json_is_strict(tmp_path):
 
     json.loads(text, parse_constant=refuse)
     assert oct((folder / "modes.png").stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+    # the user's own file in a run's folder (one its summary.json does not list): refused, kept
+    (folder / "my_analysis.txt").write_text("mine")
+    argv = ["run", "deep-linear", "--set", "dts=[0.04, 0.02]", "--set", "t_end=6", "--out", str(tmp_path), "--quiet"]
+    assert main(argv) == 2
+    assert (folder / "my_analysis.txt").read_text() == "mine"
 
 
 def _umask():

@@ -66,9 +66,14 @@ def test_compare_theory_vs_simulation_grid():
 def test_mean_and_std_over_batch_axes():
     ts = jnp.linspace(0, 1, 5)
     u = jnp.arange(30.0).reshape(3, 2, 5)
-    tr = af.Trajectory(jnp.broadcast_to(ts, (3, 2, 5)), {"u": u, "v": jnp.ones((3, 2, 5, 4))}, t_event=jnp.ones((3, 2)))
+    t_event = jnp.arange(6.0).reshape(3, 2)
+    tr = af.Trajectory(jnp.broadcast_to(ts, (3, 2, 5)), {"u": u, "v": jnp.ones((3, 2, 5, 4))}, t_event=t_event)
     m = tr.mean()
-    assert m.batch_shape == () and m.t_event is None and m.meta["reduced"] == "mean"
+    assert m.batch_shape == () and float(m.t_event) == 2.5 and m.meta["reduced"] == "mean"
+    np.testing.assert_allclose(tr.mean(0).t_event, [2.0, 3.0])  # event times averaged over seeds too
+    np.testing.assert_allclose(tr.std(1, ddof=1).t_event, np.full(3, np.sqrt(0.5)))
+    missed = af.Trajectory(tr.ts, tr.ys, t_event=t_event.at[0, 0].set(jnp.nan)).mean(1).t_event
+    assert np.isnan(missed[0]) and float(missed[1]) == 2.5  # an event that did not fire: NaN group
     np.testing.assert_allclose(m["u"], u.mean(axis=(0, 1)))
     np.testing.assert_allclose(tr.mean(-1)["u"], u.mean(axis=1))
     np.testing.assert_allclose(tr.std(0)["u"], u.std(axis=0))

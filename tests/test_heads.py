@@ -675,3 +675,15 @@ def test_staged_linearises_before_the_earliest_escape_whatever_the_order():
     assert ts[_plateau_index(ts, np.array([np.nan, 40.0, np.inf]), 300.0)] == 20.0
     assert ts[_plateau_index(ts, np.array([np.nan, np.inf]), 300.0)] == 150.0
 
+
+def test_excursion_even_split_time_is_interpolated_between_saves():
+    """heads-excursion's even-split time: where the last head to flip crosses zero, between the
+    save times around it (was the save time after it: 87.55 for crossings at 85.8 and 85.2)."""
+    from attnflow.heads.experiments import _even_split_time
+
+    ts = np.array([0.0, 10.0, 20.0, 30.0])
+    m = np.array([[0.3, 0.2, 0.1, -0.1], [0.3, 0.2, 0.05, -0.1], [0.3, 0.2, -0.15, -0.1], [0.3, 0.1, -0.2, -0.1]])
+    assert _even_split_time(ts, m) == pytest.approx(12.5)  # head 2: 0.05 -> -0.15 crosses a quarter in
+    two = np.array([[0.3, 0.2, 0.1, 0.1], [0.3, 0.2, 0.04, 0.02], [0.3, 0.2, -0.06, -0.18]])
+    assert _even_split_time(ts[:3], two) == pytest.approx(14.0)  # the later of 14 and 11
+    assert np.isnan(_even_split_time(ts, np.ones((4, 4))))

@@ -15,7 +15,7 @@ import optax
 from .. import _validate as V
 from .._errors import warn_traced
 from .._jit import filter_jit
-from ..options import LinearGrid, SaveGrid, TimeGrid
+from ..options import LinearGrid, SaveGrid, TimeGrid, train_steps
 from ..simulate import FullBatch, OnlineSGD, run_training, simulate
 from .model import TwoLayerLinear
 from .observe import model_observables
@@ -84,7 +84,7 @@ def train(
                 f"model must be a TwoLayerLinear with W1 (h, {n_in}) and W2 ({n_out}, h) for this teacher, "
                 f"got {model!r:.120}"
             )
-    total, steps = (save or DEFAULT_TRAIN_SAVE).steps_for(t1, dt)
+    total, steps = train_steps(save, DEFAULT_TRAIN_SAVE, t1, dt)
     # the map u -> u (1 + eta dt (s - u))^2 has slope 1 - 2 eta dt s at u = s: past eta dt s = 1 it
     # settles into an oscillation (or blows up) instead of u = s, with nothing non-finite to stop it
     unstable = "gradient descent with eta dt s_max >= 1: it does not converge to u = s (it oscillates or diverges)"

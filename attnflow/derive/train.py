@@ -15,7 +15,7 @@ from .. import _validate as V
 from .._jit import filter_jit
 from ..expect import psd_sqrt
 from ..optim import per_circuit
-from ..options import LinearGrid, SaveGrid, TimeGrid
+from ..options import LinearGrid, SaveGrid, TimeGrid, train_steps
 from ..simulate import OnlineSGD, run_training, simulate
 from .observe import weight_observables
 from .setup import Setup
@@ -112,7 +112,7 @@ def train(
     t1 = V.finite_scalar("t1", t1)
     if t1 <= 0:
         raise ValueError(f"t1 must be positive, got {t1}")
-    total, steps = (save or DEFAULT_TRAIN_SAVE).steps_for(t1, 1.0 / D)
+    total, steps = train_steps(save, DEFAULT_TRAIN_SAVE, t1, 1.0 / D)
     args = (
         setup,
         model,

@@ -13,7 +13,7 @@ import optax
 
 from .. import _validate as V
 from .._jit import filter_jit
-from ..options import LogGrid, SaveGrid, TimeGrid
+from ..options import LogGrid, SaveGrid, TimeGrid, train_steps
 from ..simulate import OnlineSGD, run_training, simulate
 from .data import MarkovChain, random_windows
 from .model import OneLayerAttention, next_token_loss
@@ -139,7 +139,7 @@ def train(
             raise ValueError(
                 f"token ids must lie in [0, {setup.d}) for this chain, got {tokens.min()} .. {tokens.max()}"
             )
-    total, steps = (save or DEFAULT_TRAIN_SAVE).steps_for(t1, dt)
+    total, steps = train_steps(save, DEFAULT_TRAIN_SAVE, t1, dt)
     args = (
         setup,
         dict(theta0),

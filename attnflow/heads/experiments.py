@@ -442,6 +442,24 @@ class StagedConfig:
         V.positive("threshold", self.threshold)
 
 
+def _even_split_time(ts: np.ndarray, m: np.ndarray) -> float:
+    """The first time half the heads have ``m > 0`` (``m`` of shape ``(T, H)``), placed between
+    the two save times around it where the last head to change sign there crosses zero
+    (linearly in its ``m``): not the save time after it, which a log grid spaces by percents.
+    NaN when the heads never split evenly."""
+    n_plus = np.sum(m > 0, axis=1)
+    hits = np.flatnonzero(n_plus == m.shape[1] // 2)
+    if not hits.size:
+        return float("nan")
+    k = int(hits[0])
+    if k == 0:
+        return float(ts[0])
+    changed = np.flatnonzero((m[k - 1] > 0) != (m[k] > 0))
+    # each head's zero crossing inside [ts[k-1], ts[k]]: the split is complete at the last one
+    frac = [m[k - 1, h] / (m[k - 1, h] - m[k, h]) for h in changed]
+    return float(ts[k - 1] + max(frac, default=1.0) * (ts[k] - ts[k - 1]))
+
+
 def _plateau_index(ts: np.ndarray, t_escape: np.ndarray, t_end: float) -> int:
     """The save index nearest half the earliest finite escape time of any feature (``t_end``
     when none escaped): a state on the plateau, before any feature has specialised."""
@@ -608,7 +626,7 @@ def heads_excursion(cfg: ExcursionConfig, quiet: bool) -> Report:
         crossed = [h for h in range(H) if m[0, h] > 0 and m[-1, h] < 0]
         split0 = np.abs(np.mean(m[0]))
         peak = float(np.max(np.abs(np.mean(m, axis=1))))
-        t_cross = float(first_crossing(tr.ts, jnp.asarray(n_plus == H // 2, dtype=float), 1.0))
+        t_cross = _even_split_time(np.asarray(tr.ts), m)
         t_rebalance[name] = t_cross
         rep.summary[f"{name}: heads with m > 0 at start / end"] = f"{int(n_plus[0])} / {int(n_plus[-1])}"
         rep.summary[f"{name}: majority head(s) that crossed; time of crossing"] = f"{crossed}; t = {t_cross:.1f}"
@@ -629,7 +647,10 @@ def heads_excursion(cfg: ExcursionConfig, quiet: bool) -> Report:
     a1, a2 = fig.subplots(1, 2)
     for h in range(H):
         a1.semilogx(np.asarray(ode.ts), np.asarray(ode["M"][:, h, 0]), color=f"C{h}", label=f"head {h + 1}, ODE")
-        a1.semilogx(np.asarray(sgd.ts), np.asarray(sgd["M"][:, h, 0]), ".", ms=2.5, color=f"C{h}", alpha=0.6)
+        a1.semilogx(
+            np.asarray(sgd.ts), np.asarray(sgd["M"][:, h, 0]), "o", ms=3, mfc="none", mew=0.7, color=f"C{h}", alpha=0.8
+        )
+    a1.plot([], [], "o", ms=3, mfc="none", mew=0.7, color="0.3", label=f"SGD (D={cfg.sgd_D}), each head")
     a1.axhline(0, color="k", lw=0.6)
     a1.set(xlabel="t = steps / D", ylabel="m_h (overlap with the spike)")
     a2.semilogx(
@@ -655,7 +676,8 @@ def heads_excursion(cfg: ExcursionConfig, quiet: bool) -> Report:
             legend=False,
         )
     rep.summary[f"predicted (ODE) vs measured (SGD) time of {event} (t_pred, t_meas, ratio)"] = list(rows[event])
-    a1.legend(fontsize=7)
+    a1.legend(fontsize=6.5, loc="upper left", ncol=2)  # above the heads' start, clear of head 4's descent
+    a1.set_ylim(top=float(np.max(np.asarray(ode["M"][:, :, 0]))) + 1.6)  # room for the legend
     a2.set_zorder(a2b.get_zorder() + 1)  # a2's curves, event lines and legend above the error curve of the twin
     a2.patch.set_visible(False)
     a2.legend(fontsize=7, loc="lower left")

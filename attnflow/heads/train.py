@@ -16,7 +16,7 @@ from .. import _validate as V
 from .._jit import filter_jit
 from ..expect import psd_sqrt
 from ..optim import label_by_path, per_circuit
-from ..options import LinearGrid, SaveGrid, TimeGrid
+from ..options import LinearGrid, SaveGrid, TimeGrid, train_steps
 from ..simulate import OnlineSGD, check_start, run_training, simulate
 from .data import SingleLocationTask
 from .model import MultiHead, sample_loss
@@ -157,7 +157,7 @@ def train(
     if location is not None:
         location = V.positive_int("location", location, minimum=0, maximum=setup.L - 1)
     dt = 1.0 / D
-    total, steps = (DEFAULT_TRAIN_SAVE if save is None else save).steps_for(t1, dt)
+    total, steps = train_steps(save, DEFAULT_TRAIN_SAVE, t1, dt)
     M0, Q0 = setup.initial_overlaps()
     check_overlaps("initial condition", M0, Q0, setup.H, setup.F)
     if model is not None:  # train on from a given network (one returned by return_model=True)

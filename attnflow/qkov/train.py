@@ -23,7 +23,7 @@ from .. import _validate as V
 from .._jit import filter_jit
 from ..ode import integrate, observable_event, require_x64, with_progress
 from ..optim import per_circuit
-from ..options import LogGrid, SaveGrid, SolverOptions, TimeGrid
+from ..options import LogGrid, SaveGrid, SolverOptions, TimeGrid, train_steps
 from ..simulate import FullBatch, OnlineSGD, check_divergence, check_start, run_training, simulate
 from ..trajectory import Trajectory
 from .data import CodeGenerator
@@ -186,7 +186,7 @@ def train(
             )
     elif batch is not None:
         eval_samples = EVAL_SAMPLES
-    save = save or DEFAULT_TRAIN_SAVE
+    save = DEFAULT_TRAIN_SAVE if save is None else save
     st = setup.initial_state(initial)
     if model is not None:  # train on from a given network (one returned by return_model=True)
         if initial is not None:
@@ -219,7 +219,7 @@ def train(
         )
     dt = V.finite_scalar("dt", dt)
     V.positive("dt", dt)
-    total, steps = save.steps_for(t1, dt)
+    total, steps = train_steps(save, DEFAULT_TRAIN_SAVE, t1, dt)
     init = {k: jnp.asarray(st[k], jnp.result_type(float)) for k in ("mu_ov", "mu_qk")}
     args = (
         setup,
