@@ -48,6 +48,16 @@ def test_without_x64_the_setup_builds_and_solve_asks_for_x64():
         assert s.chain.pi.dtype == jnp.float32
         with pytest.raises(RuntimeError, match=r"64-bit mode is off\. Call attnflow\.enable_x64\(\)"):
             focus.solve(s, 1.0)
+        # theory without integrating asks too (authors_rk4 missed its reference in float32: 81.636 vs 81.669)
+        from attnflow import qkov
+
+        for theory in (
+            lambda: focus.stage_predictions(s),
+            lambda: qkov.state_at_loss(qkov.Setup(), 0.1),
+            lambda: qkov.authors_rk4(qkov.paper_setup(1.0)),
+        ):
+            with pytest.raises(RuntimeError, match="64-bit mode is off"):
+                theory()
         with pytest.raises(ValueError, match="pi must sum to 1"):
             focus.MarkovChain.lazy([0.5, 0.6], 0.5)  # a real error is still one
 

@@ -28,7 +28,7 @@ import optimistix as optx
 
 from .. import _validate as V
 from .._jit import filter_jit
-from ..ode import ODE
+from ..ode import ODE, require_x64
 from ..options import LogGrid, SaveGrid, SolverOptions
 from ..saddle import fixed_point, jacobian
 from ..stiff import AutoStiff
@@ -363,6 +363,7 @@ def stage_predictions(setup: Setup) -> dict[str, jax.Array]:
     ``log_d``; ``H_pi`` (S2); ``L_star`` (S1); ``sigma`` (R1); ``c`` by the general formula (R3)
     at ``theta_c^1`` (its sign predicts focus); escape times (R8) ``T_I = log(1/eps)/sigma`` and
     ``T_II = log(1/eps)/c`` (``inf`` when ``c <= 0``). Traceable."""
+    require_x64("focus.stage_predictions")
     chain = setup.chain
     c1 = critical_point_c1(chain.pi, jnp.ones(1))
     c = setup.eta * attention_rate(chain.pi, chain.P, setup.tau, c1["gamma"], c1["beta"])

@@ -169,6 +169,7 @@ def state_at_loss(setup: Setup, loss_target: Any, *, initial: dict | None = None
     must exceed ``loss_target``: ``ValueError`` when both are concrete, NaN values when traced.
     """
     _check_setup(setup)
+    require_x64("qkov.state_at_loss")
     iterations = V.positive_int("iterations", iterations)
     V.positive("loss_target", loss_target)
     dtype = jnp.result_type(float)
@@ -376,6 +377,7 @@ def authors_rk4(
     ``save`` is read on the step axis (default `AUTHORS_SAVE`); unreached save points hold
     the final state.
     """
+    require_x64("qkov.authors_rk4 (its reference values are float64)")
     _check_setup(setup)
     dtype = jnp.result_type(float)
     d_tau = V.finite_scalar("d_tau", d_tau)
