@@ -280,6 +280,8 @@ def _run_one(exp, overrides, stage: Path, quiet: bool, sweeps=None) -> dict:
         print(f"[attnflow] running {exp.name} ...", file=sys.stderr, flush=True)
     with sweeps if sweeps is not None else contextlib.nullcontext([]) as log:
         report = exp.run(overrides, quiet=quiet)
+    report.environment["command"] = list(_COMMAND)
+    report.environment["resumed_chunks"] = sum(e["loaded"] for e in log)
     loaded = sum(e["loaded"] for e in log)
     if loaded:
         folder = Path(log[0]["out_dir"]).parent
@@ -362,8 +364,12 @@ def _attach_shard_value(argv: list[str]) -> list[str]:
     return out
 
 
+_COMMAND: list[str] = []  # the command line of this run, recorded in each report's environment
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = _attach_shard_value(sys.argv[1:] if argv is None else list(argv))
+    _COMMAND[:] = ["attnflow", *argv]
     args = _parser(_run_help_options(argv)).parse_args(argv)
     previous = None
     unraisablehook = sys.unraisablehook

@@ -75,6 +75,7 @@ class Report:
     checks: dict[str, tuple[float, float]] = field(default_factory=dict)
     compilations: dict[str, Any] = field(default_factory=dict)
     references: list[str] = field(default_factory=list)  # one line each (`attnflow.citations`)
+    environment: dict[str, Any] = field(default_factory=dict)  # where and how it ran (`environment`)
 
     def __post_init__(self) -> None:
         if dataclasses.is_dataclass(self.config) and not isinstance(self.config, type):
@@ -104,6 +105,7 @@ class Report:
                 "trajectories": [f"{k}.npz" for k in self.trajectories],
             },
             "versions": versions(),
+            "environment": self.environment,
         }
 
     def markdown(self) -> str:
@@ -147,6 +149,15 @@ class Report:
                     + "."
                 )
             lines.append("")
+        env = self.environment
+        if env:
+            lines += [
+                f"Ran {env.get('date_utc', '?')} on {env.get('backend', '?')} ({env.get('device_count', '?')} "
+                f"device(s)), Python {env.get('python', '?')}, {env.get('platform', '?')}"
+                + (f"; command: {' '.join(env['command'])}" if env.get("command") else "")
+                + ".",
+                "",
+            ]
         for n in self.notes:
             lines.append(f"- {n}")
         if self.figures:
@@ -248,6 +259,7 @@ class Experiment:
         for w in caught:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
         report.timings.setdefault("total", time.perf_counter() - t0)
+        report.environment = {**environment(), **report.environment}
         if not report.references:
             from .citations import experiment_keys, references
 
@@ -259,6 +271,30 @@ class Experiment:
             "repeated": compiled.repeated(),
         }
         return report
+
+
+def environment() -> dict[str, Any]:
+    """Where and how a result was computed, as `Experiment.run` records it in ``summary.json``:
+    the date (UTC), Python and the platform, JAX's backend, its devices and whether 64-bit mode
+    was on (the command adds its own command line and options)."""
+    import platform
+    import sys
+    from datetime import UTC, datetime
+
+    import jax
+
+    devices = jax.devices()
+    return {
+        "date_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "backend": jax.default_backend(),
+        "devices": [str(d) for d in devices],
+        "device_count": len(devices),
+        "x64": bool(jax.config.jax_enable_x64),
+        "argv": list(sys.argv),
+    }
 
 
 _REGISTRY: dict[str, Experiment] = {}

@@ -325,7 +325,11 @@ def test_a_warning_of_the_run_is_in_its_notes(tmp_path, capsys):
     argv = ["run", "deep-linear", "--set", "dts=[0.5, 0.02]", "--set", "t_end=6", "--out", str(tmp_path), "--quiet"]
     with pytest.warns(UserWarning, match="eta dt s_max = 1.5 >= 1"):
         main(argv)
-    notes = json.loads((tmp_path / "deep-linear" / "summary.json").read_text())["notes"]
+    summary = json.loads((tmp_path / "deep-linear" / "summary.json").read_text())
+    notes = summary["notes"]
+    env = summary["environment"]  # where and how it ran: enough to tell two runs' differences apart
+    assert env["command"] == ["attnflow", *argv] and env["x64"] is True and env["device_count"] >= 1
+    assert env["backend"] == "cpu" and env["date_utc"].startswith("20") and env["resumed_chunks"] == 0
     assert any(n.startswith("warning: UserWarning: gradient descent with eta dt s_max = 1.5 >= 1") for n in notes)
     assert "- warning: UserWarning: gradient descent" in (tmp_path / "deep-linear" / "summary.md").read_text()
 
