@@ -283,6 +283,8 @@ def environment() -> dict[str, Any]:
 
     import jax
 
+    from .ode import x64_enabled
+
     devices = jax.devices()
     return {
         "date_utc": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -292,7 +294,7 @@ def environment() -> dict[str, Any]:
         "backend": jax.default_backend(),
         "devices": [str(d) for d in devices],
         "device_count": len(devices),
-        "x64": bool(jax.config.jax_enable_x64),
+        "x64": x64_enabled(),
         "argv": list(sys.argv),
     }
 
