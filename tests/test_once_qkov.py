@@ -33,3 +33,6 @@ def test_qkov_reduced_compiles_each_program_once():
     assert rep.checks["first integral residual along all trajectories (max abs)"][0] < 1e-7
     assert rep.checks["fixed-loss solver vs event-terminated integration (max rel. error)"][0] < 1e-6
     assert rep.summary["fixed loss: alpha increasing in r at every threshold"] is True
+    # options away from the paper's: its reference checks cannot run, and the report says so
+    assert any(n.startswith("the paper's r = 0.01 reference checks (3) did not run") for n in rep.notes)
+    assert not any(k.startswith("reference r = 0.01") for k in rep.checks)
