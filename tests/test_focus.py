@@ -547,3 +547,18 @@ def test_stage_one_rate_window():
         assert focus.stage_one_rate(traj, **kw) == pytest.approx(two_sigma, rel=rel)
     with pytest.raises(ValueError, match=r"stage_one_rate: the window from start \|M\(0\)\| = 30 x .* is empty"):
         focus.stage_one_rate(traj)
+
+
+def test_train_warns_when_the_chain_mixes_slowly_against_the_context():
+    """A lazy chain with lam near 1 keeps sequences off pi (loss gap to solve 0.27 at lam = 0.99,
+    0.62 at lam = 1, against 0.013 at 0.5): train says so; lam = 0.5 and 0.9 are quiet."""
+    import warnings
+
+    pi = focus.Setup().chain.pi
+    for lam, slow in ((0.5, False), (0.9, False), (0.99, True), (1.0, True)):
+        s = focus.Setup(chain=focus.MarkovChain.lazy(pi, lam))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            focus.train(s, 0.1, dt=0.05, save=af.LinearGrid(2))
+        said = [str(w.message) for w in caught if "mixes in about" in str(w.message)]
+        assert bool(said) == slow, (lam, said)

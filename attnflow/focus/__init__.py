@@ -100,6 +100,7 @@ from .train import DEFAULT_BATCH as DEFAULT_BATCH
 from .train import DEFAULT_CONTEXT as DEFAULT_CONTEXT
 from .train import DEFAULT_DT as DEFAULT_DT
 from .train import DEFAULT_TRAIN_SAVE as DEFAULT_TRAIN_SAVE
+from .train import MIXING_FRACTION as MIXING_FRACTION
 from .train import REFERENCE_T as REFERENCE_T
 from .train import TRAIN_TOLERANCE as TRAIN_TOLERANCE
 from .train import train as train
@@ -117,6 +118,7 @@ __all__ = [
     "DEFAULT_SAVE",
     "DEFAULT_SOLVER",
     "DEFAULT_TRAIN_SAVE",
+    "MIXING_FRACTION",
     "DEGENERATE_TOL",
     "ESCAPE_HORIZON",
     "ESCAPE_FRACTION",

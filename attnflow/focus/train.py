@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Literal
@@ -68,6 +69,30 @@ class _StreamContexts(eqx.Module):
 
     def __call__(self, key: jax.Array, batch_size: int) -> jax.Array:
         return random_windows(key, self.tokens, batch_size, self.length)
+
+
+MIXING_FRACTION = 0.1
+"""`train` warns when the chain's mixing time ``1 / (1 - |lambda_2(P)|)`` exceeds this fraction
+of the context: the population flow `solve` integrates assumes key counts proportional to
+``pi``, which a sequence of a slowly mixing chain does not have."""
+
+
+def _warn_slow_mixing(setup: Setup, context: int) -> None:
+    """A `UserWarning` when ``setup``'s chain mixes slowly against ``context`` (concrete chains)."""
+    P = setup.chain.P
+    if V.any_traced(P):
+        return
+    ev = np.sort(np.abs(np.linalg.eigvals(np.asarray(P, dtype=float))))[::-1]
+    gap = 1.0 - (ev[1] if ev.size > 1 else 0.0)
+    t_mix = np.inf if gap <= 1e-12 else 1.0 / gap
+    if t_mix > MIXING_FRACTION * context:
+        warnings.warn(
+            f"the chain mixes in about {t_mix:.3g} tokens (1 / (1 - |lambda_2(P)|)), more than "
+            f"{MIXING_FRACTION:g} of the context ({context}): a sequence's key counts are not proportional to pi, "
+            "so train departs from solve's population flow (a lazy chain with lam near 1; use a longer context "
+            "or a faster-mixing chain)",
+            stacklevel=3,
+        )
 
 
 def train(
@@ -139,6 +164,8 @@ def train(
             raise ValueError(
                 f"token ids must lie in [0, {setup.d}) for this chain, got {tokens.min()} .. {tokens.max()}"
             )
+    if tokens is None:
+        _warn_slow_mixing(setup, context)
     total, steps = train_steps(save, DEFAULT_TRAIN_SAVE, t1, dt)
     args = (
         setup,
