@@ -397,9 +397,8 @@ def integrate(
         # A step below _DTMIN_FRACTION of the span stops the solve (dt_min_reached) rather than
         # shrinking on: a field that is non-finite from the start (eta = 1e308) rejected every
         # step until max_steps, minutes of evaluating a large field for one error.
-        controller = diffrax.PIDController(
-            rtol=rtol, atol=atol, dtmin=_DTMIN_FRACTION * jnp.abs(t1 - t0), force_dtmin=False
-        )
+        floor = _DTMIN_FRACTION * jnp.abs(t1 - t0) if solver.dtmin is None else jnp.asarray(solver.dtmin, dtype)
+        controller = diffrax.PIDController(rtol=rtol, atol=atol, dtmin=floor, force_dtmin=False)
     dt0 = None if solver.dt0 is None else jnp.asarray(solver.dt0, dtype)
     if isinstance(event, diffrax.Event) or event is None:
         ev = event
@@ -825,10 +824,12 @@ def _check_solution(field, args, result, t_end, y_end, out_ts, out_ys, max_steps
     size = max(float(jnp.max(jnp.abs(x))) for x in jax.tree_util.tree_leaves(y_end))
     if result == diffrax.RESULTS.dt_min_reached:
         raise MaxStepsError(
-            f"integrate: the step size fell below {_DTMIN_FRACTION:g} (t1 - t0) at t = {t_end:.6g} before "
-            f"t1 = {float(t1):.6g} (largest state entry there: {size:.3g}): the solution changes too fast "
-            "there (a blow-up, a singularity, or a stiff stretch: SolverOptions(solver=af.AutoStiff()) "
-            "switches to an implicit step), or loosen rtol/atol"
+            f"integrate: the step size fell below the floor SolverOptions.dtmin (default {_DTMIN_FRACTION:g} "
+            f"(t1 - t0)) at t = {t_end:.6g} before t1 = {float(t1):.6g} (largest state entry there: {size:.3g}): "
+            "the solution changes too fast there (a blow-up, a singularity, or a stiff stretch: "
+            "SolverOptions(solver=af.AutoStiff()) switches to an implicit step), or loosen rtol/atol; over a long "
+            "span (t1 - t0 of 1e14 and more) the start may need smaller steps than the default floor: "
+            "SolverOptions(dtmin=0) removes it"
         )
     if result == diffrax.RESULTS.max_steps_reached:
         raise MaxStepsError(

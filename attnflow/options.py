@@ -270,6 +270,11 @@ class SolverOptions(eqx.Module):
     progress:
         Show the solve's progress on stderr: a bar labelled ``integrate`` on a terminal,
         a few plain lines in a log file (see `attnflow.integrate`).
+    dtmin:
+        The default controller's smallest step, below which a solve stops with
+        `attnflow.MaxStepsError` (a blow-up) instead of shrinking on: ``None`` is ``1e-12 (t1 -
+        t0)``, a number sets it, ``0`` removes the floor (horizons of ``1e14`` and more, where
+        the start needs steps below ``1e-12`` of the span).
     """
 
     solver: diffrax.AbstractSolver | None = None
@@ -280,9 +285,12 @@ class SolverOptions(eqx.Module):
     stepsize_controller: diffrax.AbstractStepSizeController | None = None
     adjoint: diffrax.AbstractAdjoint | None = None
     progress: bool = eqx.field(static=True, default=False)
+    dtmin: Any = None
 
     def __check_init__(self):
         V.positive_int("max_steps", self.max_steps)
+        if self.dtmin is not None:
+            V.nonnegative("dtmin", self.dtmin)
         V.nonnegative("rtol", self.rtol)
         V.positive("atol", self.atol)  # atol = 0 would divide by zero on a component that is 0
         if self.dt0 is not None:

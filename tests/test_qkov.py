@@ -662,3 +662,16 @@ def test_online_sgd_records_the_networks_own_loss_and_attention():
         train(s, 10.0, eval_samples=100)
     with pytest.raises(ValueError, match="eval_samples"):
         train(s, 10.0, dt=1.0, batch=4, eval_samples=0)
+
+
+def test_horizons_of_1e15_with_the_step_floor_removed():
+    """The default controller stops below 1e-12 (t1 - t0): at t1 = 1e15 that is 1e3, larger than
+    the start needs, and the error names SolverOptions(dtmin=0), which reaches the horizon."""
+    s = qkov.paper_setup(100.0)
+    with pytest.raises(af.MaxStepsError, match=r"SolverOptions\(dtmin=0\) removes it"):
+        solve(s, 1e15)
+    tr = solve(s, 1e15, solver=af.SolverOptions(rtol=1e-10, atol=1e-12, dtmin=0))
+    assert float(tr.ts[-1]) == 1e15 and float(tr.final()["loss"]) < 1e-11
+    assert float(jnp.max(jnp.abs(qkov.first_integral(tr.ys, s)))) < 1e-6
+    with pytest.raises(ValueError, match="dtmin"):
+        af.SolverOptions(dtmin=-1.0)
