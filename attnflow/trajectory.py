@@ -16,7 +16,7 @@ import json
 import math
 import os
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +198,22 @@ class Trajectory:
 
     def __len__(self) -> int:
         return int(self.ts.shape[-1])
+
+    def keys(self) -> tuple[str, ...]:
+        """The observable names (`names`): ``dict(traj)`` is ``{name: array}``."""
+        return self.names
+
+    def items(self) -> Iterator[tuple[str, jax.Array]]:
+        """``(name, array)`` of every observable, as ``traj.ys.items()``."""
+        return iter(self.ys.items())
+
+    def __iter__(self) -> Iterator[Any]:
+        # len(traj) counts save times and traj[name] reads an observable: iterating would be
+        # ambiguous (Python would index 0, 1, ... by name), so say which to use
+        raise TypeError(
+            "a Trajectory is not iterable: iterate over traj.names (or traj.items(), dict(traj)) for the "
+            "observables, traj.ts for the save times"
+        )
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}{tuple(v.shape)}" for k, v in self.ys.items())

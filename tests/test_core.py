@@ -313,7 +313,11 @@ def test_integrate_divergence_is_an_error():
     # with the default max_steps the controller's dtmin (1e-12 of the span) stops the blow-up,
     # and a field non-finite from the start (a learning rate of 1e308), after a few rejected
     # steps rather than max_steps of them
-    with pytest.raises(af.MaxStepsError, match=r"step size fell below 1e-12 \(t1 - t0\) at t = 1 before t1 = 3"):
+    with pytest.raises(
+        af.MaxStepsError,
+        match=r"step size fell below the floor SolverOptions.dtmin \(default 1e-12 \(t1 - t0\)\) "
+        r"at t = 1 before t1 = 3",
+    ):
         af.integrate(lambda t, y, a: y**2, jnp.ones(1), 3.0)
     with pytest.raises(af.DivergenceError, match="non-finite at t = 0 "):
         af.integrate(lambda t, y, a: y * jnp.inf, jnp.ones(1), 3.0)
@@ -814,3 +818,10 @@ def test_simulate_and_integrate_name_a_bad_loss_or_field_before_computing():
         af.simulate(lambda m, b: m.W1, model, optax.sgd(0.01), 10)
     with pytest.raises(ValueError, match=r"field\(t, y, args\) failed on the initial state: TypeError"):
         af.integrate(lambda t, y: -y, 1.0, 1.0)
+
+
+def test_a_trajectory_reads_as_a_dict_of_observables_and_refuses_iteration():
+    t = af.Trajectory(jnp.linspace(0, 1, 3), {"y": jnp.zeros(3), "z": jnp.ones(3)})
+    assert list(dict(t)) == ["y", "z"] and t.keys() == ("y", "z") and [k for k, _ in t.items()] == ["y", "z"]
+    with pytest.raises(TypeError, match=r"not iterable: iterate over traj.names .* traj.ts for the save times"):
+        list(t)
