@@ -375,7 +375,10 @@ def config_from(cls: type, overrides: Mapping[str, Any], name: str = "experiment
     values = {}
     for k, v in overrides.items():
         if k not in fields:
-            raise ValueError(f"{name} has no option {k!r}; options: {', '.join(sorted(fields))}")
+            close = difflib.get_close_matches(k, list(fields), n=2, cutoff=0.6)
+            close += [f for f in fields if f.lower() == k.lower() and f not in close]
+            hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+            raise ValueError(f"{name} has no option {k!r}; {hint}options: {', '.join(sorted(fields))}")
         tp = hints[k]
         try:
             values[k] = _coerce(v, tp)

@@ -89,6 +89,8 @@ def test_run_writes_outputs(tmp_path, capsys):
         (["run", "no-such-experiment"], "unknown experiment 'no-such-experiment'"),
         (["run", "deep-linear", "--set", "oops"], "malformed --set 'oops'"),
         (["run", "deep-linear", "--set", "nope=1"], "has no option 'nope'"),
+        (["run", "deep-linear", "--set", "U0=1"], "has no option 'U0'; did you mean 'u0'?"),
+        (["run", "deep-linear", "--set", "tend=1"], "has no option 'tend'; did you mean 't_end'?"),
         (["run", "deep-linear", "--set", "u0=abc"], "option 'u0' of deep-linear expects float"),
         (
             ["run", "deep-linear", "--set", "dts=(0.1, 0.2)"],
