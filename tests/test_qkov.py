@@ -223,6 +223,12 @@ def test_growth_laws_and_large_t_asymptotics():
     assert abs(float(f["mu_ov"] - asy["mu_ov"])) < 0.1
     assert float(f["loss"]) == pytest.approx(float(asy["loss"]), rel=0.1)
     assert float(1 - f["alpha"]) == pytest.approx(float(asy["one_minus_alpha"]), rel=0.25)
+    # eqs. (6)-(7) are CACO's: another parametrisation (whose mu_OV exceeds the "bound") is refused
+    for other in (s.replace(parametrisation="CAFO"), s.replace(common_correction=True)):
+        with pytest.raises(ValueError, match="holds for CACO with kappa = c = 1"):
+            upper_bounds(1.0, other)
+        with pytest.raises(ValueError, match="large_t_asymptotics holds for CACO"):
+            large_t_asymptotics(1.0, other)
 
 
 def test_authors_rk4_agrees_with_adaptive():

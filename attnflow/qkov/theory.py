@@ -480,10 +480,33 @@ def _rk4(setup, y0, loss_target, save_steps, max_steps, d_tau, clip, clamp, eps)
 def upper_bounds(t: Any, setup: Setup) -> dict:
     """CACO upper bounds (eq. (6), ``kappa = c = 1``): with ``alpha_0 = m / (m + n)``,
     ``mu_OV <= ln(1 + alpha_0 eta_OV t / b) / alpha_0`` and ``mu_QK <= r (M-1) mu_OV^2 / (2 M b)``
-    (the latter evaluated at the bound on ``mu_OV``). Valid for every ``t`` of a CACO solve from 0."""
+    (the latter evaluated at the bound on ``mu_OV``). Valid for every ``t`` of a CACO solve from 0
+    with ``kappa = c = 1`` and ``distinct_uniform`` queries; any other setup raises ``ValueError``
+    (a CAFO solve exceeds the "bound" on ``mu_OV`` by 14.5 at the defaults)."""
+    _check_caco_reference(setup, "upper_bounds")
     a0 = setup.m / (setup.m + setup.n)
     mu_ov = jnp.log1p(a0 * setup.eta_ov * jnp.asarray(t) / setup.b) / a0
     return {"mu_ov": mu_ov, "mu_qk": setup.ratio * (setup.M - 1) / (2 * setup.M * setup.b) * mu_ov**2}
+
+
+def _check_caco_reference(setup: Setup, what: str) -> None:
+    """``ValueError`` unless ``setup`` is the case eqs. (6)-(7) are derived for: CACO, no common
+    correction, ``c = 1``, ``distinct_uniform`` queries."""
+    _check_setup(setup)
+    bad = []
+    if setup.parametrisation != "CACO":
+        bad.append(f"parametrisation={setup.parametrisation!r}")
+    if setup.common_correction:
+        bad.append("common_correction=True")
+    if not V.any_traced(setup.score_scale) and float(setup.score_scale) != 1.0:
+        bad.append(f"score_scale={float(setup.score_scale):g}")
+    if setup.query_mode != "distinct_uniform":
+        bad.append(f"query_mode={setup.query_mode!r}")
+    if bad:
+        raise ValueError(
+            f"{what} holds for CACO with kappa = c = 1 and distinct_uniform queries (eqs. (6)-(7)); this setup has "
+            f"{', '.join(bad)}"
+        )
 
 
 def large_t_asymptotics(t: Any, setup: Setup) -> dict:
@@ -493,7 +516,9 @@ def large_t_asymptotics(t: Any, setup: Setup) -> dict:
 
     ``mu_OV ~ ln(eta_OV t / b)``, ``e^{mu_QK} ~ n r (M-1) mu_OV^2 / (2 M b m)``,
     ``1 - alpha ~ 2 M b / (r (M-1) mu_OV^2)``, ``L ~ (M-1) b / (eta_OV t)``;
-    returned as ``mu_ov``, ``mu_qk``, ``one_minus_alpha``, ``loss``."""
+    returned as ``mu_ov``, ``mu_qk``, ``one_minus_alpha``, ``loss``. Other setups than CACO with
+    ``kappa = c = 1`` and ``distinct_uniform`` queries raise ``ValueError``."""
+    _check_caco_reference(setup, "large_t_asymptotics")
     t = jnp.asarray(t)
     mu_ov = jnp.log(setup.eta_ov * t / setup.b)
     r = setup.ratio
