@@ -282,7 +282,8 @@ def clamped_index(fn: Any, *args: Any) -> str | None:
     JAX clamps an out-of-range index (``nu[1]`` of an array of length 1 reads ``nu[0]``), so a
     model written for more fields than it is given runs and silently computes something else.
     An index known when tracing becomes a ``dynamic_slice`` whose start is computed from
-    constants: ``fn`` is traced on ``args`` (zeros of the shapes it will get) and its program is
+    constants (an index array, ``x[jnp.array([0, 2])]`` or ``jnp.take``, a ``gather``):
+    ``fn`` is traced on ``args`` (zeros of the shapes it will get) and its program is
     evaluated, checking the start of every such slice. Best effort: a program this walk cannot
     evaluate gives ``None``.
     """
@@ -307,6 +308,16 @@ def clamped_index(fn: Any, *args: Any) -> str | None:
                     start = int(np.asarray(start))
                     if start < 0 or start + size > shape[axis]:
                         raise _Clamped(f"index {start} on axis {axis} of an array of shape {shape}")
+            elif name == "gather":  # an index array (x[jnp.array([0, 2])], jnp.take): clamped or NaN-filled
+                shape = np.shape(vals[0])
+                idx = np.asarray(vals[1])
+                sizes = eqn.params["slice_sizes"]
+                for k, axis in enumerate(eqn.params["dimension_numbers"].start_index_map):
+                    col = idx[..., k]
+                    bad = (col < 0) | (col + sizes[axis] > shape[axis])
+                    if np.any(bad):
+                        first = int(col[bad].reshape(-1)[0])
+                        raise _Clamped(f"index {first} on axis {axis} of an array of shape {shape}")
             sub = next((eqn.params[k] for k in ("jaxpr", "call_jaxpr", "fun_jaxpr") if k in eqn.params), None)
             if name in _CALLS and sub is not None:
                 closed = sub if hasattr(sub, "consts") else None

@@ -451,6 +451,15 @@ def test_bad_input_names_the_argument():
             dict(student=lambda lam, v: lam[0] + lam[2], teacher=f, R0=R, Q0=Q),
             r"student\(lam, v\) with lam of shape \(2,\).* reads past the end .*K = 2",
         ),
+        # an index array (a gather) past the end: clamped (x[jnp.array([0, 1, 2])]) or NaN-filled (jnp.take)
+        (
+            dict(student=lambda lam, v: jnp.sum(jnp.tanh(lam[jnp.array([0, 1, 2])])), teacher=f, R0=R, Q0=Q),
+            r"reads past the end of an array \(index 2 on axis 0 of an array of shape \(2,\)\)",
+        ),
+        (
+            dict(student=lambda lam, v: jnp.tanh(lam[0]) + jnp.tanh(jnp.take(lam, 2)), teacher=f, R0=R, Q0=Q),
+            r"reads past the end of an array \(index 2",
+        ),
         # a model SGD cannot move: zero gradient almost everywhere (a sign student, a 0-1 loss)
         (
             dict(student=lambda lam, v: jnp.sum(jnp.sign(lam)), teacher=f, R0=R, Q0=Q),
