@@ -646,6 +646,8 @@ class _StaticSlot:
     count: int
     n_chunks: int = 0
     pending: tuple | None = None
+    number: int | None = None  # the static sweep's number in its sweep_defaults block (one for all its points)
+    counts: tuple[int, int, int] = (0, 0, 0)  # chunks computed, loaded, pending: one log entry for the block
 
 
 _STATIC_SLOT: contextvars.ContextVar[_StaticSlot | None] = contextvars.ContextVar("attnflow_static_slot", default=None)
@@ -987,9 +989,17 @@ def sweep(
     _check_axis_names(fn, axes)
     _check_meta(meta, "sweep")
     if any(isinstance(v, Static) for v in axes.values()):
+        block = _DEFAULTS.get()
+        number = None
+        if block is not None:  # one number of the sweep_defaults block for the whole static sweep
+            block.count += 1
+            number = block.count
+            if out_dir is None:
+                out_dir = block.out_dir / f"sweep-{number}"
         return _static_sweep(
             fn,
             axes,
+            block_number=number,
             chunk_size=chunk_size,
             out_dir=out_dir,
             devices=devices,
@@ -1004,11 +1014,14 @@ def sweep(
     ctx = _DEFAULTS.get()
     number = None  # the sweep's number in its sweep_defaults block
     shard_from_block = False
-    if ctx is not None:
+    if ctx is not None and slot is not None and slot.number is not None:
+        number = slot.number  # a static point's sweep: its folder is given, its number the block's
+    elif ctx is not None:
         ctx.count += 1
         number = ctx.count
         if out_dir is None:
             out_dir = ctx.out_dir / f"sweep-{number}"
+    if ctx is not None:
         if shard is None and ctx.shard is not None:
             shard, shard_from_block = ctx.shard, True
         if ctx.meta:
@@ -1201,7 +1214,9 @@ def sweep(
         **dict(meta or {}),
     }
     result = SweepResult(dims, coords, values, info, status=np.asarray(status), messages=list(messages))
-    if ctx is not None:
+    if slot is not None:
+        slot.counts = (len(todo), n_chunks - len(todo) - len(missing), len(missing))
+    if ctx is not None and (slot is None or slot.number is None):
         ctx.log.append(
             {
                 "sweep": number,
@@ -1253,7 +1268,9 @@ def _report_failures(result: SweepResult, on_error: str, stacklevel: int) -> Non
     )
 
 
-def _static_sweep(fn: Callable[..., Any], axes: Mapping[str, Any], *, out_dir: Any, **kwargs: Any) -> SweepResult:
+def _static_sweep(
+    fn: Callable[..., Any], axes: Mapping[str, Any], *, out_dir: Any, block_number: int | None = None, **kwargs: Any
+) -> SweepResult:
     """`sweep` with `Static` axes: one sweep of the array axes per point of the static axes,
     stacked into one `SweepResult` with the axes in the order given."""
     dims = tuple(axes)
@@ -1277,7 +1294,7 @@ def _static_sweep(fn: Callable[..., Any], axes: Mapping[str, Any], *, out_dir: A
         if out_dir is not None:
             where = Path(out_dir) / ",".join(f"{d}={v}" for d, v in point.items())
             where.mkdir(parents=True, exist_ok=True)
-        slots.append(_StaticSlot(p, len(combos)))
+        slots.append(_StaticSlot(p, len(combos), number=block_number))
         token = _STATIC_SLOT.set(slots[-1])
         try:
             res = sweep(sub_fn, dynamic, out_dir=where, on_error="nan", **kwargs)
@@ -1335,13 +1352,27 @@ def _static_sweep(fn: Callable[..., Any], axes: Mapping[str, Any], *, out_dir: A
     if "pending_chunks" in infos[0]:
         info["pending_chunks"] = sum(i["pending_chunks"] for i in infos)
     result = SweepResult(dims, coords, values, info, status=status, messages=messages)
+    block = _DEFAULTS.get()
+    if block is not None and block_number is not None:  # one entry for the whole static sweep
+        n_computed, n_loaded, n_pending = (sum(sl.counts[i] for sl in slots) for i in range(3))
+        block.log.append(
+            {
+                "sweep": block_number,
+                "out_dir": str(out_dir),
+                "n_chunks": sum(sl.n_chunks for sl in slots),
+                "computed": n_computed,
+                "loaded": n_loaded,
+                "pending": n_pending,
+            }
+        )
     pending = [sl.pending for sl in slots if sl.pending is not None]
     if pending:  # a shard of a sweep_defaults block: the code after this sweep cannot go on yet
         shard, _, number, _, _ = pending[0]
         total = sum(sl.n_chunks for sl in slots)
         computed = [i for pend in pending for i in pend[3]]
         missing = [i for pend in pending for i in pend[4]]
-        raise ShardPending(shard, Path(pending[0][1]).parent, number, total, computed, missing)
+        folder = Path(out_dir) if out_dir is not None else Path(pending[0][1]).parent
+        raise ShardPending(shard, folder, number, total, computed, missing)
     _report_failures(result, on_error, stacklevel=4)
     return result
 

@@ -946,3 +946,29 @@ def test_sel_takes_lists_of_values_along_each_axis():
     for picked in (loaded.sel(a=[0.0])["x"], loaded.mean("seed")["x"], loaded.std("seed")["x"]):
         assert type(picked) is np.ndarray and picked.dtype == np.float64
     assert loaded.mean("seed")["x"][0] - 1.0 == pytest.approx(5e-13, rel=1e-3)
+
+
+def test_a_static_sweep_is_one_sweep_of_its_sweep_defaults_block(tmp_path):
+    """Its static values are subfolders of one sweep-k (it took one number per value, so a static
+    value added shifted every later sweep's folder); one log entry; ShardPending names its folder."""
+    f = lambda D, seed: jnp.mean(jnp.linspace(0, 1, D) ** 2) + seed
+    axes = {"D": af.Static([3, 5, 7]), "seed": np.arange(4.0)}
+    g = lambda x: x * 2
+
+    def program():
+        return af.sweep(f, axes, progress=False), af.sweep(g, {"x": np.arange(4.0)}, progress=False)
+
+    with pytest.raises(af.ShardPending) as pending, af.sweep_defaults(tmp_path, shard="1/2", chunk_size=2):
+        program()
+    assert pending.value.sweep == 1 and pending.value.out_dir == tmp_path / "sweep-1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep-1"]
+    with pytest.raises(af.ShardPending) as pending, af.sweep_defaults(tmp_path, shard="2/2", chunk_size=2):
+        program()  # the static sweep is complete now: shard 2 goes on to the next sweep, number 2
+    assert pending.value.sweep == 2 and pending.value.out_dir == tmp_path / "sweep-2"
+    with af.sweep_defaults(tmp_path, chunk_size=2) as log:
+        static, _ = program()
+    assert [(e["sweep"], e["out_dir"].split("/")[-1], e["n_chunks"], e["loaded"]) for e in log] == [
+        (1, "sweep-1", 6, 6),
+        (2, "sweep-2", 2, 1),
+    ]
+    np.testing.assert_allclose(static.values, af.sweep(f, axes, progress=False).values, rtol=1e-15)
