@@ -805,13 +805,13 @@ def heads_activations(cfg: ActivationsConfig, quiet: bool) -> Report:
         **{f"oracle {a}": [float(x) for x in res["oracle"][a]] for a in ACTIVATIONS},
         **{f"trained {a}": [float(x) for x in curves[a]["error"][:, -1]] for a in ACTIVATIONS},
     }
-    for k, v in rows.items():
-        if k != "bayes_se":
-            rep.summary[f"E at s = {[float(x) for x in S]}: {k}"] = [float(f"{x:.4g}") for x in v]
+    for k, v in rows.items():  # full values (summary.md rounds them; its standard errors included)
+        rep.summary[f"E at s = {[float(x) for x in S]}: {k}"] = list(v)
     rep.summary["softmax floor L/(4(L-1)) (s -> inf, p = 1/2)"] = softmax_floor(L)
     big = int(np.argmax(S))
     rep.check(
-        "B-softmax at the oracle equals the Bayes risk (max |diff| - 4 standard errors over s; must be <= 0)",
+        "B-softmax at the oracle equals the Bayes risk (max over s of |diff| - 4 (SE of the Bayes risk + "
+        "0.5/sqrt(bank), a bound on the oracle bank's SE); must be <= 0)",
         max(
             abs(o - b) - 4 * (se + 0.5 / np.sqrt(cfg.bank))
             for o, b, se in zip(rows["oracle bayes-softmax"], rows["bayes"], rows["bayes_se"], strict=True)

@@ -157,7 +157,8 @@ def train(
     Agreement with `solve`: on the manifold the full matrices follow eq. (3) exactly except that
     their common scores fall at ``b/|C|`` times the distinct rate, so the collapsed-QK rate is
     ``kappa = 1 + b/|C|`` times the authors' (``Setup.common_correction=True`` puts it in
-    `solve`; factorised QK has no known correction). For the reference ``Setup()`` and
+    `solve`; for factorised QK it puts the open analogue ``1 + b/(2|C|)``, `Setup.kappa`). For the
+    reference ``Setup()`` and
     ``t1 <= 3000`` the gap per observable is below `TRAIN_TOLERANCE`.
 
     ``event(t, obs) -> scalar`` (as in `solve`) sets ``t_event``: under gradient flow the
