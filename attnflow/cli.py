@@ -301,7 +301,7 @@ def _run_one(exp, overrides, stage: Path, quiet: bool, sweeps=None) -> dict:
         "passed": report.passed,
         "seconds": report.timings["total"],
         "compilations": report.compilations,
-        "checks": dict(report.checks),
+        "checks": {k: {"value": v, "tolerance": t, "ok": v <= t} for k, (v, t) in report.checks.items()},
     }
 
 
@@ -546,6 +546,11 @@ def _main(args) -> int:
             )
         if sweeping is False and args.merge:
             raise UsageError(f"--merge: {exp.name} runs no sweep, so it has no shards to merge; run it without --merge")
+        if sweeping is False and args.chunk_size is not None:
+            raise UsageError(
+                f"--chunk-size {args.chunk_size}: {exp.name} runs no sweep, so it saves no chunks; run it without "
+                "--chunk-size"
+            )
         out = _check_out(args.out)
         if shard is None:
             _check_replaceable(out, [exp.name])
@@ -720,8 +725,8 @@ def _write_index(folder: Path, results: list[dict], total: float) -> None:
     lines.append("")
     for r in results:
         lines.append(f"## {r['name']}")
-        for k, (v, tol) in r["checks"].items():
-            lines.append(f"- {k}: {v:.3e} (tolerance {tol:.1e})")
+        for k, c in r["checks"].items():
+            lines.append(f"- {k}: {c['value']:.3e} (tolerance {c['tolerance']:.1e})")
         lines.append(f"- details: [{r['name']}/summary.md]({r['name']}/summary.md)")
         lines.append("")
     from .citations import SOFTWARE_KEYS, experiment_keys, references

@@ -116,3 +116,16 @@ def test_bad_import_is_one_line_exit_2(source, message, tmp_path, monkeypatch, c
 def test_unknown_experiment_suggests_the_closest(capsys):
     assert main(["show", "qkov-reducd"]) == 2
     assert "did you mean 'qkov-reduced'" in capsys.readouterr().err
+
+
+def test_the_reproduce_index_writes_checks_as_each_experiment_does(tmp_path):
+    """OUT/summary.json of reproduce: each check as {value, tolerance, ok}, like OUT/NAME/summary.json."""
+    from attnflow.cli import _run_one, _write_index
+
+    _write(tmp_path, "lab_index_d", "lab-d")
+    registry.import_experiments(str(tmp_path / "lab_index_d.py"))
+    result = _run_one(get_experiment("lab-d"), {}, tmp_path, quiet=True)
+    _write_index(tmp_path, [result], 1.0)
+    index = json.loads((tmp_path / "summary.json").read_text())["experiments"][0]["checks"]
+    own = _summary(tmp_path, "lab-d")["checks"]
+    assert index == own and set(own["sum vs exact"]) == {"value", "tolerance", "ok"}

@@ -121,6 +121,7 @@ def test_sweeping_matches_the_source():
     [
         (["--shard", "1/2"], "--shard 1/2: deep-linear runs no sweep, so there is nothing to share"),
         (["--merge"], "--merge: deep-linear runs no sweep, so it has no shards to merge; run it without --merge"),
+        (["--chunk-size", "3"], "--chunk-size 3: deep-linear runs no sweep, so it saves no chunks"),
     ],
 )
 def test_shard_and_merge_of_an_experiment_without_sweeps_exit_2_before_computing(argv, message, tmp_path, capsys):
