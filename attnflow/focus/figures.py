@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import matplotlib.ticker as mticker
 import numpy as np
 from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
@@ -151,13 +152,20 @@ def embedding_pca_figure(tr: Trajectory, pi: Sequence[float]) -> Figure:
     x_mid = 0.5 * (np.min(pcs[..., 0]) + np.max(pcs[..., 0]))
     for k in range(pcs.shape[1]):
         right = pcs[-1, k, 0] > x_mid
+        # the end point marked and the label in the token's colour on a light box: readable over
+        # the other tokens' paths, and which path it names is unambiguous
+        ax.plot(*pcs[-1, k], "s", color=f"C{k}", ms=6, mec="k", mew=0.6, zorder=4)
         ax.annotate(
             f"token {k} (pi={float(pi[k]):.2f})",
             pcs[-1, k],
-            xytext=(-6 if right else 6, 4),
+            xytext=(-8 if right else 8, 6),
             textcoords="offset points",
             ha="right" if right else "left",
             fontsize=8,
+            color=f"C{k}",
+            fontweight="bold",
+            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85},
+            zorder=5,
         )
     fig.colorbar(ScalarMappable(Normalize(color.min(), color.max()), "viridis"), ax=ax, label="log10 t", pad=0.02)
     ax.set_xlabel("PC1 of embedding rows")
@@ -200,7 +208,14 @@ def symmetry_figure(ts: np.ndarray, s2: np.ndarray, deltas: np.ndarray, escape: 
     nz = (deltas > 0) & np.isfinite(escape)
     if nz.any():
         a2.loglog(deltas[nz], escape[nz], "o-", label=f"measured: sigma2(W0) reaches {threshold:g}x its plateau")
-        a2.loglog(deltas[nz], escape[nz][0] * deltas[nz][0] / deltas[nz], "k--", lw=1, label="slope -1 (T ~ 1/delta)")
+        guide = escape[nz][0] * deltas[nz][0] / deltas[nz]
+        a2.loglog(deltas[nz], guide, "k--", lw=1, label="guide: slope -1 through the first")
+        # log ticks with every label of a narrow decade collide: label the deltas themselves
+        a2.set_xticks(deltas[nz], [f"{d:g}" for d in deltas[nz]])
+        a2.xaxis.set_minor_formatter(mticker.NullFormatter())
+    never = [f"{d:g}" for d, e in zip(deltas, escape, strict=True) if not np.isfinite(e)]
+    if never:  # not drawable on a log axis: said in the legend
+        a2.plot([], [], " ", label=f"no escape by t = {ts[-1]:g}: delta = {', '.join(never)}")
     a2.set_xlabel("delta")
     a2.set_ylabel("escape time")
     a2.legend(fontsize=7)
