@@ -332,7 +332,8 @@ class SweepResult:
         meta_path = path.with_suffix(".json")
         if not path.exists() or not meta_path.exists():
             folder = path.with_suffix("")
-            if (folder / "sweep.json").exists():
+            # a Static sweep's out_dir holds one sweep folder per static value (D=250/sweep.json)
+            if (folder / "sweep.json").exists() or (folder.is_dir() and any(folder.glob("*/sweep.json"))):
                 raise FileNotFoundError(
                     f"{folder} is a sweep's out_dir (its chunks and sweep.json), not a result saved by "
                     "SweepResult.save: run the same af.sweep(fn, axes, out_dir=...) again, which loads the finished "

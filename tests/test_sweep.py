@@ -972,3 +972,12 @@ def test_a_static_sweep_is_one_sweep_of_its_sweep_defaults_block(tmp_path):
         (2, "sweep-2", 2, 1),
     ]
     np.testing.assert_allclose(static.values, af.sweep(f, axes, progress=False).values, rtol=1e-15)
+
+
+def test_load_names_a_checkpoint_folder_plain_or_static(tmp_path):
+    f = lambda D, x: x * D
+    af.sweep(lambda x: x * 2, {"x": np.arange(2.0)}, out_dir=tmp_path / "plain", progress=False)
+    af.sweep(f, {"D": af.Static([1, 2]), "x": np.arange(2.0)}, out_dir=tmp_path / "static", progress=False)
+    for name in ("plain", "static"):
+        with pytest.raises(FileNotFoundError, match="is a sweep's out_dir .* run the same af.sweep"):
+            af.SweepResult.load(tmp_path / name)
