@@ -262,6 +262,10 @@ class SweepResult:
         unbiased seed-to-seed variance (`Trajectory.std`)."""
         if not isinstance(ddof, int | np.integer) or isinstance(ddof, bool) or ddof < 0:
             raise ValueError(f"std: ddof must be an integer >= 0, got {ddof!r}")
+        names = [dim] if isinstance(dim, str) else list(dim)
+        n = math.prod(len(self.coords[d]) for d in names if d in self.coords)
+        if n <= ddof:  # as Trajectory.std (arrays would be NaN with a NumPy warning)
+            raise ValueError(f"std: ddof = {ddof} needs more than {ddof} runs, got {n}")
         return self._reduce(
             dim, "std", lambda t, axes: t.std(axes, ddof=int(ddof)), lambda x, axes: np.std(x, axis=axes, ddof=ddof)
         )

@@ -946,6 +946,8 @@ def test_sel_takes_lists_of_values_along_each_axis():
     for picked in (loaded.sel(a=[0.0])["x"], loaded.mean("seed")["x"], loaded.std("seed")["x"]):
         assert type(picked) is np.ndarray and picked.dtype == np.float64
     assert loaded.mean("seed")["x"][0] - 1.0 == pytest.approx(5e-13, rel=1e-3)
+    with pytest.raises(ValueError, match="ddof = 2 needs more than 2 runs, got 2"):  # as Trajectory.std
+        loaded.std("seed", ddof=2)
 
 
 def test_a_static_sweep_is_one_sweep_of_its_sweep_defaults_block(tmp_path):

@@ -56,23 +56,23 @@ def order_parameter_observables(
 
 
 def model_observables(
-    model: MultiHead, setup: Any, *, eval_samples: int = 2000, location: int | None = None
+    model: MultiHead, setup: Any, *, eval_samples: int | None = None, location: int | None = None
 ) -> dict[str, jax.Array]:
     """`OBSERVABLES` of a finite-``D`` network (the `MultiHead` `attnflow.heads.train` returns
     with ``return_model=True``) in the task of ``setup``: the overlaps with the spikes `train`
     draws at this ``D`` (`attnflow.heads.TASK_SEED`), and ``error`` and ``attention`` on the
     held-out batch of ``eval_samples`` samples it evaluates on (`attnflow.heads.EVAL_SEED`;
-    none with ``eval_samples=0``): what `train` records, with the same ``eval_samples`` and
-    ``location``."""
+    default `attnflow.heads.EVAL_SAMPLES`, as `train`'s; none with ``eval_samples=0``): what
+    `train` records, with the same ``eval_samples`` and ``location``."""
     from .. import _validate as V
     from .setup import Setup
-    from .train import EVAL_SEED, _task_of
+    from .train import EVAL_SAMPLES, EVAL_SEED, _task_of
 
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.heads.Setup, got {setup!r:.80}")
     if not isinstance(model, MultiHead) or jnp.shape(model.K)[0] != setup.H:
         raise ValueError(f"model must be a MultiHead of the setup's H = {setup.H} heads, got {model!r:.80}")
-    eval_samples = V.positive_int("eval_samples", eval_samples, minimum=0)
+    eval_samples = V.positive_int("eval_samples", EVAL_SAMPLES if eval_samples is None else eval_samples, minimum=0)
     D = int(jnp.shape(model.K)[1])
     task = _task_of(setup, D, location, model.K.dtype)
     batch = task.sample(jax.random.PRNGKey(EVAL_SEED), max(eval_samples, 1))
