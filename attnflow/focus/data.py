@@ -181,7 +181,7 @@ class MarkovChain(eqx.Module):
             lo = lazy_lam_min(pi_np)
             lam_f = V.finite_scalar("lam", lam)
             if not (lo <= lam_f <= 1.0):
-                raise ValueError(f"lam must lie in [{lo:.6g}, 1] for this pi, got {lam_f!r}")
+                raise ValueError(f"lam must lie in [{lo:.6g}, 1] for this pi, got {lam_f:.15g}")
         pi = _floats(pi)
         lam = _floats(lam)
         if V.any_traced((pi, lam)):  # a sweep point outside the lazy range fails with the message
