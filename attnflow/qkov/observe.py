@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .data import TheoryTask
+from .metrics import relevant_mass
 from .model import QKOVModel, factor_conserved
 from .setup import Setup
 from .theory import alpha, loss
@@ -70,23 +71,27 @@ def model_observables(
         raise ValueError(f"setup must be an attnflow.qkov.Setup (or its TheoryTask), got {setup!r:.80}")
     W_qk, W_ov = model.W_QK(), model.W_OV()
     mq = mu_qk_gap(W_qk, task, model.score_scale)
+    out = {"mu_ov": mu_ov_projection(W_ov, task), "mu_qk": mq}
     if eval_set is not None:
-        tokens, y, rel = eval_set
-        z, a = model(tokens)
-        logp = jnp.take_along_axis(jax.nn.log_softmax(z, axis=-1), y[:, None], axis=1)[:, 0]
-        return {
-            "mu_ov": mu_ov_projection(W_ov, task),
-            "mu_qk": mq,
-            # the query (last) is not attended: the attention covers the context positions
-            "alpha": jnp.mean(jnp.sum(jnp.where(rel[:, : a.shape[-1]], a, 0.0), axis=-1)),
-            "loss": -jnp.mean(logp),
-        }
+        _, logp, _, mass = _held_out(model, eval_set)
+        return {**out, "alpha": jnp.mean(mass), "loss": -jnp.mean(logp)}
     return {
-        "mu_ov": mu_ov_projection(W_ov, task),
-        "mu_qk": mq,
+        **out,
         "alpha": jax.nn.sigmoid(mq + np.log(task.m / task.n)),
         "loss": task.mean_embedding_loss(W_qk, W_ov, model.score_scale),
     }
+
+
+def _held_out(model: Any, eval_set: tuple) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """``(logits, log-probability of each label, attention, attention mass on the relevant
+    positions)`` of ``model`` on ``eval_set = (tokens, labels, relevant)``: what `model_observables`
+    and `attnflow.qkov.train_on_generator` measure on held-out sequences. A model that does not
+    attend to its last token (the query, in the theory) gives attention over the positions
+    before it, which ``relevant`` is cut to."""
+    tokens, y, rel = eval_set
+    z, a = model(tokens)
+    logp = jnp.take_along_axis(jax.nn.log_softmax(z, axis=-1), y[:, None], axis=1)[:, 0]
+    return z, logp, a, relevant_mass(a, rel[:, : a.shape[-1]])
 
 
 def conserved_quantities(model: QKOVModel, eta_qk: Any, eta_ov: Any) -> dict[str, jax.Array]:

@@ -27,9 +27,9 @@ from ..options import LogGrid, SaveGrid, SolverOptions, TimeGrid, train_steps
 from ..simulate import FullBatch, OnlineSGD, check_divergence, check_start, run_training, simulate
 from ..trajectory import Trajectory
 from .data import CodeGenerator
-from .metrics import relevant_mass, separability
+from .metrics import separability
 from .model import Init, QKOVModel, TorchDefault, circuit_labels, code_model, cross_entropy, make_aligned
-from .observe import model_observables
+from .observe import _held_out, model_observables
 from .setup import Setup
 from .theory import DEFAULT_SAVE
 
@@ -377,14 +377,13 @@ def train_on_generator(
 
 
 def _eval_observe(eval_set):
-    tokens, y, rel = eval_set
+    _, y, rel = eval_set
 
     def observe(m):
-        z, a = m(tokens)
-        logp = jnp.take_along_axis(jax.nn.log_softmax(z, axis=-1), y[:, None], axis=1)[:, 0]
+        z, logp, a, mass = _held_out(m, eval_set)
         return {
             "loss": -jnp.mean(logp),
-            "a_rel": jnp.mean(relevant_mass(a, rel)),
+            "a_rel": jnp.mean(mass),
             "accuracy": jnp.mean(jnp.argmax(z, -1) == y),
             "separability": separability(a, rel),
         }
