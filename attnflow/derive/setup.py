@@ -346,6 +346,15 @@ def _positional_gap(
     return float(np.max(np.abs(a - b) / scale))
 
 
+def _per_model(check: Any, *args: Any) -> Any:
+    """``check(*args)``, a model check cached per model (`functools.lru_cache`), uncached for a
+    callable that cannot be a cache key (unhashable)."""
+    try:
+        return check(*args)
+    except TypeError:
+        return check.__wrapped__(*args)
+
+
 def _callable(name: str, f: Any) -> Callable:
     if not callable(f):
         raise ValueError(f"{name} must be a callable, got {f!r:.80}")
@@ -545,13 +554,10 @@ class Setup(AbstractSetup):
                 "(the loss compares them entry by entry)"
             )
         call("loss(student output, teacher output)", self.loss, y_hat, y)
+        v_shape = None if self.v0 is None else tuple(jnp.shape(self.v0))
+        model = (self.student, self.teacher, self.loss, K, M)
         if isinstance(self.data, SingleLocation) and self.data.exchangeable:
-            v_shape = None if self.v0 is None else tuple(jnp.shape(self.v0))
-            probe = (self.student, self.teacher, self.loss, K, M, self.data.L, v_shape)
-            try:
-                gap = _positional_gap(*probe)
-            except TypeError:  # a callable that cannot be a cache key (unhashable): check it uncached
-                gap = _positional_gap.__wrapped__(*probe)
+            gap = _per_model(_positional_gap, *model, self.data.L, v_shape)
             if not gap < 1e-6:
                 raise ValueError(
                     f"the loss changes by up to {gap:.2g} (relative) when the {self.data.L} token locations are "
@@ -560,21 +566,15 @@ class Setup(AbstractSetup):
                     "equivariant under the locations. Use SingleLocation(..., exchangeable=False) (it enumerates "
                     "the locations)"
                 )
-        if isinstance(self.data, GaussianInputs):
-            v_shape = None if self.v0 is None else tuple(jnp.shape(self.v0))
-            try:
-                frozen = _frozen_model(self.student, self.teacher, self.loss, K, M, v_shape)
-            except TypeError:  # a callable that cannot be a cache key (unhashable): check it uncached
-                frozen = _frozen_model.__wrapped__(self.student, self.teacher, self.loss, K, M, v_shape)
-            if frozen:
-                raise ValueError(
-                    f"the loss does not change with the student's fields{'' if v_shape is None else ' or readout'}: "
-                    f"its gradient is exactly zero at {_GRADIENT_PROBES * len(_PROBE_SCALES)} random Gaussian inputs "
-                    f"(standard deviations {', '.join(f'{x:g}' for x in _PROBE_SCALES)}), so online SGD "
-                    "would not move and the derived ODE would be dR/dt = dQ/dt = 0. A step function (sign, a "
-                    "0-1 loss) has zero derivative almost everywhere: use a smooth surrogate (erf(x / eps) for "
-                    "sign(x), a logistic loss for the 0-1 loss)"
-                )
+        if isinstance(self.data, GaussianInputs) and _per_model(_frozen_model, *model, v_shape):
+            raise ValueError(
+                f"the loss does not change with the student's fields{'' if v_shape is None else ' or readout'}: "
+                f"its gradient is exactly zero at {_GRADIENT_PROBES * len(_PROBE_SCALES)} random Gaussian inputs "
+                f"(standard deviations {', '.join(f'{x:g}' for x in _PROBE_SCALES)}), so online SGD "
+                "would not move and the derived ODE would be dR/dt = dQ/dt = 0. A step function (sign, a "
+                "0-1 loss) has zero derivative almost everywhere: use a smooth surrogate (erf(x / eps) for "
+                "sign(x), a logistic loss for the 0-1 loss)"
+            )
 
     def validate(self) -> None:
         if self.R0.ndim != 2 or 0 in self.R0.shape:
