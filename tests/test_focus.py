@@ -562,3 +562,18 @@ def test_train_warns_when_the_chain_mixes_slowly_against_the_context():
             focus.train(s, 0.1, dt=0.05, save=af.LinearGrid(2))
         said = [str(w.message) for w in caught if "mixes in about" in str(w.message)]
         assert bool(said) == slow, (lam, said)
+
+
+def test_burn_in_drops_the_first_steps_of_the_chain():
+    """Spec (sampler): burn-in, default 0. A uniform start is pi's after a burn-in of the lazy chain."""
+    chain = focus.Setup().chain  # pi = (0.75, 0.19, 0.05, 0.01), lam = 0.5
+    key = jax.random.PRNGKey(0)
+    plain = np.asarray(chain.sample(key, 20000, 3))
+    burnt = np.asarray(chain.sample(key, 20000, 3, burn_in=30))
+    assert burnt.shape == plain.shape == (20000, 3)
+    np.testing.assert_allclose(np.bincount(plain[:, 0], minlength=4) / 20000, 0.25, atol=0.015)
+    np.testing.assert_allclose(np.bincount(burnt[:, 0], minlength=4) / 20000, chain.pi, atol=0.015)
+    tr = focus.train(focus.Setup(), 0.1, dt=0.05, burn_in=5, save=af.LinearGrid(2))
+    assert tr.meta["burn_in"] == 5 and np.all(np.isfinite(np.asarray(tr["loss"])))
+    with pytest.raises(ValueError, match="burn_in"):
+        focus.train(focus.Setup(), 0.1, dt=0.05, burn_in=-1)

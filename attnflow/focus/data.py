@@ -230,9 +230,13 @@ class MarkovChain(eqx.Module):
         return jnp.sum(self.pi * f * (self.P @ g)) - jnp.sum(self.pi * f) * jnp.sum(self.pi * g)
 
     # ---------------------------------------------------------------- sampling
-    def sample(self, key: Any, batch_size: int, length: int, start: Literal["uniform", "pi"] = "uniform") -> jax.Array:
+    def sample(
+        self, key: Any, batch_size: int, length: int, start: Literal["uniform", "pi"] = "uniform", burn_in: int = 0
+    ) -> jax.Array:
         """Token sequences of shape ``(batch_size, length)``: ``x_1`` uniform on the ``d`` tokens
-        (``start="uniform"``) or drawn from ``pi`` (``start="pi"``), then ``x_{j+1} ~ P[x_j]``.
+        (``start="uniform"``) or drawn from ``pi`` (``start="pi"``), then ``x_{j+1} ~ P[x_j]``;
+        with ``burn_in`` (default 0, the spec's) the chain first runs that many steps, which are
+        dropped (a start closer to ``pi``).
 
         The start law is a validated string: it picks one of two distributions (no code path
         beyond the first token's logits), so an object would add a class for one line.
@@ -240,6 +244,8 @@ class MarkovChain(eqx.Module):
         V.positive_int("batch_size", batch_size)
         V.positive_int("length", length)
         V.choice("start", start, ("uniform", "pi"))
+        burn_in = V.positive_int("burn_in", burn_in, minimum=0)
+        length = length + burn_in
         k0, k1 = jax.random.split(V.prng_key(key))
         logits0 = jnp.zeros(self.d, dtype=self.pi.dtype) if start == "uniform" else jnp.log(self.pi)
         x0 = jax.random.categorical(k0, logits0, shape=(batch_size,))
@@ -252,7 +258,7 @@ class MarkovChain(eqx.Module):
             return nxt, nxt
 
         _, rest = jax.lax.scan(step, x0, u)
-        return jnp.concatenate([x0[:, None], rest.T], axis=1)
+        return jnp.concatenate([x0[:, None], rest.T], axis=1)[:, burn_in:]
 
 
 def perturbed_pi(pi1: Any = 0.75, d: int = 4, delta: Any = 0.0, direction: Any = None) -> jax.Array:

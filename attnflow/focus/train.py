@@ -58,9 +58,10 @@ class _ChainContexts(eqx.Module):
     chain: MarkovChain
     length: int = eqx.field(static=True)
     start: Literal["uniform", "pi"] = eqx.field(static=True)
+    burn_in: int = eqx.field(static=True, default=0)
 
     def __call__(self, key: jax.Array, batch_size: int) -> jax.Array:
-        return self.chain.sample(key, batch_size, self.length, self.start)
+        return self.chain.sample(key, batch_size, self.length, self.start, self.burn_in)
 
 
 class _StreamContexts(eqx.Module):
@@ -104,6 +105,7 @@ def train(
     context: int = DEFAULT_CONTEXT,
     batch: int = DEFAULT_BATCH,
     start: Literal["uniform", "pi"] = "uniform",
+    burn_in: int = 0,
     tokens: Any = None,
     initial: dict | None = None,
     model: OneLayerAttention | None = None,
@@ -119,7 +121,8 @@ def train(
     the clock starts at 0 again).
 
     Each step draws ``batch`` fresh sequences of ``context + 1`` tokens from ``setup.chain``
-    (first token uniform, ``start="uniform"``, or from ``pi``, ``start="pi"``) or, with
+    (first token uniform, ``start="uniform"``, or from ``pi``, ``start="pi"``; after ``burn_in``
+    dropped steps of the chain, default 0) or, with
     ``tokens`` (a 1-D stream of token ids, e.g. `CorpusChain.stream`), random windows of it;
     the loss is the cross-entropy of the last token given the others, the learning rate
     ``eta dt`` and the clock ``t = dt * step`` (the population flow's time). ``key`` seeds the
@@ -144,6 +147,9 @@ def train(
     context = V.positive_int("context", context)
     batch = V.positive_int("batch", batch)
     V.choice("start", start, ("uniform", "pi"))
+    burn_in = V.positive_int("burn_in", burn_in, minimum=0)
+    if burn_in and tokens is not None:
+        raise ValueError("burn_in applies to sequences drawn from the chain, not to windows of tokens")
     V.positive("dt", dt)
     if observe is not None and not callable(observe):
         raise ValueError(f"observe must be callable (theta, setup) -> {{name: array}}, got {observe!r}")
@@ -179,6 +185,7 @@ def train(
         context,
         batch,
         start,
+        burn_in,
         bool(return_model),
         progress,
     )
@@ -186,11 +193,13 @@ def train(
 
 
 @filter_jit
-def _train(setup, theta0, key, tokens, observe, steps, total, dt, context, batch, start, return_model, progress):
+def _train(
+    setup, theta0, key, tokens, observe, steps, total, dt, context, batch, start, burn_in, return_model, progress
+):
     model = OneLayerAttention.from_theta(theta0, setup.tau)
     trainable = eqx.tree_at(lambda m: m.tau, jax.tree_util.tree_map(lambda _: True, model), False)
     if tokens is None:
-        contexts = _ChainContexts(setup.chain, context + 1, start)
+        contexts = _ChainContexts(setup.chain, context + 1, start, burn_in)
     else:
         contexts = _StreamContexts(tokens, context + 1)
 
@@ -217,6 +226,7 @@ def _train(setup, theta0, key, tokens, observe, steps, total, dt, context, batch
             "context": context,
             "batch": batch,
             "start": start,
+            "burn_in": burn_in,
             "data": "chain" if tokens is None else "token stream",
         },
     )
