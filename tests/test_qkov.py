@@ -694,3 +694,30 @@ def test_factorised_qk_common_correction_halves_kappa():
         th = solve(s.replace(common_correction=cc), 2000.0, save=af.TimeGrid(sim.ts))
         gaps.append(float(jnp.max(jnp.abs(th["mu_qk"] - sim["mu_qk"])) / jnp.max(jnp.abs(th["mu_qk"]))))
     assert gaps[0] > 0.03 and gaps[1] < 3e-3, gaps
+
+
+def test_per_factor_rates_act_with_their_geometric_mean():
+    """Spec section 4: per-factor rates eta_Q,K,V,O; weighted-balanced factors act with rate
+    sqrt(eta_A eta_B). FAFO with eta_Q / eta_K = 9 and eta_O / eta_V = 4 around the same circuit
+    rates follows the equal-rate flow (its reduced ODE) to solver precision; the weighted
+    balance eta (A^T A / eta_A - B B^T / eta_B) is conserved."""
+    base = Setup(parametrisation="FAFO")
+    s = base.replace(qk_factor_ratio=9.0, ov_factor_ratio=4.0)
+    rates = s.factor_rates
+    assert float(rates["q"]) == pytest.approx(9.0) and float(rates["k"]) == pytest.approx(1.0)
+    assert float(rates["o"] * rates["v"]) == pytest.approx(1.0) and float(rates["o"] / rates["v"]) == pytest.approx(4.0)
+    for c, (A, B) in s.model().factors().items():  # the start is weighted-balanced
+        eta_A, eta_B = (rates["q"], rates["k"]) if c == "qk" else (rates["o"], rates["v"])
+        np.testing.assert_allclose(A.T @ A / eta_A, B @ B.T / eta_B, atol=1e-14)
+    grid = af.LogGrid(12, t_min=1.0)
+    solver = qkov.FLOW_SOLVER.replace(rtol=1e-10, atol=1e-12)
+    equal = train(base, 300.0, save=grid, solver=solver)
+    per_factor = train(s, 300.0, save=grid, conserved=True, solver=solver)
+    for name in ("mu_ov", "mu_qk"):
+        np.testing.assert_allclose(per_factor[name], equal[name], rtol=1e-7)
+    for name in ("conserved_qk", "conserved_ov"):
+        assert float(jnp.max(jnp.abs(per_factor[name] - per_factor[name][0]))) < 1e-9
+    with pytest.raises(ValueError, match=r"qk_factor_ratio \(eta_Q / eta_K\) = 2 needs a factorised circuit; CACO"):
+        Setup(qk_factor_ratio=2.0)
+    with pytest.raises(ValueError, match="ov_factor_ratio"):
+        Setup(parametrisation="FAFO", ov_factor_ratio=-1.0)

@@ -380,7 +380,13 @@ def _ov_basis(M: int) -> np.ndarray:
 
 
 def make_aligned(
-    task: TheoryTask, parametrisation: str, mu_ov0: Any, mu_qk0: Any, *, score_scale: float = 1.0
+    task: TheoryTask,
+    parametrisation: str,
+    mu_ov0: Any,
+    mu_qk0: Any,
+    *,
+    score_scale: float = 1.0,
+    factor_ratios: tuple[Any, Any] = (1.0, 1.0),
 ) -> QKOVModel:
     """A model of ``task`` on the invariant manifold (eq. (10)): ``W_OV = mu_ov0 D_OV``,
     ``W_QK = mu_qk0 D_QK / c``, with the theory's conventions (``n_out = M``, query not
@@ -389,7 +395,10 @@ def make_aligned(
     Factorised circuits get weighted-balanced, structure-aligned factors of the rank of
     ``D`` (inner width ``M`` for QK, ``M - 1`` for OV), the start that gradient flow keeps
     balanced and aligned (eq. (8)); they need ``mu > 0`` (``W = 0`` is stationary there).
-    ``mu_ov0`` and ``mu_qk0`` may be traced.
+    ``factor_ratios = (rho_qk, rho_ov)``, the ratios ``eta_A / eta_B`` of the factors' learning
+    rates (`Setup.factor_rates`), weight the balance: ``A^T A / eta_A = B B^T / eta_B`` (``A``
+    scaled by ``rho^(1/4)``, ``B`` by ``rho^(-1/4)``). ``mu_ov0``, ``mu_qk0`` and the ratios may
+    be traced.
     """
     par = _check_parametrisation(parametrisation)
     c = V.finite_scalar("score_scale", score_scale)
@@ -406,7 +415,8 @@ def make_aligned(
         Kd = task.distinct_embeddings() * task.b
         qn, dn = jnp.linalg.norm(Q, axis=1, keepdims=True), jnp.linalg.norm(Kd, axis=1, keepdims=True)
         root = jnp.sqrt(mu_qk0 * qn * dn / c)  # (M, 1): sqrt of the singular values of W_QK
-        mats.update(W_q=root * Q / qn, W_k=root * Kd / dn)
+        w = jnp.asarray(factor_ratios[0], dtype) ** 0.25  # A = W_q^T at rate eta_Q, B = W_k at eta_K
+        mats.update(W_q=w * root * Q / qn, W_k=root * Kd / dn / w)
     else:
         mats["W_qk"] = mu_qk0 * task.D_qk() / c
     if par[2:] == "FO":
@@ -417,7 +427,8 @@ def make_aligned(
         U = jnp.asarray(_ov_basis(task.M), dtype)
         E = task.distinct_embeddings() * math.sqrt(task.b)
         root = jnp.sqrt(mu_ov0 * math.sqrt(task.b))
-        mats.update(W_o=root * U, W_v=root * (U.T @ E))
+        w = jnp.asarray(factor_ratios[1], dtype) ** 0.25  # A = W_o at rate eta_O, B = W_v at eta_V
+        mats.update(W_o=w * root * U, W_v=root * (U.T @ E) / w)
     else:
         mats["W_ov"] = mu_ov0 * task.D_ov()
     return MODEL_CLASSES[par](score_scale=c, attend_to_query=False, ov_bias=None, **mats)

@@ -59,6 +59,14 @@ class Setup(AbstractSetup):
     - ``mu0``: the initial ``mu`` of each *factorised* circuit (``W = 0`` is stationary for a
       factorised circuit, which therefore starts on the invariant manifold at ``mu0 > 0``
       with balanced factors); collapsed circuits start at ``mu = 0``.
+    - ``qk_factor_ratio``, ``ov_factor_ratio``: per-factor learning rates of a factorised
+      circuit ``W = A B`` (spec section 4), as the ratio ``rho = eta_A / eta_B`` of its factors'
+      rates around the circuit's rate, their geometric mean: ``eta_Q = eta_qk sqrt(rho_qk)``,
+      ``eta_K = eta_qk / sqrt(rho_qk)`` (``A = W_Q^T``, ``B = W_K``), ``eta_O = eta_ov
+      sqrt(rho_ov)``, ``eta_V = eta_ov / sqrt(rho_ov)`` (`factor_rates`). Weighted-balanced
+      factors (``A^T A / eta_A = B B^T / eta_B``, the start `train` uses) act with rate
+      ``sqrt(eta_A eta_B)``, so the reduced ODE is that of ``eta_qk``, ``eta_ov`` whatever
+      ``rho``. Default 1 (equal rates); a ratio other than 1 on a collapsed circuit is refused.
 
     Static fields (shapes and code paths; a new value compiles once):
 
@@ -84,6 +92,8 @@ class Setup(AbstractSetup):
     eta_qk: jax.Array = array_field("eta_qk (QK learning rate)", 3.0)
     eta_ov: jax.Array = array_field("eta_ov (OV learning rate)", 1.0)
     mu0: jax.Array = array_field("mu0 (start of factorised circuits)", 0.05)
+    qk_factor_ratio: jax.Array = array_field("qk_factor_ratio (eta_Q / eta_K)", 1.0)
+    ov_factor_ratio: jax.Array = array_field("ov_factor_ratio (eta_O / eta_V)", 1.0)
     parametrisation: str = eqx.field(static=True, default="CACO")
     m: int = eqx.field(static=True, default=5)
     n: int = eqx.field(static=True, default=50)
@@ -105,6 +115,17 @@ class Setup(AbstractSetup):
         V.positive("eta_qk (QK learning rate)", self.eta_qk)
         V.positive("eta_ov (OV learning rate)", self.eta_ov)
         V.positive("mu0 (initial mu of a factorised circuit)", self.mu0)
+        for name, rho, factorised in (
+            ("qk_factor_ratio (eta_Q / eta_K)", self.qk_factor_ratio, self.factorised_qk),
+            ("ov_factor_ratio (eta_O / eta_V)", self.ov_factor_ratio, self.factorised_ov),
+        ):
+            V.scalar(name, rho)
+            V.positive(name, rho)
+            if not factorised and not V.any_traced(rho) and float(rho) != 1.0:
+                raise ValueError(
+                    f"{name} = {float(rho):g} needs a factorised circuit; {self.parametrisation} collapses it "
+                    "(one matrix, one rate)"
+                )
         V.positive_int("m (distinct positions)", self.m)
         V.positive_int("n (common positions)", self.n)
         V.positive_int("b (distinct tokens per class)", self.b)
@@ -129,6 +150,21 @@ class Setup(AbstractSetup):
         if not V.any_traced(ratio):
             V.positive("ratio (eta_QK / eta_OV)", ratio)
         return self.replace(eta_qk=ratio * self.eta_ov)
+
+    @property
+    def factor_rates(self) -> dict[str, jax.Array]:
+        """Learning rates per matrix, as `attnflow.qkov.circuit_labels` (``per_factor=True``)
+        names them: ``q``, ``k`` (``eta_qk sqrt(rho_qk)``, ``eta_qk / sqrt(rho_qk)``), ``o``,
+        ``v`` (alike with ``rho_ov``), and the collapsed ``qk``, ``ov`` (the circuit rates)."""
+        rq, ro = jnp.sqrt(self.qk_factor_ratio), jnp.sqrt(self.ov_factor_ratio)
+        return {
+            "q": self.eta_qk * rq,
+            "k": self.eta_qk / rq,
+            "o": self.eta_ov * ro,
+            "v": self.eta_ov / ro,
+            "qk": self.eta_qk,
+            "ov": self.eta_ov,
+        }
 
     @property
     def factorised_qk(self) -> bool:
@@ -200,9 +236,17 @@ class Setup(AbstractSetup):
 
     def model(self, initial: dict[str, Any] | None = None) -> QKOVModel:
         """The full matrices of the theory task on the invariant manifold at ``initial``
-        (default `initial_state`): the start of `attnflow.qkov.train`."""
+        (default `initial_state`), factors weighted-balanced for `factor_rates`: the start of
+        `attnflow.qkov.train`."""
         st = self.initial_state(initial)
-        return make_aligned(self.task, self.parametrisation, st["mu_ov"], st["mu_qk"], score_scale=self.score_scale)
+        return make_aligned(
+            self.task,
+            self.parametrisation,
+            st["mu_ov"],
+            st["mu_qk"],
+            score_scale=self.score_scale,
+            factor_ratios=(self.qk_factor_ratio, self.ov_factor_ratio),
+        )
 
 
 def paper_setup(ratio: Any = 0.01, parametrisation: str = "CACO", **changes: Any) -> Setup:

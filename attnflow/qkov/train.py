@@ -75,15 +75,12 @@ effect of the common scores, which the authors' equations (``kappa = 1``) leave 
 
 
 # ----------------------------------------------------------------------------- theory task
-def _rates(setup: Setup) -> dict[str, jax.Array]:
-    return {"qk": setup.eta_qk, "ov": setup.eta_ov}
-
-
 def _flow_field(t, model, setup):
-    # dW/dt = -eta_circuit grad L (eq. (9) loss); circuit labels are made at trace time
+    # dW/dt = -eta_matrix grad L (eq. (9) loss), per factor (Setup.factor_rates); labels are made
+    # at trace time
     grads = jax.grad(setup.task.population_loss)(model)
-    rates = _rates(setup)
-    return jax.tree_util.tree_map(lambda g, lab: -rates[lab] * g, grads, circuit_labels(grads))
+    rates = setup.factor_rates
+    return jax.tree_util.tree_map(lambda g, lab: -rates[lab] * g, grads, circuit_labels(grads, per_factor=True))
 
 
 EVAL_SAMPLES = 2048
@@ -94,20 +91,21 @@ EVAL_STREAM = 0x5EED
 training draws."""
 
 
-def _observe(model, task, conserved, eval_set=None):
-    out = model_observables(model, task, eval_set=eval_set)
-    if conserved:
+def _observe(model, setup, conserved, eval_set=None):
+    out = model_observables(model, setup.task, eval_set=eval_set)
+    if conserved:  # eta_c (A^T A / eta_A - B B^T / eta_B): A^T A - B B^T at equal factor rates
+        rho = {"qk": setup.qk_factor_ratio, "ov": setup.ov_factor_ratio}
         for c, (A, B) in model.factors().items():
-            out[f"conserved_{c}"] = A.T @ A - B @ B.T
+            out[f"conserved_{c}"] = A.T @ A / jnp.sqrt(rho[c]) - jnp.sqrt(rho[c]) * B @ B.T
     return out
 
 
 def _flow_observe(t, model, setup):
-    return _observe(model, setup.task, False)
+    return _observe(model, setup, False)
 
 
 def _flow_observe_conserved(t, model, setup):
-    return _observe(model, setup.task, True)
+    return _observe(model, setup, True)
 
 
 def train(
@@ -144,14 +142,16 @@ def train(
     trained on from instead of the start, the clock starting at 0 again.
 
     Records `attnflow.qkov.OBSERVABLES` at the save grid (default `DEFAULT_TRAIN_SAVE`, in time
-    units; for gradient flow the same times as `solve`). ``loss`` and ``alpha`` are the
+    units; for gradient flow the same times as `solve`); the factors of a factorised circuit
+    train at `Setup.factor_rates`. ``loss`` and ``alpha`` are the
     mean-embedding forms, exact on the invariant manifold, which gradient flow and full-batch
     descent keep; online SGD leaves it (its sampling noise moves the matrices off it), so there
     they are the network's own mean cross-entropy and attention mass on the distinct positions
     over ``eval_samples`` held-out sequences (default `EVAL_SAMPLES` with ``batch``; give a
-    number for full-batch descent too; drawn from ``key`` apart from the training draws); ``conserved=True`` adds, per
-    factorised circuit ``W = A B``, ``conserved_qk`` / ``conserved_ov`` = ``A^T A - B B^T``
-    (constant under gradient flow, eq. (8)). A diverging descent raises
+    number for full-batch descent too; drawn from ``key`` apart from the training draws).
+    ``conserved=True`` adds, per factorised circuit ``W = A B``, ``conserved_qk`` /
+    ``conserved_ov`` = ``eta (A^T A / eta_A - B B^T / eta_B)``, ``A^T A - B B^T`` at equal factor
+    rates (constant under gradient flow, eq. (8)). A diverging descent raises
     `attnflow.DivergenceError` naming the step.
 
     Agreement with `solve`: on the manifold the full matrices follow eq. (3) exactly except that
@@ -248,7 +248,11 @@ def _descend(setup, key, initial, model, steps, total, dt, batch, conserved, ret
         model = make_aligned(
             task, setup.parametrisation, initial["mu_ov"], initial["mu_qk"], score_scale=setup.score_scale
         )
-    opt = per_circuit(circuit_labels(model), {k: v * dt for k, v in _rates(setup).items()}, allow_unused=True)
+    opt = per_circuit(
+        circuit_labels(model, per_factor=True),
+        {k: v * dt for k, v in setup.factor_rates.items()},
+        allow_unused=True,
+    )
     if batch is None:
         mode = FullBatch()
 
@@ -264,7 +268,7 @@ def _descend(setup, key, initial, model, steps, total, dt, batch, conserved, ret
         total,
         mode=mode,
         key=key,
-        observe=lambda m: _observe(m, task, conserved, eval_set),
+        observe=lambda m: _observe(m, setup, conserved, eval_set),
         save=TimeGrid(steps),
         clock=dt,
         progress=progress,
