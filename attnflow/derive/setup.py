@@ -376,7 +376,10 @@ class Setup(AbstractSetup):
       (``Q0 - R0 T^{-1} R0^T`` must be positive semidefinite);
     - ``T`` ``(M, M)``: the teacher overlap ``W* W*^T / D`` (default the identity);
     - ``v0``: the initial readout (any shape), or ``None`` for a student without trained readout;
-    - ``eta``: learning rate of ``W`` (SGD step ``W <- W - eta grad_W loss``);
+    - ``eta``: learning rate of ``W`` (SGD step ``W <- W - eta grad_W loss``): a number, or one
+      per student unit, shape ``(K,)`` (row ``k`` of ``W`` steps at ``eta_k``; eqs. (2)-(3) then
+      read ``eta_k E[delta_k nu_m]`` and ``eta_k E[delta_k lambda_l] + eta_l E[delta_l lambda_k]
+      + eta_k eta_l E[delta_k delta_l]``; a readout then needs its own scalar ``eta_v``);
     - ``eta_v``: learning rate of the readout on the ``t = steps / D`` clock (SGD step
       ``v <- v - (eta_v / D) grad_v loss``; ``None``, the default: ``eta``, which it then follows
       through ``replace(eta=...)``; `rate_v` is the rate in use);
@@ -587,8 +590,16 @@ class Setup(AbstractSetup):
         self.data.check(K, M)
         if self.noise is not None and isinstance(self.data, SingleLocation):
             raise ValueError("noise (label noise) is not available with data=SingleLocation(...); use noise=None")
-        V.scalar("eta (learning rate of W)", self.eta)
+        if jnp.ndim(self.eta) not in (0, 1) or (jnp.ndim(self.eta) == 1 and jnp.shape(self.eta) != (K,)):
+            raise ValueError(
+                f"eta (learning rate of W) must be a number or one per student unit, shape (K,) = ({K},), got "
+                f"shape {jnp.shape(self.eta)}"
+            )
         V.positive("eta (learning rate of W)", self.eta)
+        if jnp.ndim(self.eta) == 1 and self.v0 is not None and self.eta_v is None:
+            raise ValueError(
+                "eta is one rate per student unit: give the readout its own scalar rate eta_v (it would follow eta)"
+            )
         if self.eta_v is not None:
             V.scalar("eta_v (learning rate of the readout)", self.eta_v)
             V.positive("eta_v (learning rate of the readout)", self.eta_v)

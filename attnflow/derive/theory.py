@@ -155,9 +155,11 @@ def _weighted_sums(setup: Setup, R: jax.Array, Q: jax.Array, v: Any, nodes: jax.
 
 
 def _rates(setup: Setup, E: dict) -> dict[str, Any]:
-    eta = setup.eta
+    # one rate per student unit (a number broadcasts): row k of W steps at eta_k
+    eta = jnp.broadcast_to(jnp.asarray(setup.eta), (setup.K,))[:, None]
+    drift = eta * E["delta_lam"]
     # a step's mean gradient over `minibatch` fresh samples: same drift, 1/B of the variance term
-    dQ = eta * (E["delta_lam"] + E["delta_lam"].T) + eta**2 * E["delta_delta"] / setup.minibatch
+    dQ = drift + drift.T + (eta * eta.T) * E["delta_delta"] / setup.minibatch
     out = {"R": eta * E["delta_nu"], "Q": dQ}
     if E["grad_v"] is not None:
         out["v"] = -setup.rate_v * E["grad_v"]
@@ -347,7 +349,7 @@ def plateau(setup: Setup, *, t_guess: float | None = None, rule: Rule | None = N
     sym = symmetrised(setup)
     rl = _rule_of(sym) if rule is None else rule
     if t_guess is None:
-        horizon: Any = 60.0 / sym.eta  # traced inside jit, vmap or a sweep over eta
+        horizon: Any = 60.0 / jnp.min(sym.eta)  # traced inside jit, vmap or a sweep over eta
     else:
         V.positive("t_guess", t_guess)
         horizon = t_guess

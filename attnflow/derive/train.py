@@ -135,11 +135,13 @@ def _train(setup, start, key, rl, steps, total, D, return_model, progress):
     else:
         W_star, W0 = start["W_star"], start["W"]
     params = {"W": W0}
+    # one rate per row of W (student unit) when eta is a vector: (K, 1) broadcasts over W's columns
+    eta_w = setup.eta if jnp.ndim(setup.eta) == 0 else jnp.asarray(setup.eta)[:, None]
     if setup.v0 is not None:
         params["v"] = setup.v0 if start is None else start["v"]
-        opt = per_circuit({"W": "W", "v": "v"}, {"W": setup.eta, "v": setup.rate_v / D})
+        opt = per_circuit({"W": "W", "v": "v"}, {"W": eta_w, "v": setup.rate_v / D})
     else:
-        opt = optax.sgd(setup.eta)
+        opt = optax.sgd(eta_w)
     noisy = setup.noise is not None
 
     def sampler(k, n):
