@@ -473,16 +473,10 @@ def test_solves_and_training_compile_without_host_callbacks():
         lambda: __import__("attnflow.qkov").qkov.Setup(eta_qk=[1.0, 2.0]),
         lambda: __import__("attnflow.heads").heads.Setup(eta=[1.0, 2.0]),
         lambda: __import__("attnflow.focus").focus.Setup(eta=[1.0, 2.0]),
-        lambda: __import__("attnflow.derive").derive.Setup(
-            __import__("attnflow.derive").derive.soft_committee,
-            __import__("attnflow.derive").derive.soft_committee,
-            0.1 * np.eye(2),
-            np.eye(2),
-            eta=[1.0, 2.0],
-        ),
     ],
 )
 def test_learning_rates_must_be_scalars(make):
+    # (derive takes one rate per student unit, shape (K,); other shapes: tests/test_derive.py)
     with pytest.raises(ValueError, match=r"eta.* must be a scalar, got shape \(2,\)"):
         make()
 

@@ -721,3 +721,22 @@ def test_per_factor_rates_act_with_their_geometric_mean():
         Setup(qk_factor_ratio=2.0)
     with pytest.raises(ValueError, match="ov_factor_ratio"):
         Setup(parametrisation="FAFO", ov_factor_ratio=-1.0)
+
+
+def test_train_records_the_readouts_asked_for():
+    """Spec section 5.1 readouts as options: mu_OV by projection or difference (equal on the
+    manifold), mu_QK by gap, distinct or the measured attention."""
+    s = Setup()
+    grid = af.LinearGrid(4)
+    flow = train(s, 200.0, save=grid)
+    other = train(s, 200.0, save=grid, ov_readout="difference", qk_readout="distinct")
+    np.testing.assert_allclose(other["mu_ov"], flow["mu_ov"], rtol=1e-9)
+    # the common scores fall too (b/|C| of the distinct rate): distinct = gap / (1 + b/|C|)
+    np.testing.assert_allclose(other["mu_qk"][1:], flow["mu_qk"][1:] / (1 + 4 / 400), rtol=1e-6)
+    sgd = train(s, 100.0, dt=1.0, batch=8, save=grid, qk_readout="attention")
+    want = qkov.mu_qk_from_attention(sgd["alpha"], s.m, s.n)
+    np.testing.assert_allclose(sgd["mu_qk"], want, rtol=1e-12)
+    with pytest.raises(ValueError, match="unknown qk_readout 'gpa'"):
+        train(s, 1.0, qk_readout="gpa")
+    with pytest.raises(ValueError, match='qk_readout="attention" reads mu_QK from attention measured'):
+        train(s, 1.0, qk_readout="attention")

@@ -55,6 +55,8 @@ from .model import factor_conserved as factor_conserved
 from .model import make_aligned as make_aligned
 from .model import make_model as make_model
 from .observe import OBSERVABLES as OBSERVABLES
+from .observe import OV_READOUTS as OV_READOUTS
+from .observe import QK_READOUTS as QK_READOUTS
 from .observe import conserved_quantities as conserved_quantities
 from .observe import model_observables as model_observables
 from .observe import mu_ov_difference as mu_ov_difference
@@ -175,6 +177,8 @@ __all__ = [
     "HATEXPLAIN_LABELS",
     "MODEL_CLASSES",
     "OBSERVABLES",
+    "OV_READOUTS",
+    "QK_READOUTS",
     "PAPER_EPS",
     "PAPER_HORIZON_TAU",
     "PAPER_LOSS_TARGET",

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _validate as V
 from .data import TheoryTask
 from .metrics import relevant_mass
 from .model import QKOVModel, factor_conserved
@@ -24,6 +25,8 @@ from .theory import alpha, loss
 __all__ = [
     "OBSERVABLES",
     "conserved_quantities",
+    "OV_READOUTS",
+    "QK_READOUTS",
     "model_observables",
     "mu_ov_difference",
     "mu_ov_projection",
@@ -56,8 +59,22 @@ def state_observables(state: dict, setup: Any) -> dict[str, jax.Array]:
     }
 
 
+OV_READOUTS = ("projection", "difference")
+"""Readouts of ``mu_OV`` (`mu_ov_projection`, the default, and `mu_ov_difference`); equal on the manifold."""
+
+QK_READOUTS = ("gap", "distinct", "attention")
+"""Readouts of ``mu_QK`` (`mu_qk_gap`, the default; `mu_qk_distinct`; `mu_qk_from_attention` of
+the measured attention, which needs held-out sequences); equal on the manifold while the common
+scores stay at 0."""
+
+
 def model_observables(
-    model: QKOVModel, setup: Setup | TheoryTask, *, eval_set: tuple | None = None
+    model: QKOVModel,
+    setup: Setup | TheoryTask,
+    *,
+    eval_set: tuple | None = None,
+    ov_readout: str = "projection",
+    qk_readout: str = "gap",
 ) -> dict[str, jax.Array]:
     """`OBSERVABLES` of a model (the one `train` returns with ``return_model=True``) of the task of
     ``setup`` (its `Setup`, or the `TheoryTask` itself): ``mu_ov`` by `mu_ov_projection`,
@@ -65,19 +82,33 @@ def model_observables(
     loss (both exact on the invariant manifold), or, given ``eval_set`` (``(tokens, labels,
     relevant)`` of `TheoryTask.sample`: what `train` uses off the manifold, under online SGD),
     the network's own mean cross-entropy and mean attention mass on the ``m`` distinct positions
-    over those sequences. What `train` records."""
+    over those sequences. ``ov_readout`` (`OV_READOUTS`) and ``qk_readout`` (`QK_READOUTS`) pick
+    the readouts of ``mu_OV`` and ``mu_QK`` (``"attention"`` needs ``eval_set``). What `train`
+    records."""
     task = setup.task if isinstance(setup, Setup) else setup
     if not isinstance(task, TheoryTask):
         raise ValueError(f"setup must be an attnflow.qkov.Setup (or its TheoryTask), got {setup!r:.80}")
+    V.choice("ov_readout", ov_readout, OV_READOUTS)
+    V.choice("qk_readout", qk_readout, QK_READOUTS)
+    if qk_readout == "attention" and eval_set is None:
+        raise ValueError('qk_readout="attention" reads mu_QK from the measured attention: give eval_set')
     W_qk, W_ov = model.W_QK(), model.W_OV()
-    mq = mu_qk_gap(W_qk, task, model.score_scale)
-    out = {"mu_ov": mu_ov_projection(W_ov, task), "mu_qk": mq}
+    gap = mu_qk_gap(W_qk, task, model.score_scale)
+    mu_ov = mu_ov_projection(W_ov, task) if ov_readout == "projection" else mu_ov_difference(W_ov, task)
     if eval_set is not None:
         _, logp, _, mass = _held_out(model, eval_set)
-        return {**out, "alpha": jnp.mean(mass), "loss": -jnp.mean(logp)}
+        alpha_measured = jnp.mean(mass)
+        mq = {
+            "gap": gap,
+            "distinct": mu_qk_distinct(W_qk, task, model.score_scale),
+            "attention": mu_qk_from_attention(alpha_measured, task.m, task.n),
+        }[qk_readout]
+        return {"mu_ov": mu_ov, "mu_qk": mq, "alpha": alpha_measured, "loss": -jnp.mean(logp)}
+    mq = gap if qk_readout == "gap" else mu_qk_distinct(W_qk, task, model.score_scale)
     return {
-        **out,
-        "alpha": jax.nn.sigmoid(mq + np.log(task.m / task.n)),
+        "mu_ov": mu_ov,
+        "mu_qk": mq,
+        "alpha": jax.nn.sigmoid(gap + np.log(task.m / task.n)),
         "loss": task.mean_embedding_loss(W_qk, W_ov, model.score_scale),
     }
 

@@ -29,7 +29,7 @@ from ..trajectory import Trajectory
 from .data import CodeGenerator
 from .metrics import separability
 from .model import Init, QKOVModel, TorchDefault, circuit_labels, code_model, cross_entropy, make_aligned
-from .observe import _held_out, model_observables
+from .observe import OV_READOUTS, QK_READOUTS, _held_out, model_observables
 from .setup import Setup
 from .theory import DEFAULT_SAVE
 
@@ -91,8 +91,8 @@ EVAL_STREAM = 0x5EED
 training draws."""
 
 
-def _observe(model, setup, conserved, eval_set=None):
-    out = model_observables(model, setup.task, eval_set=eval_set)
+def _observe(model, setup, conserved, eval_set=None, readouts=("projection", "gap")):
+    out = model_observables(model, setup.task, eval_set=eval_set, ov_readout=readouts[0], qk_readout=readouts[1])
     if conserved:  # eta_c (A^T A / eta_A - B B^T / eta_B): A^T A - B B^T at equal factor rates
         rho = {"qk": setup.qk_factor_ratio, "ov": setup.ov_factor_ratio}
         for c, (A, B) in model.factors().items():
@@ -100,12 +100,15 @@ def _observe(model, setup, conserved, eval_set=None):
     return out
 
 
-def _flow_observe(t, model, setup):
-    return _observe(model, setup, False)
+class _FlowObserve(eqx.Module):
+    """What gradient-flow `train` records: a module, so that a new call with the same options
+    is the same observe function to the compilation cache."""
 
+    conserved: bool = eqx.field(static=True)
+    readouts: tuple[str, str] = eqx.field(static=True)
 
-def _flow_observe_conserved(t, model, setup):
-    return _observe(model, setup, True)
+    def __call__(self, t, model, setup):
+        return _observe(model, setup, self.conserved, None, self.readouts)
 
 
 def train(
@@ -124,6 +127,8 @@ def train(
     return_model: bool = False,
     progress: bool = False,
     eval_samples: int | None = None,
+    ov_readout: str = "projection",
+    qk_readout: str = "gap",
 ) -> Any:
     """The full matrices of ``setup``'s theory task (`Setup.task`, ``V = M b + |C|`` tokens, the
     model of `Setup.parametrisation` with ``n_out = M``, query not attended), trained to time
@@ -149,6 +154,8 @@ def train(
     they are the network's own mean cross-entropy and attention mass on the distinct positions
     over ``eval_samples`` held-out sequences (default `EVAL_SAMPLES` with ``batch``; give a
     number for full-batch descent too; drawn from ``key`` apart from the training draws).
+    ``ov_readout`` / ``qk_readout`` pick the readouts of ``mu_ov`` / ``mu_qk`` (`OV_READOUTS`,
+    `QK_READOUTS`; ``"attention"`` reads ``mu_qk`` from the held-out attention).
     ``conserved=True`` adds, per factorised circuit ``W = A B``, ``conserved_qk`` /
     ``conserved_ov`` = ``eta (A^T A / eta_A - B B^T / eta_B)``, ``A^T A - B B^T`` at equal factor
     rates (constant under gradient flow, eq. (8)). A diverging descent raises
@@ -178,6 +185,12 @@ def train(
         batch = V.positive_int("batch", batch)
         if dt is None:
             raise ValueError(f"online SGD (batch={batch}) needs a time step dt")
+    readouts = (V.choice("ov_readout", ov_readout, OV_READOUTS), V.choice("qk_readout", qk_readout, QK_READOUTS))
+    if qk_readout == "attention" and batch is None and eval_samples is None:
+        raise ValueError(
+            'qk_readout="attention" reads mu_QK from attention measured on held-out sequences: give eval_samples '
+            "(with dt), or train by online SGD"
+        )
     if eval_samples is not None:
         eval_samples = V.positive_int("eval_samples", eval_samples)
         if dt is None:
@@ -204,7 +217,7 @@ def train(
         meta["observed on"] = f"loss and alpha on {eval_samples} held-out sequences"
     if dt is None:
         require_x64("qkov.train (gradient flow, dt=None; dt=... trains by gradient descent in float32)")
-        observe = _flow_observe_conserved if conserved else _flow_observe
+        observe = _FlowObserve(bool(conserved), readouts)
         solver = with_progress(solver, FLOW_SOLVER, progress or None)  # False: the solver as given
         return integrate(
             _flow_field,
@@ -236,12 +249,15 @@ def train(
         progress,
         {**meta, "method": "gradient descent" if batch is None else "online SGD"},
         eval_samples,
+        readouts,
     )
     return run_training(_descend, args, clock=dt, total=total, event=event)
 
 
 @filter_jit
-def _descend(setup, key, initial, model, steps, total, dt, batch, conserved, return_model, progress, meta, n_eval):
+def _descend(
+    setup, key, initial, model, steps, total, dt, batch, conserved, return_model, progress, meta, n_eval, readouts
+):
     task = setup.task
     eval_set = None if n_eval is None else task.sample(jax.random.fold_in(key, EVAL_STREAM), n_eval)
     if model is None:
@@ -268,7 +284,7 @@ def _descend(setup, key, initial, model, steps, total, dt, batch, conserved, ret
         total,
         mode=mode,
         key=key,
-        observe=lambda m: _observe(m, setup, conserved, eval_set),
+        observe=lambda m: _observe(m, setup, conserved, eval_set, readouts),
         save=TimeGrid(steps),
         clock=dt,
         progress=progress,
