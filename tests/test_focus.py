@@ -577,3 +577,18 @@ def test_burn_in_drops_the_first_steps_of_the_chain():
     assert tr.meta["burn_in"] == 5 and np.all(np.isfinite(np.asarray(tr["loss"])))
     with pytest.raises(ValueError, match="burn_in"):
         focus.train(focus.Setup(), 0.1, dt=0.05, burn_in=-1)
+
+
+def test_positional_entropy_tends_to_log_s_minus_kl():
+    """Spec (KL form): at finite s the direct positional entropy tends to log s - KL(A_q || pi)."""
+    s = focus.Setup()
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)  # weights of order 1: a focused attention
+    theta = {k: 0.7 * jax.random.normal(kk, v.shape) for kk, (k, v) in zip(keys, s.theta0().items(), strict=True)}
+    model = focus.OneLayerAttention.from_theta(theta, s.tau)
+    seqs = s.chain.sample(jax.random.PRNGKey(1), 400, 2049)
+    H = np.asarray(focus.positional_entropy(model, seqs))
+    A = focus.empirical_attention(model, seqs)
+    kl = np.asarray(focus.kl_to_pi(A / A.sum(1, keepdims=True), s.chain.pi))
+    assert float(np.max(np.log(2048) - H)) > 3.0  # the attention is far from uniform
+    # within 0.05 at s = 2048 (the attention is sharp: a finite-s effect); up to 3.6 from log s
+    np.testing.assert_allclose(H, np.log(2048) - kl, atol=0.06)

@@ -54,6 +54,7 @@ from .model import composites as composites
 from .model import empirical_attention as empirical_attention
 from .model import init_theta as init_theta
 from .model import next_token_loss as next_token_loss
+from .model import positional_entropy as positional_entropy
 from .observe import OBSERVABLES as OBSERVABLES
 from .observe import model_observables as model_observables
 from .observe import record as record
@@ -151,6 +152,7 @@ __all__ = [
     "effective_rank",
     "embedding_pca",
     "empirical_attention",
+    "positional_entropy",
     "escape_threshold",
     "escape_time",
     "escape_time_sensitivity",

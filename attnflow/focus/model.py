@@ -20,7 +20,15 @@ import jax.numpy as jnp
 
 from .. import _validate as V
 
-__all__ = ["PARAMETERS", "OneLayerAttention", "composites", "empirical_attention", "init_theta", "next_token_loss"]
+__all__ = [
+    "PARAMETERS",
+    "OneLayerAttention",
+    "composites",
+    "empirical_attention",
+    "init_theta",
+    "next_token_loss",
+    "positional_entropy",
+]
 
 PARAMETERS = ("W0", "W1", "WQ", "WK")
 """The names of the four weight matrices in ``theta``."""
@@ -112,3 +120,16 @@ def empirical_attention(model: OneLayerAttention, seqs: jax.Array) -> jax.Array:
     mass = jnp.einsum("bs,bsk->bk", a, jax.nn.one_hot(ctx, d, dtype=a.dtype))  # (B, d)
     qoh = jax.nn.one_hot(ctx[:, -1], d, dtype=a.dtype)
     return (qoh.T @ mass) / jnp.maximum(qoh.sum(0)[:, None], 1.0)
+
+
+def positional_entropy(model: OneLayerAttention, seqs: jax.Array) -> jax.Array:
+    """The direct positional entropy ``H_q`` (d,): the mean over contexts ``seqs[:, :-1]`` whose
+    query (last token) is of type ``q`` of ``-sum_i a_i log a_i``, the entropy of the attention
+    over the ``s`` positions (zero for query types never seen). At finite ``s`` it tends to
+    ``log s - KL(A_q || pi)`` (`attnflow.focus.kl_to_pi`)."""
+    d = model.W0.shape[0]
+    ctx = seqs[:, :-1]
+    _, a = model(ctx)
+    h = -jnp.sum(jnp.where(a > 0, a * jnp.log(jnp.where(a > 0, a, 1.0)), 0.0), axis=-1)  # (B,)
+    qoh = jax.nn.one_hot(ctx[:, -1], d, dtype=a.dtype)
+    return (qoh.T @ h) / jnp.maximum(qoh.sum(0), 1.0)
