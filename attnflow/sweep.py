@@ -1219,19 +1219,11 @@ def sweep(
         **dict(meta or {}),
     }
     result = SweepResult(dims, coords, values, info, status=np.asarray(status), messages=list(messages))
+    counts = (len(todo), n_chunks - len(todo) - len(missing), len(missing))  # computed, loaded, pending
     if slot is not None:
-        slot.counts = (len(todo), n_chunks - len(todo) - len(missing), len(missing))
+        slot.counts = counts
     if ctx is not None and (slot is None or slot.number is None):
-        ctx.log.append(
-            {
-                "sweep": number,
-                "out_dir": str(out_path),
-                "n_chunks": n_chunks,
-                "computed": len(todo),
-                "loaded": n_chunks - len(todo) - len(missing),
-                "pending": len(missing),
-            }
-        )
+        ctx.log.append(_log_entry(number, out_path, n_chunks, *counts))
     if slot is not None:  # the static sweep pends, reports and raises for the whole grid
         slot.n_chunks = n_chunks
         if missing and shard_from_block:
@@ -1271,6 +1263,18 @@ def _report_failures(result: SweepResult, on_error: str, stacklevel: int) -> Non
         RuntimeWarning,
         stacklevel=stacklevel + 1,
     )
+
+
+def _log_entry(number: Any, out_dir: Any, n_chunks: int, computed: int, loaded: int, pending: int) -> dict[str, Any]:
+    """A sweep's entry in its `sweep_defaults` block's log."""
+    return {
+        "sweep": number,
+        "out_dir": str(out_dir),
+        "n_chunks": n_chunks,
+        "computed": computed,
+        "loaded": loaded,
+        "pending": pending,
+    }
 
 
 def _static_sweep(
@@ -1359,17 +1363,8 @@ def _static_sweep(
     result = SweepResult(dims, coords, values, info, status=status, messages=messages)
     block = _DEFAULTS.get()
     if block is not None and block_number is not None:  # one entry for the whole static sweep
-        n_computed, n_loaded, n_pending = (sum(sl.counts[i] for sl in slots) for i in range(3))
-        block.log.append(
-            {
-                "sweep": block_number,
-                "out_dir": str(out_dir),
-                "n_chunks": sum(sl.n_chunks for sl in slots),
-                "computed": n_computed,
-                "loaded": n_loaded,
-                "pending": n_pending,
-            }
-        )
+        counts = (sum(sl.counts[i] for sl in slots) for i in range(3))
+        block.log.append(_log_entry(block_number, out_dir, sum(sl.n_chunks for sl in slots), *counts))
     pending = [sl.pending for sl in slots if sl.pending is not None]
     if pending:  # a shard of a sweep_defaults block: the code after this sweep cannot go on yet
         shard, _, number, _, _ = pending[0]
