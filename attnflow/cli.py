@@ -301,7 +301,7 @@ def _run_one(exp, overrides, stage: Path, quiet: bool, sweeps=None) -> dict:
         "passed": report.passed,
         "seconds": report.timings["total"],
         "compilations": report.compilations,
-        "checks": {k: {"value": v, "tolerance": t, "ok": v <= t} for k, (v, t) in report.checks.items()},
+        "checks": report.checks_record(),
     }
 
 

@@ -165,9 +165,9 @@ def load_all(imports: Iterable[str] = ()) -> dict[str, Experiment]:
     return experiments()
 
 
-def headline(imports: Iterable[str] = ()) -> list[Experiment]:
-    """The headline experiment of each package, in registry order (``imports``: as `load_all`'s)."""
-    return [e for e in load_all(imports).values() if e.headline]
+def headline() -> list[Experiment]:
+    """The headline experiment of each package, in registry order."""
+    return [e for e in load_all().values() if e.headline]
 
 
 __all__ = [

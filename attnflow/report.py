@@ -89,12 +89,17 @@ class Report:
     def passed(self) -> bool:
         return all(v <= tol for v, tol in self.checks.values())
 
+    def checks_record(self) -> dict[str, dict[str, Any]]:
+        """``{check: {"value", "tolerance", "ok"}}``, as ``summary.json`` (and the index of
+        ``attnflow reproduce``) write the checks."""
+        return {k: {"value": v, "tolerance": t, "ok": v <= t} for k, (v, t) in self.checks.items()}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "config": self.config,
             "summary": self.summary,
-            "checks": {k: {"value": v, "tolerance": t, "ok": v <= t} for k, (v, t) in self.checks.items()},
+            "checks": self.checks_record(),
             "passed": self.passed,
             "timings_s": self.timings,
             "compilations": self.compilations,
@@ -247,17 +252,13 @@ class Experiment:
             with count_compilations() as compiled, warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("default")
                 report = self.fn(config, quiet)
-        except BaseException:
-            # a run that fails still shows what it warned of (often the cause)
+        finally:  # shown as they would have been, also by a run that fails (often its cause)
             for w in list(caught):
                 warnings.showwarning(w.message, w.category, w.filename, w.lineno)
-            raise
         # a warning of the run (an unstable learning rate, a failed sweep point) is part of its
-        # result: in the report's notes, and shown as it would have been
+        # result: in the report's notes too
         for message in dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught):
             report.notes.append(f"warning: {message}")
-        for w in caught:
-            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
         report.timings.setdefault("total", time.perf_counter() - t0)
         report.environment = {**environment(), **report.environment}
         if not report.references:
