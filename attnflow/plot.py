@@ -113,7 +113,7 @@ def overlay(
     matrix ``Q``) draws each off-diagonal entry once (its upper triangle).
     At most ``max_markers`` simulation points are drawn per curve (evenly in save index).
     Failed runs of a sweep (NaN times) are left out, and their number is in the legend (a group
-    whose runs all failed keeps its legend entry, "(all N runs failed)").
+    whose runs all failed keeps its legend entry, "(all N runs failed)", "(the run failed)").
     """
     if theory is not None and not isinstance(theory, Trajectory):
         raise ValueError(f"overlay: theory must be a Trajectory or None, got {type(theory).__name__}")

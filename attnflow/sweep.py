@@ -262,15 +262,17 @@ class SweepResult:
         unbiased seed-to-seed variance (`Trajectory.std`)."""
         if not isinstance(ddof, int | np.integer) or isinstance(ddof, bool) or ddof < 0:
             raise ValueError(f"std: ddof must be an integer >= 0, got {ddof!r}")
-        names = [dim] if isinstance(dim, str) else list(dim)
-        n = math.prod(len(self.coords[d]) for d in names if d in self.coords)
-        if n <= ddof:  # as Trajectory.std (arrays would be NaN with a NumPy warning)
-            raise ValueError(f"std: ddof = {ddof} needs more than {ddof} runs, got {n}")
         return self._reduce(
-            dim, "std", lambda t, axes: t.std(axes, ddof=int(ddof)), lambda x, axes: np.std(x, axis=axes, ddof=ddof)
+            dim,
+            "std",
+            lambda t, axes: t.std(axes, ddof=int(ddof)),
+            lambda x, axes: np.std(x, axis=axes, ddof=ddof),
+            min_runs=int(ddof) + 1,
         )
 
-    def _reduce(self, dim: Any, what: str, on_trajectory: Callable, on_array: Callable) -> SweepResult:
+    def _reduce(
+        self, dim: Any, what: str, on_trajectory: Callable, on_array: Callable, min_runs: int = 1
+    ) -> SweepResult:
         from .trajectory import Trajectory
 
         names = [dim] if isinstance(dim, str) else list(dim)
@@ -280,6 +282,9 @@ class SweepResult:
         axes = tuple(sorted(self.dims.index(d) for d in set(names)))
         if len(axes) == len(self.dims):
             raise ValueError(f"{what}: reducing every axis {self.dims} leaves no grid; keep one axis")
+        n = math.prod(self.shape[a] for a in axes)
+        if n < min_runs:  # as Trajectory.std (arrays would be NaN with a NumPy warning)
+            raise ValueError(f"{what}: ddof = {min_runs - 1} needs more than {min_runs - 1} runs, got {n}")
 
         def reduce(x: Any) -> Any:
             if isinstance(x, Trajectory):
