@@ -42,6 +42,7 @@ from .metrics import embedding_pca as embedding_pca
 from .metrics import kl_to_pi as kl_to_pi
 from .metrics import local_attention_rate as local_attention_rate
 from .metrics import participation_ratio as participation_ratio
+from .metrics import positional_entropy as positional_entropy
 from .metrics import redistribution as redistribution
 from .metrics import singular_values as singular_values
 from .metrics import stage_one_rate as stage_one_rate
@@ -54,7 +55,6 @@ from .model import composites as composites
 from .model import empirical_attention as empirical_attention
 from .model import init_theta as init_theta
 from .model import next_token_loss as next_token_loss
-from .model import positional_entropy as positional_entropy
 from .observe import OBSERVABLES as OBSERVABLES
 from .observe import model_observables as model_observables
 from .observe import record as record

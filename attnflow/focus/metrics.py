@@ -14,7 +14,7 @@ import numpy as np
 from ..analysis import growth_rate
 from ..trajectory import Trajectory
 from .data import MarkovChain
-from .model import composites
+from .model import OneLayerAttention, _mean_by_query_type, composites
 from .theory import attention_rate, centred_log_pi
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "kl_to_pi",
     "local_attention_rate",
     "participation_ratio",
+    "positional_entropy",
     "redistribution",
     "singular_values",
     "stage_one_rate",
@@ -42,6 +43,14 @@ def token_entropy(A: jax.Array, weights: Any = None) -> jax.Array:
     A = jnp.asarray(A)
     H = -jnp.sum(jnp.where(A > 0, A * jnp.log(jnp.where(A > 0, A, 1.0)), 0.0), axis=-1)
     return H if weights is None else jnp.sum(jnp.asarray(weights) * H, axis=-1)
+
+
+def positional_entropy(model: OneLayerAttention, seqs: jax.Array) -> jax.Array:
+    """The direct positional entropy ``H_q`` (d,): the mean over contexts ``seqs[:, :-1]`` whose
+    query (last token) is of type ``q`` of ``-sum_i a_i log a_i``, the entropy of the attention
+    over the ``s`` positions (`token_entropy` of each context's attention; zero for query types
+    never seen). At finite ``s`` it tends to ``log s - KL(A_q || pi)`` (`kl_to_pi`)."""
+    return _mean_by_query_type(model, seqs, lambda a, ctx: token_entropy(a))
 
 
 def kl_to_pi(A: jax.Array, pi: Any) -> jax.Array:

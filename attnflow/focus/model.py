@@ -27,7 +27,6 @@ __all__ = [
     "empirical_attention",
     "init_theta",
     "next_token_loss",
-    "positional_entropy",
 ]
 
 PARAMETERS = ("W0", "W1", "WQ", "WK")
@@ -115,21 +114,19 @@ def empirical_attention(model: OneLayerAttention, seqs: jax.Array) -> jax.Array:
     """``A^emp_qk`` (d, d): the mean attention mass that queries of type ``q`` put on keys of type
     ``k``, over the contexts ``seqs[:, :-1]`` (rows of query types never seen are zero)."""
     d = model.W0.shape[0]
-    ctx = seqs[:, :-1]
-    _, a = model(ctx)
-    mass = jnp.einsum("bs,bsk->bk", a, jax.nn.one_hot(ctx, d, dtype=a.dtype))  # (B, d)
-    qoh = jax.nn.one_hot(ctx[:, -1], d, dtype=a.dtype)
-    return (qoh.T @ mass) / jnp.maximum(qoh.sum(0)[:, None], 1.0)
+    return _mean_by_query_type(
+        model, seqs, lambda a, ctx: jnp.einsum("bs,bsk->bk", a, jax.nn.one_hot(ctx, d, dtype=a.dtype))
+    )
 
 
-def positional_entropy(model: OneLayerAttention, seqs: jax.Array) -> jax.Array:
-    """The direct positional entropy ``H_q`` (d,): the mean over contexts ``seqs[:, :-1]`` whose
-    query (last token) is of type ``q`` of ``-sum_i a_i log a_i``, the entropy of the attention
-    over the ``s`` positions (zero for query types never seen). At finite ``s`` it tends to
-    ``log s - KL(A_q || pi)`` (`attnflow.focus.kl_to_pi`)."""
+def _mean_by_query_type(model: OneLayerAttention, seqs: jax.Array, per_context: Any) -> jax.Array:
+    """The mean of ``per_context(a, ctx)`` (one value per context, leading axis ``B``) over the
+    contexts ``ctx = seqs[:, :-1]`` whose query (last token) is of each type ``q``, ``a`` the
+    model's attention on them: shape ``(d, ...)``, zero for query types never seen."""
     d = model.W0.shape[0]
     ctx = seqs[:, :-1]
     _, a = model(ctx)
-    h = -jnp.sum(jnp.where(a > 0, a * jnp.log(jnp.where(a > 0, a, 1.0)), 0.0), axis=-1)  # (B,)
+    value = per_context(a, ctx)
     qoh = jax.nn.one_hot(ctx[:, -1], d, dtype=a.dtype)
-    return (qoh.T @ h) / jnp.maximum(qoh.sum(0), 1.0)
+    count = jnp.maximum(qoh.sum(0), 1.0)
+    return jnp.tensordot(qoh.T, value, axes=1) / count.reshape((d,) + (1,) * (value.ndim - 1))
