@@ -717,6 +717,18 @@ def test_per_factor_rates_act_with_their_geometric_mean():
         np.testing.assert_allclose(per_factor[name], equal[name], rtol=1e-7)
     for name in ("conserved_qk", "conserved_ov"):
         assert float(jnp.max(jnp.abs(per_factor[name] - per_factor[name][0]))) < 1e-9
+    # gradient descent starts from the same weighted-balanced factors: its conserved form is 0
+    # at t = 0 and it follows the flow to O(dt)
+    descent = train(s, 2.0, dt=0.01, conserved=True)
+    flow = train(s, 2.0, conserved=True, save=af.TimeGrid(descent.ts))
+    for name in ("conserved_qk", "conserved_ov"):
+        assert float(jnp.max(jnp.abs(descent[name][0]))) < 1e-14
+    np.testing.assert_allclose(descent["mu_ov"], flow["mu_ov"], rtol=1e-3)
+    public = qkov.conserved_quantities(s.model({"mu_ov": 0.3, "mu_qk": 0.2}), (9.0, 4.0))
+    assert set(public) == {"conserved_qk", "conserved_ov"}
+    assert max(float(jnp.max(jnp.abs(v))) for v in public.values()) < 1e-14
+    skew = qkov.conserved_quantities(s.model(), (1.0, 1.0))  # the unweighted form is not 0 there
+    assert float(jnp.max(jnp.abs(skew["conserved_qk"]))) > 1e-3
     with pytest.raises(ValueError, match=r"qk_factor_ratio \(eta_Q / eta_K\) = 2 needs a factorised circuit; CACO"):
         Setup(qk_factor_ratio=2.0)
     with pytest.raises(ValueError, match="ov_factor_ratio"):

@@ -415,8 +415,8 @@ def make_aligned(
         Kd = task.distinct_embeddings() * task.b
         qn, dn = jnp.linalg.norm(Q, axis=1, keepdims=True), jnp.linalg.norm(Kd, axis=1, keepdims=True)
         root = jnp.sqrt(mu_qk0 * qn * dn / c)  # (M, 1): sqrt of the singular values of W_QK
-        w = jnp.asarray(factor_ratios[0], dtype) ** 0.25  # A = W_q^T at rate eta_Q, B = W_k at eta_K
-        mats.update(W_q=w * root * Q / qn, W_k=root * Kd / dn / w)
+        W_q, W_k = _weight_balance(root * Q / qn, root * Kd / dn, factor_ratios[0])  # A = W_q^T, B = W_k
+        mats.update(W_q=W_q, W_k=W_k)
     else:
         mats["W_qk"] = mu_qk0 * task.D_qk() / c
     if par[2:] == "FO":
@@ -427,8 +427,8 @@ def make_aligned(
         U = jnp.asarray(_ov_basis(task.M), dtype)
         E = task.distinct_embeddings() * math.sqrt(task.b)
         root = jnp.sqrt(mu_ov0 * math.sqrt(task.b))
-        w = jnp.asarray(factor_ratios[1], dtype) ** 0.25  # A = W_o at rate eta_O, B = W_v at eta_V
-        mats.update(W_o=w * root * U, W_v=root * (U.T @ E) / w)
+        W_o, W_v = _weight_balance(root * U, root * (U.T @ E), factor_ratios[1])  # A = W_o, B = W_v
+        mats.update(W_o=W_o, W_v=W_v)
     else:
         mats["W_ov"] = mu_ov0 * task.D_ov()
     return MODEL_CLASSES[par](score_scale=c, attend_to_query=False, ov_bias=None, **mats)
@@ -467,9 +467,15 @@ def balanced_factorise(
     U, s, Vt = jnp.linalg.svd(jnp.asarray(W), full_matrices=False)
     if rank is not None:
         U, s, Vt = U[:, :rank], s[:rank], Vt[:rank]
-    w = (jnp.asarray(eta_A) / jnp.asarray(eta_B)) ** 0.25
     r = jnp.sqrt(s)
-    return U * r * w, (r / w)[:, None] * Vt
+    return _weight_balance(U * r, r[:, None] * Vt, jnp.asarray(eta_A) / jnp.asarray(eta_B))
+
+
+def _weight_balance(A: jax.Array, B: jax.Array, rho: Any) -> tuple[jax.Array, jax.Array]:
+    """Balanced factors ``A^T A = B B^T`` made weighted-balanced for the rate ratio
+    ``rho = eta_A / eta_B``: ``A rho^(1/4)``, ``B rho^(-1/4)`` (eq. (8))."""
+    w = jnp.asarray(rho, A.dtype) ** 0.25
+    return A * w, B / w
 
 
 def factor_conserved(A: Any, B: Any, eta_A: Any = 1.0, eta_B: Any = 1.0) -> jax.Array:

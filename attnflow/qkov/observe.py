@@ -125,12 +125,20 @@ def _held_out(model: Any, eval_set: tuple) -> tuple[jax.Array, jax.Array, jax.Ar
     return z, logp, a, relevant_mass(a, rel[:, : a.shape[-1]])
 
 
-def conserved_quantities(model: QKOVModel, eta_qk: Any, eta_ov: Any) -> dict[str, jax.Array]:
+def conserved_quantities(model: QKOVModel, factor_ratios: tuple[Any, Any] = (1.0, 1.0)) -> dict[str, jax.Array]:
     """``{"conserved_qk": ..., "conserved_ov": ...}``: for each factorised circuit ``W = A B``
-    (`QKOVModel.factors`), ``A^T A / eta - B B^T / eta``, constant under gradient flow with
-    the circuit's rate (eq. (8)). Empty for `CACO`."""
-    rates = {"qk": eta_qk, "ov": eta_ov}
-    return {f"conserved_{c}": factor_conserved(A, B, rates[c], rates[c]) for c, (A, B) in model.factors().items()}
+    (`QKOVModel.factors`) with factor-rate ratio ``rho = eta_A / eta_B`` (``factor_ratios =
+    (rho_qk, rho_ov)``, as `Setup.qk_factor_ratio`, `Setup.ov_factor_ratio`),
+    ``eta_c (A^T A / eta_A - B B^T / eta_B) = A^T A / sqrt(rho) - sqrt(rho) B B^T``: the
+    quantity gradient flow conserves (eq. (8)), in units free of the circuit rate ``eta_c``
+    (``A^T A - B B^T`` at equal factor rates). Zero at the start `make_aligned` builds with the
+    same ratios; `attnflow.qkov.train` records it with ``conserved=True``. Empty for `CACO`."""
+    ratios = {"qk": factor_ratios[0], "ov": factor_ratios[1]}
+    out = {}
+    for c, (A, B) in model.factors().items():
+        root = jnp.sqrt(jnp.asarray(ratios[c], A.dtype))
+        out[f"conserved_{c}"] = factor_conserved(A, B, root, 1.0 / root)
+    return out
 
 
 def mu_ov_projection(W_ov: jax.Array, task: TheoryTask) -> jax.Array:

@@ -28,8 +28,8 @@ from ..simulate import FullBatch, OnlineSGD, check_divergence, check_start, run_
 from ..trajectory import Trajectory
 from .data import CodeGenerator
 from .metrics import separability
-from .model import Init, QKOVModel, TorchDefault, circuit_labels, code_model, cross_entropy, make_aligned
-from .observe import OV_READOUTS, QK_READOUTS, _held_out, model_observables
+from .model import Init, QKOVModel, TorchDefault, circuit_labels, code_model, cross_entropy
+from .observe import OV_READOUTS, QK_READOUTS, _held_out, conserved_quantities, model_observables
 from .setup import Setup
 from .theory import DEFAULT_SAVE
 
@@ -93,10 +93,8 @@ training draws."""
 
 def _observe(model, setup, conserved, eval_set=None, readouts=("projection", "gap")):
     out = model_observables(model, setup.task, eval_set=eval_set, ov_readout=readouts[0], qk_readout=readouts[1])
-    if conserved:  # eta_c (A^T A / eta_A - B B^T / eta_B): A^T A - B B^T at equal factor rates
-        rho = {"qk": setup.qk_factor_ratio, "ov": setup.ov_factor_ratio}
-        for c, (A, B) in model.factors().items():
-            out[f"conserved_{c}"] = A.T @ A / jnp.sqrt(rho[c]) - jnp.sqrt(rho[c]) * B @ B.T
+    if conserved:
+        out.update(conserved_quantities(model, (setup.qk_factor_ratio, setup.ov_factor_ratio)))
     return out
 
 
@@ -261,9 +259,7 @@ def _descend(
     task = setup.task
     eval_set = None if n_eval is None else task.sample(jax.random.fold_in(key, EVAL_STREAM), n_eval)
     if model is None:
-        model = make_aligned(
-            task, setup.parametrisation, initial["mu_ov"], initial["mu_qk"], score_scale=setup.score_scale
-        )
+        model = setup.model(initial)  # weighted-balanced for the factor rates
     opt = per_circuit(
         circuit_labels(model, per_factor=True),
         {k: v * dt for k, v in setup.factor_rates.items()},
