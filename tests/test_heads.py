@@ -41,6 +41,7 @@ from attnflow.heads import (
     oracle_config,
     order_parameter_field,
     overlaps,
+    plateau_state,
     predicted_escape_time,
     prune,
     softmax_floor,
@@ -292,13 +293,39 @@ def test_unspecialised_point_of_four_heads_is_a_root_of_the_full_field():
     full field."""
     s = Setup(H=4)
     bank = BankOptions(n=1024)
-    y = unspecialised_point(s, (jnp.zeros((4, 1)), 0.25 * jnp.eye(4)), bank=bank)
+    with pytest.warns(UserWarning, match="at rate 0.00084, against 0.084"):  # a drifting plateau, as at H = 3
+        y = unspecialised_point(s, (jnp.zeros((4, 1)), 0.25 * jnp.eye(4)), bank=bank)
     f = order_parameter_field(0.0, y, Dynamics.build(s, bank))
     assert max(float(jnp.max(jnp.abs(v))) for v in (f["M"], f["Q"])) < 1e-12
     Q = np.asarray(y["Q"])
     np.testing.assert_allclose(Q, Q.T, atol=1e-15)
     np.testing.assert_allclose([Q[1, 2], Q[2, 3], Q[3, 0]], Q[0, 1], rtol=1e-12)  # circulant
     assert abs(Q[0, 2] - Q[0, 1]) > 1e-4  # opposite heads apart from neighbouring ones
+
+
+def test_three_heads_linearise_on_the_drifting_plateau():
+    """H = 3: the root of the equal-heads field found from Q = sigma0^2 I (q_hh = 0.051) lies on a
+    curve of near-roots (relaxation rate 1.5e-4 against 0.11) far from the flow's plateau
+    (q_hh ~ 0.22): `unspecialised_point` warns, and its escape rate misses the growth of the
+    flow's antisymmetric part by 15 %; the linearisation at the flow's own symmetrised state
+    (`plateau_state`) gives that growth to 2 %."""
+    bank = BankOptions(n=2048)
+    s = Setup(H=3, init=SymmetricSeed(jnp.zeros((3, 1)), 0.25 * jnp.eye(3), kappa=1.0, D=1e5))
+    traj = solve(s, 15.0, bank=bank, save=af.LinearGrid(4))
+    S = np.asarray(traj["specialisation"])
+    growth = float(np.log(S[3] / S[1]) / (traj.ts[3] - traj.ts[1]))  # over t in [5, 15]
+    with pytest.warns(UserWarning, match=r"relaxes onto the root found .* at rate 0.00015, against 0.11"):
+        root = unspecialised_point(s, bank=bank)
+    assert float(root["Q"][0, 0]) == pytest.approx(0.0511, abs=1e-3)
+    lam_root = float(specialisation_spectrum(s, root, bank=bank).lambda_max)
+    y = plateau_state(s, traj, 10.0)
+    assert float(y["Q"][0, 0]) == pytest.approx(0.224, abs=0.01)
+    np.testing.assert_allclose(np.asarray(y["Q"]), np.asarray(y["Q"]).T, atol=1e-15)
+    lam_flow = float(specialisation_spectrum(s, y, bank=bank).lambda_max)
+    assert abs(lam_root / growth - 1) > 0.1
+    assert abs(lam_flow / growth - 1) < 0.02, (lam_flow, growth)
+    with pytest.raises(ValueError, match=r"t = 20.0 is outside the saved times \[0, 15\]"):
+        plateau_state(s, traj, 20.0)
 
 
 def test_anisotropic_gaussian_with_a_full_covariance_is_a_rotated_diagonal_one():

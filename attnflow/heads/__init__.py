@@ -73,6 +73,7 @@ from .theory import DEFAULT_SOLVER as DEFAULT_SOLVER
 from .theory import ESCAPE_THRESHOLD as ESCAPE_THRESHOLD
 from .theory import EVAL_STREAM as EVAL_STREAM
 from .theory import PSD_TOLERANCE as PSD_TOLERANCE
+from .theory import SLOW_RELAXATION as SLOW_RELAXATION
 from .theory import AllPermutations as AllPermutations
 from .theory import AutodiffForm as AutodiffForm
 from .theory import BankOptions as BankOptions
@@ -94,6 +95,7 @@ from .theory import half_risk as half_risk
 from .theory import initial_state as initial_state
 from .theory import ode as ode
 from .theory import order_parameter_field as order_parameter_field
+from .theory import plateau_state as plateau_state
 from .theory import predicted_escape_time as predicted_escape_time
 from .theory import solve as solve
 from .theory import specialisation_spectrum as specialisation_spectrum
@@ -118,6 +120,7 @@ __all__ = [
     "DEFAULT_SOLVER",
     "DEFAULT_TRAIN_SAVE",
     "ESCAPE_THRESHOLD",
+    "SLOW_RELAXATION",
     "EVAL_SAMPLES",
     "EVAL_SEED",
     "INIT_SEED",
@@ -192,6 +195,7 @@ __all__ = [
     "ode",
     "solve",
     "specialisation",
+    "plateau_state",
     "specialisation_spectrum",
     "specialisation_time",
     "specialisation_time_sensitivity",

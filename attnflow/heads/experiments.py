@@ -29,10 +29,10 @@ from .theory import (
     NoCopies,
     feature_escape_times,
     generalisation_error,
+    plateau_state,
     predicted_escape_time,
     solve,
     specialisation_spectrum,
-    symmetrise,
     unspecialised_point,
 )
 from .train import train
@@ -495,7 +495,7 @@ def heads_staged(cfg: StagedConfig, quiet: bool) -> Report:
         # coincide, which the flow never nears
         ts = np.asarray(ode.ts)
         k = _plateau_index(ts, t_ode, cfg.t_end)
-        y0 = symmetrise({"M": ode["M"][k], "Q": ode["Q"][k], "act": {n: ode[n][k] for n in setup.activation.learned}})
+        y0 = plateau_state(setup, ode, ts[k])
         spec = specialisation_spectrum(setup, y0, bank=bank)
     rep.timings["linearisation on the plateau"] = tm.seconds
     rep.summary["plateau state the linearisation is taken at: t, q_hh, q_hh'"] = [

@@ -676,6 +676,29 @@ def symmetrise(y: dict) -> dict:
     return _symmetric_state(_symmetric_coords(y), y)
 
 
+def plateau_state(setup: Setup, traj: Trajectory, t: Any) -> dict:
+    """The state ``{"M", "Q", "act"}`` of a `solve` trajectory ``traj`` of ``setup`` at time ``t``
+    (interpolated linearly between saves), symmetrised (`symmetrise`): the point of the flow's
+    own plateau at which to linearise (`specialisation_spectrum`) when the plateau drifts and is
+    not a root of the equal-heads field (see `unspecialised_point`'s warnings)."""
+    if not isinstance(setup, Setup):
+        raise ValueError(f"setup must be an attnflow.heads.Setup, got {setup!r:.80}")
+    learned = tuple(setup.activation.learned)
+    if not isinstance(traj, Trajectory) or not {"M", "Q", *learned} <= set(traj.names):
+        raise ValueError(
+            f"traj must be a Trajectory of heads.solve with the observables M, Q{''.join(', ' + n for n in learned)}, "
+            f"got {sorted(traj.names) if isinstance(traj, Trajectory) else V.show(traj)}"
+        )
+    if traj.batch_shape:
+        raise ValueError(f"traj must be one run, got a batch of shape {traj.batch_shape}: pick one with traj.batch(i)")
+    t = V.finite_scalar("t", t)
+    ts = np.asarray(traj.ts)
+    if not ts[0] <= t <= ts[-1]:
+        raise ValueError(f"t = {t!r} is outside the saved times [{ts[0]:g}, {ts[-1]:g}] of traj")
+    row = {k: v[0] for k, v in traj.at(t, ("M", "Q", *learned)).items()}
+    return symmetrise({"M": row["M"], "Q": row["Q"], "act": {n: row[n] for n in learned}})
+
+
 def _symmetric_field(t, z, args):
     dyn, like = args
     return _symmetric_coords(order_parameter_field(t, _symmetric_state(z, like), dyn))
@@ -731,16 +754,33 @@ def unspecialised_point(
                 "state of keys; try another guess or a larger bank"
             )
         rank = int(np.sum(np.linalg.eigvalsh(P) > 1e-8 * max(float(np.trace(P)), 1e-300)))
+        row = np.round(np.asarray(y["Q"])[0], 4).tolist()
         if setup.H > 1 and rank < min(setup.H, np.linalg.matrix_rank(np.asarray(like["Q"] - like["M"] @ like["M"].T))):
-            row = np.round(np.asarray(y["Q"])[0], 4).tolist()
             warnings.warn(
                 f"unspecialised_point: at the root found the keys coincide off the signal (Q - M M^T has rank {rank} "
                 f"of {setup.H}; first row of Q {row}). The equal-heads field has such roots besides the plateau, and "
-                "the ODE need not come near them: check the point against a solve's plateau, or give a guess from "
-                "it (guess=(M, Q) of a saved state on the plateau)",
+                "the ODE need not come near them: check the point against a solve's plateau, or linearise on the "
+                f"flow's own state: {_ON_THE_FLOW}",
                 stacklevel=2,
             )
+        elif setup.H > 1:
+            rates = np.abs(np.real(np.linalg.eigvals(np.asarray(jax.jacfwd(field, argnums=1)(0.0, z, (dyn, like))))))
+            if rates.min() < SLOW_RELAXATION * rates.max():
+                warnings.warn(
+                    "unspecialised_point: on the equal-heads manifold the field relaxes onto the root found "
+                    f"(first row of Q {row}) at rate {rates.min():.2g}, against {rates.max():.2g} in its fastest "
+                    "direction: a curve of near-roots, along which the flow's plateau drifts without reaching this "
+                    f"point. Its escape rate need not be the flow's; linearise on the flow's own state: {_ON_THE_FLOW}",
+                    stacklevel=2,
+                )
     return y
+
+
+SLOW_RELAXATION = 1e-2
+"""`unspecialised_point` warns when the slowest relaxation rate of the equal-heads field at its
+root is below this fraction of the fastest (a near-neutral direction: the plateau drifts)."""
+
+_ON_THE_FLOW = "specialisation_spectrum(setup, plateau_state(setup, solve(setup, ...), t)) at a time t on the plateau"
 
 
 def antisymmetric_basis(y: dict, circulant: bool = False) -> jax.Array:
