@@ -346,6 +346,13 @@ def test_anisotropic_gaussian_with_a_full_covariance_is_a_rotated_diagonal_one()
         AnisotropicGaussian([0.0, 0.0], [[1.0, 2.0], [2.0, 1.0]])
     with pytest.raises(ValueError, match="variances 1-D of its length"):
         AnisotropicGaussian([0.0, 0.0], [[1.0, 0.0, 0.0]])
+    # C is positive semidefinite in either form: a zero variance is the same prior both ways
+    flat, square = (
+        AnisotropicGaussian([0.0, 0.5], [1.0, 0.0]),
+        AnisotropicGaussian([0.0, 0.5], jnp.diag(jnp.array([1.0, 0.0]))),
+    )
+    np.testing.assert_allclose(flat.log_Z(u), square.log_Z(u), atol=1e-13)
+    assert np.all(np.asarray(flat.sample(jax.random.PRNGKey(2), 5))[:, 1] == 0.5)
 
 
 def test_spectrum_of_four_heads_lies_in_the_sector_the_cyclic_field_keeps():
@@ -602,7 +609,9 @@ def test_bad_input():
         Discrete([[1.0], [2.0]], [0.5, 0.6])
     with pytest.raises(ValueError, match="weight 1 is"):
         Discrete([[1.0], [2.0]], [1.5, -0.5])
-    with pytest.raises(ValueError, match="variances"):
+    with pytest.raises(ValueError, match=r"BayesSoftmax.zeros\(H\) starts them at 0"):
+        BayesSoftmax()
+    with pytest.raises(ValueError, match=r"variances must be .*-1"):
         AnisotropicGaussian([0.0, 0.0], [1.0, -1.0])
     with pytest.raises(ValueError, match="H"):
         MultiHead.init(0, 0, 10, Softmax())

@@ -81,9 +81,9 @@ class FlippedSpike(Prior):
 
 
 class AnisotropicGaussian(Prior):
-    """``theta ~ N(mean, C)``: ``variances`` 1-D, ``C = diag(variances)`` with ``variances > 0``
-    (canonical ``v_1 > v_2 > ...``), or 2-D, the covariance ``C`` itself (symmetric positive
-    semidefinite)."""
+    """``theta ~ N(mean, C)``: ``variances`` 1-D, ``C = diag(variances)`` with ``variances >= 0``
+    (canonical ``v_1 > v_2 > ...``; a zero variance fixes that component at its mean), or 2-D,
+    the covariance ``C`` itself (symmetric positive semidefinite, as the diagonal form)."""
 
     mean: jax.Array
     variances: jax.Array
@@ -99,7 +99,7 @@ class AnisotropicGaussian(Prior):
             )
         V.finite_tree("mean", mean)
         if variances.ndim == 1:
-            V.positive("variances", variances)
+            V.nonnegative("variances", variances)
         elif not V.any_traced(variances):
             C = np.asarray(variances)
             V.finite_tree("variances (covariance C)", C)

@@ -147,7 +147,12 @@ class BayesSoftmax(Activation):
     b: jax.Array
     learn_b: bool = eqx.field(static=True)
 
-    def __init__(self, b: Any, learn_b: bool = True):
+    def __init__(self, b: Any = None, learn_b: bool = True):
+        if b is None:
+            raise ValueError(
+                "BayesSoftmax needs its biases b, one per head (shape (H,)): BayesSoftmax.zeros(H) starts them at 0, "
+                "the start of the spec"
+            )
         b = V.floats("b", b)
         if b.ndim != 1:
             raise ValueError(f"BayesSoftmax b needs one bias per head (shape (H,)), got shape {b.shape}")
