@@ -27,6 +27,7 @@ __all__ = [
     "experiment_keys",
     "keys_for",
     "references",
+    "reproduce_keys",
 ]
 
 # key -> (one-line reference for summaries, BibTeX entry)
@@ -256,6 +257,15 @@ def keys_for(name: str | None = None) -> list[str]:
             f"experiments: {', '.join(sorted(experiments))}"
         )
     return experiment_keys(name, experiments[name].package)
+
+
+def reproduce_keys() -> list[str]:
+    """The keys of everything ``attnflow reproduce`` runs (the headline experiment of each package,
+    `attnflow.registry.headline`): their papers and data sets, then the software, each once."""
+    from .registry import headline
+
+    papers = [k for e in headline() for k in experiment_keys(e.name, e.package) if k not in SOFTWARE_KEYS]
+    return list(dict.fromkeys(papers)) + list(SOFTWARE_KEYS)
 
 
 def _known(keys: Iterable[str]) -> list[str]:

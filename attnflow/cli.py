@@ -337,8 +337,11 @@ def _run_help_options(argv: list[str]) -> str | None:
     imports += [a.split("=", 1)[1] for a in argv if a.startswith("--import=")]
     try:
         names = load_all(imports)
-    except Exception:
-        names = load_all()  # the run itself says what is wrong with the import
+    except Exception as err:  # --help never reaches the run that would report it
+        return (
+            "The experiment's options are not shown: importing experiments failed: "
+            f"{type(err).__name__}: {_one_line(err)}"
+        )
     for word in argv[1:]:
         if word in names:
             return _show_options(get_experiment(word))
@@ -492,11 +495,10 @@ def _main(args) -> int:
     from .cache import cache_dir, clear_compilation_cache, use_compilation_cache
 
     if args.command == "cite":
-        from .citations import bibtex, keys_for
+        from .citations import bibtex, keys_for, reproduce_keys
 
-        if args.name is not None:
-            _load(args)
-        print(bibtex(keys_for(args.name)), end="")
+        _load(args)
+        print(bibtex(reproduce_keys() if args.name is None else keys_for(args.name)), end="")
         return EXIT_OK
     if args.command == "cache":
         folder = cache_dir()

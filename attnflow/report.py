@@ -324,9 +324,16 @@ def register(
         raise ValueError(f"config of experiment {name!r} must be a dataclass, got {config!r}")
 
     def deco(fn):
-        if name in _REGISTRY and _REGISTRY[name].fn.__qualname__ != fn.__qualname__:
-            raise ValueError(f"experiment {name!r} is registered twice")
         module = getattr(fn, "__module__", None) or "__main__"
+        # the same function registering again is a re-import (a reloaded module): it replaces itself;
+        # any other function under a taken name would silently shadow a built-in or another user's
+        if name in _REGISTRY:
+            old = _REGISTRY[name].fn
+            where = f"{getattr(old, '__module__', '?')}.{getattr(old, '__qualname__', '?')}"
+            if where != f"{module}.{getattr(fn, '__qualname__', '?')}":
+                raise ValueError(
+                    f"experiment {name!r} is already registered by {where}; register yours under another name"
+                )
         pkg = package or (module.split(".")[1] if module.startswith("attnflow.") else module)
         _REGISTRY[name] = Experiment(name, fn, config, description, pkg, headline, sweeps)
         return fn

@@ -97,6 +97,20 @@ def test_cite_without_name_lists_all_papers_and_bad_name_is_named():
     assert proc.returncode == 2 and "'qkov-nope'" in proc.stderr
 
 
+def test_cite_without_name_prints_what_reproduce_runs():
+    """``attnflow cite``: the papers of the headline experiments (what ``reproduce`` runs), then
+    the software; not the data sets of experiments reproduce does not run."""
+    from attnflow.citations import SOFTWARE_KEYS, reproduce_keys
+    from attnflow.registry import headline
+
+    keys = reproduce_keys()
+    want = {k for e in headline() for k in keys_for(e.name)}
+    assert set(keys) == want and keys[-len(SOFTWARE_KEYS) :] == list(SOFTWARE_KEYS)
+    assert "saxe2014exact" in keys and "rajpurkar2016squad" not in keys
+    proc = subprocess.run([sys.executable, "-m", "attnflow.cli", "cite"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.count("\n@") + proc.stdout.startswith("@") == len(keys)
+
+
 def test_summary_ends_with_references():
     rep = Report("x", {}, references=references(keys_for("heads")))
     text = rep.markdown().rstrip()

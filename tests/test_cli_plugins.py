@@ -101,6 +101,7 @@ def test_entry_point_adds_experiments(tmp_path, monkeypatch, capsys):
         ("no_such_lab_module", "--import 'no_such_lab_module': no module named 'no_such_lab_module'"),
         ("json_clash/json.py", "a module named 'json' is already imported"),
         ("broken_lab.py", "importing experiments failed: ZeroDivisionError: division by zero"),
+        ("shadow_lab.py", "experiment 'qkov-reduced' is already registered by attnflow.qkov.experiments.qkov_reduced"),
     ],
 )
 def test_bad_import_is_one_line_exit_2(source, message, tmp_path, monkeypatch, capsys):
@@ -108,6 +109,8 @@ def test_bad_import_is_one_line_exit_2(source, message, tmp_path, monkeypatch, c
     (tmp_path / "json_clash").mkdir()
     (tmp_path / "json_clash" / "json.py").write_text("")
     (tmp_path / "broken_lab.py").write_text("1 / 0\n")
+    # a copied-and-edited recipe keeping a built-in's name would silently replace it
+    (tmp_path / "shadow_lab.py").write_text(SOURCE.replace("def run(", "def qkov_reduced(").format(name="qkov-reduced"))
     assert main(["list", "--import", source]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
@@ -129,3 +132,19 @@ def test_the_reproduce_index_writes_checks_as_each_experiment_does(tmp_path):
     index = json.loads((tmp_path / "summary.json").read_text())["experiments"][0]["checks"]
     own = _summary(tmp_path, "lab-d")["checks"]
     assert index == own and set(own["sum vs exact"]) == {"value", "tolerance", "ok"}
+
+
+def test_run_help_with_a_broken_import_says_why_the_options_are_missing(tmp_path, monkeypatch, capsys):
+    """``attnflow run NAME --help`` never reaches the run that reports a broken module: the help
+    says why the experiment's options are not shown, instead of a traceback."""
+    (tmp_path / "broken_help_lab.py").write_text("import no_such_package_xyz\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ATTNFLOW_EXPERIMENTS", "broken_help_lab.py")
+    with pytest.raises(SystemExit) as stop:
+        main(["run", "qkov-reduced", "--help"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert (
+        "options are not shown: importing experiments failed: ModuleNotFoundError: "
+        "No module named 'no_such_package_xyz'" in out
+    )
