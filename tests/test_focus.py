@@ -560,8 +560,22 @@ def test_train_warns_when_the_chain_mixes_slowly_against_the_context():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             focus.train(s, 0.1, dt=0.05, save=af.LinearGrid(2))
-        said = [str(w.message) for w in caught if "mixes in about" in str(w.message)]
+        said = [str(w.message) for w in caught if "autocorrelation time is about" in str(w.message)]
         assert bool(said) == slow, (lam, said)
+    # the autocorrelation time (1 + lam) / (1 - lam): anti-correlated and periodic chains keep
+    # a sequence's counts closer to pi than i.i.d. draws, and are quiet
+    assert focus.autocorrelation_time(focus.MarkovChain.lazy(np.array([0.5, 0.5]), 0.9).P) == pytest.approx(19.0)
+    assert focus.autocorrelation_time(focus.MarkovChain.lazy(np.array([0.5, 0.5]), 0.0).P) == pytest.approx(1.0)
+    assert focus.autocorrelation_time(focus.MarkovChain.lazy(np.array([0.5, 0.5]), -0.95).P) == pytest.approx(
+        0.05 / 1.95
+    )
+    cycle = focus.MarkovChain(np.full(4, 0.25), np.roll(np.eye(4), 1, axis=1))
+    assert focus.autocorrelation_time(cycle.P) == pytest.approx(0.0, abs=1e-12)
+    assert focus.autocorrelation_time(np.eye(2)) == float("inf")  # reducible: two stationary laws
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        focus.train(focus.Setup(chain=cycle), 0.1, dt=0.05, save=af.LinearGrid(2))
+    assert not [w for w in caught if "autocorrelation" in str(w.message)]
 
 
 def test_burn_in_drops_the_first_steps_of_the_chain():
@@ -592,3 +606,10 @@ def test_positional_entropy_tends_to_log_s_minus_kl():
     assert float(np.max(np.log(2048) - H)) > 3.0  # the attention is far from uniform
     # within 0.05 at s = 2048 (the attention is sharp: a finite-s effect); up to 3.6 from log s
     np.testing.assert_allclose(H, np.log(2048) - kl, atol=0.06)
+    # a query type no context ends with has no mean: NaN, not a zero entropy (a focused query)
+    few = s.chain.sample(jax.random.PRNGKey(0), 64, 33)
+    unseen = np.bincount(np.asarray(few)[:, -2], minlength=s.d) == 0
+    assert unseen.any()
+    H_few, A_few = np.asarray(focus.positional_entropy(model, few)), np.asarray(focus.empirical_attention(model, few))
+    assert np.all(np.isnan(H_few[unseen])) and np.all(np.isfinite(H_few[~unseen]))
+    assert np.all(np.isnan(A_few[unseen])) and np.allclose(A_few[~unseen].sum(1), 1.0)

@@ -104,6 +104,7 @@ from .train import DEFAULT_TRAIN_SAVE as DEFAULT_TRAIN_SAVE
 from .train import MIXING_FRACTION as MIXING_FRACTION
 from .train import REFERENCE_T as REFERENCE_T
 from .train import TRAIN_TOLERANCE as TRAIN_TOLERANCE
+from .train import autocorrelation_time as autocorrelation_time
 from .train import train as train
 
 __all__ = [
@@ -120,6 +121,7 @@ __all__ = [
     "DEFAULT_SOLVER",
     "DEFAULT_TRAIN_SAVE",
     "MIXING_FRACTION",
+    "autocorrelation_time",
     "DEGENERATE_TOL",
     "ESCAPE_HORIZON",
     "ESCAPE_FRACTION",

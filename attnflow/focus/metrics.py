@@ -48,7 +48,7 @@ def token_entropy(A: jax.Array, weights: Any = None) -> jax.Array:
 def positional_entropy(model: OneLayerAttention, seqs: jax.Array) -> jax.Array:
     """The direct positional entropy ``H_q`` (d,): the mean over contexts ``seqs[:, :-1]`` whose
     query (last token) is of type ``q`` of ``-sum_i a_i log a_i``, the entropy of the attention
-    over the ``s`` positions (`token_entropy` of each context's attention; zero for query types
+    over the ``s`` positions (`token_entropy` of each context's attention; NaN for query types
     never seen). At finite ``s`` it tends to ``log s - KL(A_q || pi)`` (`kl_to_pi`)."""
     return _mean_by_query_type(model, seqs, lambda a, ctx: token_entropy(a))
 

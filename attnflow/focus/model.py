@@ -112,7 +112,7 @@ def next_token_loss(model: OneLayerAttention, seqs: jax.Array) -> jax.Array:
 
 def empirical_attention(model: OneLayerAttention, seqs: jax.Array) -> jax.Array:
     """``A^emp_qk`` (d, d): the mean attention mass that queries of type ``q`` put on keys of type
-    ``k``, over the contexts ``seqs[:, :-1]`` (rows of query types never seen are zero)."""
+    ``k``, over the contexts ``seqs[:, :-1]`` (rows of query types never seen are NaN)."""
     d = model.W0.shape[0]
     return _mean_by_query_type(
         model, seqs, lambda a, ctx: jnp.einsum("bs,bsk->bk", a, jax.nn.one_hot(ctx, d, dtype=a.dtype))
@@ -122,11 +122,13 @@ def empirical_attention(model: OneLayerAttention, seqs: jax.Array) -> jax.Array:
 def _mean_by_query_type(model: OneLayerAttention, seqs: jax.Array, per_context: Any) -> jax.Array:
     """The mean of ``per_context(a, ctx)`` (one value per context, leading axis ``B``) over the
     contexts ``ctx = seqs[:, :-1]`` whose query (last token) is of each type ``q``, ``a`` the
-    model's attention on them: shape ``(d, ...)``, zero for query types never seen."""
+    model's attention on them: shape ``(d, ...)``, NaN for query types never seen."""
     d = model.W0.shape[0]
     ctx = seqs[:, :-1]
     _, a = model(ctx)
     value = per_context(a, ctx)
     qoh = jax.nn.one_hot(ctx[:, -1], d, dtype=a.dtype)
-    count = jnp.maximum(qoh.sum(0), 1.0)
-    return jnp.tensordot(qoh.T, value, axes=1) / count.reshape((d,) + (1,) * (value.ndim - 1))
+    count = qoh.sum(0).reshape((d,) + (1,) * (value.ndim - 1))
+    # a mean over no contexts is undefined: NaN, not a zero that reads as a value (zero entropy
+    # is a fully focused query)
+    return jnp.where(count > 0, jnp.tensordot(qoh.T, value, axes=1) / jnp.maximum(count, 1.0), jnp.nan)

@@ -73,9 +73,26 @@ class _StreamContexts(eqx.Module):
 
 
 MIXING_FRACTION = 0.1
-"""`train` warns when the chain's mixing time ``1 / (1 - |lambda_2(P)|)`` exceeds this fraction
-of the context: the population flow `solve` integrates assumes key counts proportional to
-``pi``, which a sequence of a slowly mixing chain does not have."""
+"""`train` warns when the chain's autocorrelation time (`autocorrelation_time`) exceeds this
+fraction of the context: the population flow `solve` integrates assumes key counts
+proportional to ``pi``, which a sequence of a slowly mixing chain does not have."""
+
+
+def autocorrelation_time(P: Any) -> float:
+    """``max Re (1 + lambda) / (1 - lambda)`` over the eigenvalues ``lambda != 1`` of ``P`` (the
+    stationary one left out; ``inf`` for a second unit eigenvalue, a reducible chain): the
+    integrated autocorrelation time of the slowest mode, by which the variance of a sequence's
+    token counts exceeds that of i.i.d. draws (1 for i.i.d. draws, ``(1 + lam) / (1 - lam)`` for
+    the lazy chain). Anti-correlated (``lambda < 0``) and periodic modes (``|lambda| = 1``,
+    ``lambda != 1``) give less than 1 or 0: their counts are closer to ``pi`` than i.i.d. ones."""
+    ev = np.linalg.eigvals(np.asarray(P, dtype=float))
+    ev = np.delete(ev, np.argmin(np.abs(ev - 1.0)))  # the stationary eigenvalue
+    if ev.size == 0:
+        return 0.0
+    gap = np.abs(1.0 - ev)
+    if np.any(gap <= 1e-12):
+        return float("inf")
+    return float(max(np.max(np.real((1.0 + ev) / (1.0 - ev))), 0.0))
 
 
 def _warn_slow_mixing(setup: Setup, context: int) -> None:
@@ -83,14 +100,12 @@ def _warn_slow_mixing(setup: Setup, context: int) -> None:
     P = setup.chain.P
     if V.any_traced(P):
         return
-    ev = np.sort(np.abs(np.linalg.eigvals(np.asarray(P, dtype=float))))[::-1]
-    gap = 1.0 - (ev[1] if ev.size > 1 else 0.0)
-    t_mix = np.inf if gap <= 1e-12 else 1.0 / gap
-    if t_mix > MIXING_FRACTION * context:
+    t_corr = autocorrelation_time(P)
+    if t_corr > MIXING_FRACTION * context:
         warnings.warn(
-            f"the chain mixes in about {t_mix:.3g} tokens (1 / (1 - |lambda_2(P)|)), more than "
-            f"{MIXING_FRACTION:g} of the context ({context}): a sequence's key counts are not proportional to pi, "
-            "so train departs from solve's population flow (a lazy chain with lam near 1; use a longer context "
+            f"the chain's autocorrelation time is about {t_corr:.3g} tokens (focus.autocorrelation_time), more "
+            f"than {MIXING_FRACTION:g} of the context ({context}): a sequence's key counts are not proportional to "
+            "pi, so train departs from solve's population flow (a lazy chain with lam near 1; use a longer context "
             "or a faster-mixing chain)",
             stacklevel=3,
         )
