@@ -74,9 +74,9 @@ class SaveGrid(eqx.Module):
             raise ValueError(
                 f"t1 / dt = {t1f:g} / {dtf:g} is {total} steps, more than 2^31 - 1: shorten t1 or raise dt"
             )
-        return total, self._steps_in_time(total, dtf)
+        return total, self._steps_in_time(total, dtf, t1f)
 
-    def _steps_in_time(self, total: int, dt: float) -> np.ndarray:
+    def _steps_in_time(self, total: int, dt: float, t1: float) -> np.ndarray:
         return self.steps(total)
 
 
@@ -164,7 +164,7 @@ class LogGrid(SaveGrid):
         lo = 1.0 if self.t_min is None else max(1.0, float(self.t_min))
         return self._log_steps(total, lo)
 
-    def _steps_in_time(self, total, dt):
+    def _steps_in_time(self, total, dt, t1):
         if self.t_min is not None and float(self.t_min) >= total * dt:
             if not self.fit_span:
                 raise ValueError(f"LogGrid: t_min = {self.t_min:g} must be below t1 - t0 = {total * dt:g}")
@@ -219,11 +219,14 @@ class TimeGrid(SaveGrid):
             raise ValueError(f"save steps must lie in [0, {total}], got {s[0]:g} .. {s[-1]:g}")
         return s.astype(np.int64)
 
-    def _steps_in_time(self, total, dt):
+    def _steps_in_time(self, total, dt, t1):
         s = np.asarray(self.ts, dtype=float)
-        # up to t1, which may lie within a step past the last one (a t1 not a multiple of dt)
-        if s[0] < 0 or s[-1] >= (total + 1) * dt * (1 - 1e-12):
-            raise ValueError(f"save times must lie in [0, {total * dt:g}], got {s[0]:g} .. {s[-1]:g}")
+        # up to t1, as solve's save times (a t1 not a multiple of dt lies within a step past the
+        # last one, whose step saves it); past t1 would be recorded at a time the run never reaches
+        # to the times' own resolution too (float32 times of a step of 0.1 are off by 1e-9)
+        eps = np.finfo(np.asarray(self.ts).dtype).eps if np.asarray(self.ts).dtype.kind == "f" else 0.0
+        if s[0] < 0 or s[-1] > t1 + max(1e-9, 8 * eps) * max(t1, dt):
+            raise ValueError(f"save times must lie in [0, t1 = {t1:g}], got {s[0]:g} .. {s[-1]:g}")
         steps = np.minimum(np.round(s / dt), total).astype(np.int64)
         same = np.flatnonzero(np.diff(steps) == 0)
         if same.size:
@@ -233,8 +236,6 @@ class TimeGrid(SaveGrid):
                 f"save times {s[i]:g} and {s[i + 1]:g} round to the same step {int(steps[i])} (dt = {dt:g}): "
                 "give times at least dt apart, or a smaller dt"
             )
-        # relative to the times' own resolution too (float32 times of a step of 0.1 are off by 1e-9)
-        eps = np.finfo(np.asarray(self.ts).dtype).eps if np.asarray(self.ts).dtype.kind == "f" else 0.0
         off = np.flatnonzero(np.abs(steps * dt - s) > max(1e-9, 8 * eps) * np.maximum(np.abs(s), dt))
         if off.size:
             i = int(off[0])

@@ -53,6 +53,12 @@ def test_save_grids():
         af.TimeGrid(np.arange(21, dtype=np.float32) * np.float32(0.1)).steps_for(2.0, 0.01)
     total, s = af.LogGrid(10, t_min=0.5).steps_for(8.0, 0.01)
     assert total == 800 and s[1] == 50 and s[-1] == 800
+    # save times past t1 are refused, as solve refuses them; a t1 between steps saves at its last step
+    with pytest.raises(ValueError, match=r"save times must lie in \[0, t1 = 1\], got 0 .. 1.09"):
+        af.TimeGrid([0.0, 0.5, 1.09]).steps_for(1.0, 0.1)
+    with pytest.warns(UserWarning, match="t1 = 1.05 is not a multiple of dt = 0.1"):
+        total, s = af.TimeGrid([0.0, 0.5, 1.05]).steps_for(1.05, 0.1)
+    assert total == 10 and list(s) == [0, 5, 10]
     for bad, match in (
         (lambda: af.LinearGrid(1), "n .save points. must be an integer >= 2"),
         (lambda: af.LogGrid(10, t_min=-1.0), "t_min must be positive"),
