@@ -46,9 +46,13 @@ def trajectory_gap(
     it is reduced over time to ``sqrt(mean_t d(t)^2)`` (``reduce="rms"``) or ``max_t d(t)``
     (``reduce="max"``). ``names`` default to the observables the two share.
 
-    ``reference`` must be unbatched (save times of shape ``(T_ref,)``) and cover the save times
-    of ``other``. Returns an array of ``other``'s batch shape (a 0-d array for an unbatched
-    ``other``); a batch element with a non-finite value (a failed sweep point) gives NaN.
+    ``reference`` is unbatched (one theory for every run of ``other``) or batched with axes that
+    lead ``other``'s, as in `attnflow.compare`: the same batch shape pairs the runs one to one, and
+    a theory over ``(eta,)`` against runs over ``(eta, seed)`` measures each curve against the seeds
+    of its ``eta``. Each reference curve must cover the save times of the runs it is measured
+    against. Returns an array of ``other``'s batch shape (a 0-d array for an unbatched
+    ``other``); a batch element with a non-finite value (a failed sweep point), or measured
+    against a failed reference curve (NaN times), gives NaN.
     """
     if not isinstance(reference, Trajectory) or not isinstance(other, Trajectory):
         raise ValueError(
@@ -63,35 +67,58 @@ def trajectory_gap(
         for side, tr in (("reference", reference), ("other", other)):
             if n not in tr:
                 raise ValueError(f"no observable {n!r} in {side}; it has {sorted(tr.names)}")
-    t_ref = np.asarray(reference.ts, dtype=float)
-    if t_ref.ndim != 1:
-        raise ValueError(f"reference must be unbatched (save times of shape (T,)), got ts of shape {t_ref.shape}")
+    rb, ob = reference.batch_shape, other.batch_shape
+    if rb and rb != ob[: len(rb)]:
+        raise ValueError(
+            f"reference has batch shape {rb} and other {ob}: trajectory_gap needs an unbatched reference, or a "
+            "reference whose batch axes lead other's (theory over (eta,) against runs over (eta, seed)); "
+            "index with .batch(i)"
+        )
+    R = int(np.prod(rb, dtype=int))  # reference curves; each is measured against S runs of other
+    t_ref = np.asarray(reference.ts, dtype=float).reshape(R, -1)  # (R, T_ref)
     ts = np.asarray(other.ts, dtype=float)
     batch, T = ts.shape[:-1], ts.shape[-1]
-    span = t_ref[-1] - t_ref[0]
-    slack = 1e-9 * max(span, 1.0)
-    if ts.min() < t_ref[0] - slack or ts.max() > t_ref[-1] + slack:
-        raise ValueError(
-            f"the reference covers t in [{t_ref[0]:.6g}, {t_ref[-1]:.6g}] but other is saved at "
-            f"t in [{ts.min():.6g}, {ts.max():.6g}]: solve the theory over the whole simulation"
-        )
-    rows = ts.reshape(-1, T)
-    shared = bool(np.all(rows == rows[0]))
-    sq = np.zeros(rows.shape)
+    rows = ts.reshape(R, -1, T)  # (R, S, T)
+    ref_ok = np.all(np.isfinite(t_ref), axis=-1)  # a failed reference curve (NaN times) gives NaN gaps
+    for r in np.flatnonzero(ref_ok):
+        lo, hi = t_ref[r, 0], t_ref[r, -1]
+        slack = 1e-9 * max(hi - lo, 1.0)
+        with np.errstate(invalid="ignore"):
+            o_lo, o_hi = np.nanmin(rows[r], initial=np.inf), np.nanmax(rows[r], initial=-np.inf)
+        if o_lo < lo - slack or o_hi > hi + slack:
+            which = (
+                f"reference curve {tuple(int(i) for i in np.unravel_index(r, rb))} covers"
+                if rb
+                else "the reference covers"
+            )
+            raise ValueError(
+                f"{which} t in [{lo:.6g}, {hi:.6g}] but other is saved at "
+                f"t in [{o_lo:.6g}, {o_hi:.6g}]: solve the theory over the whole simulation"
+            )
+    sq = np.zeros(rows.shape)  # (R, S, T)
     for n in names:
-        a = np.asarray(reference[n], dtype=float).reshape(t_ref.size, -1)  # (T_ref, F)
+        a = np.asarray(reference[n], dtype=float)
+        fr = a.shape[len(rb) + 1 :]
+        a = a.reshape(R, t_ref.shape[1], -1)  # (R, T_ref, F)
         b = np.asarray(other[n], dtype=float)
         feature = b.shape[len(batch) + 1 :]
-        if a.shape[1] != int(np.prod(feature, dtype=int)):
-            raise ValueError(
-                f"observable {n!r} has components {np.shape(reference[n])[1:]} in reference and {feature} in other"
-            )
-        b = b.reshape(rows.shape[0], T, -1)  # (B, T, F)
-        if shared:
-            at = np.stack([np.interp(rows[0], t_ref, a[:, j]) for j in range(a.shape[1])], axis=-1)[None]
-        else:
-            at = np.stack([np.stack([np.interp(r, t_ref, a[:, j]) for j in range(a.shape[1])], axis=-1) for r in rows])
-        sq += np.sum((b - at) ** 2, axis=-1)
+        if a.shape[-1] != int(np.prod(feature, dtype=int)):
+            raise ValueError(f"observable {n!r} has components {fr} in reference and {feature} in other")
+        b = b.reshape(rows.shape + (-1,))  # (R, S, T, F)
+        for r in range(R):
+            if not ref_ok[r]:
+                sq[r] = np.nan
+                continue
+
+            def interp(x, r=r):  # the reference curve r at the times x, (len(x), F)
+                return np.stack([np.interp(x, t_ref[r], a[r, :, j]) for j in range(a.shape[-1])], axis=-1)
+
+            group = rows[r]
+            if np.all(group == group[0]):  # the runs of this curve share their times: interpolate once
+                at = interp(group[0])[None]
+            else:
+                at = np.stack([interp(x) for x in group])
+            sq[r] += np.sum((b[r] - at) ** 2, axis=-1)
     d = np.sqrt(sq)
     gap = np.sqrt(np.mean(sq, axis=-1)) if reduce == "rms" else np.max(d, axis=-1)
     return gap.reshape(batch)

@@ -1,7 +1,8 @@
 """Plots as pure functions returning a matplotlib ``Figure`` (no pyplot state).
 
 `overlay` draws theory as lines and simulations as markers (one seed) or as the seed
-mean with a shaded min-max band (several seeds), observable by observable; `mark_times`
+mean with a shaded band (several seeds: min-max, standard deviation or standard error),
+observable by observable; `mark_times`
 adds the times the theory predicts for events (escapes, stage transitions, thresholds) and
 the times measured on a simulation, as vertical lines.
 """
@@ -99,11 +100,17 @@ def overlay(
     ncols: int = 2,
     figsize_per_panel: tuple[float, float] = (4.2, 3.2),
     max_markers: int = 60,
+    band: str | float | None = "minmax",
 ) -> Figure:
     """Theory (lines) against simulations (markers or seed band), one panel per observable.
 
     ``simulations`` may be one `Trajectory`, a batched one (leading seed axes) or a list. Several
-    runs saved at the same times are drawn as their mean (markers) and min-max band; runs saved at
+    runs saved at the same times are drawn as their mean ``m`` (markers) and a shaded band, per
+    save time over the ``n`` runs: ``band="minmax"`` (the default) from the smallest to the largest
+    run, ``"std"`` ``m +- sd`` with ``sd`` the sample standard deviation (``ddof = 1``, as
+    ``Trajectory.std(ddof=1)``), ``"sem"`` ``m +- sd / sqrt(n)`` (the standard error of the mean),
+    a number ``k > 0`` ``m +- k sd``, ``None`` no band; the legend entry says which (on a ``log_y``
+    panel a lower edge at or below 0 runs off the bottom of the axis). Runs saved at
     different times (another ``t1`` or save grid) are drawn one by one. A mapping ``{label:
     runs}`` (each a `Trajectory`, batched or not, or a list) draws each group apart, with its own
     marker and legend entry (runs at several sizes: ``{"D=250": run_a, "D=1000": run_b}``).
@@ -117,6 +124,7 @@ def overlay(
     """
     if theory is not None and not isinstance(theory, Trajectory):
         raise ValueError(f"overlay: theory must be a Trajectory or None, got {type(theory).__name__}")
+    _check_band(band)
     if theory is not None and theory.batch_shape:
         raise ValueError(
             f"overlay draws one theory curve, but theory has batch shape {theory.batch_shape} (a sweep?): "
@@ -172,18 +180,54 @@ def overlay(
                 ax.plot([], [], _MARKERS[g % len(_MARKERS)], color="0.5", mfc="none", label=label)
                 continue
             sim = [r for r in group if name in r]
-            _draw_runs(ax, name, sim, cols, label, _MARKERS[g % len(_MARKERS)], max_markers)
+            _draw_runs(ax, name, sim, cols, label, _MARKERS[g % len(_MARKERS)], max_markers, band)
         _style_panel(ax, name, log_time, log_y, time_label, labels)
         ax.legend(fontsize=7, framealpha=0.6)  # the least-covering place, and data shows through
     return _finish(fig, axes, len(names), title)
 
 
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+_BANDS = ("minmax", "std", "sem")
 
 
-def _draw_runs(ax: Any, name: str, sim: list, cols: list, label: str, marker: str, max_markers: int) -> None:
+def _check_band(band: Any) -> None:
+    """``ValueError`` naming ``band`` unless it is one of `overlay`'s bands."""
+    if band is None or (isinstance(band, str) and band in _BANDS):
+        return
+    number = isinstance(band, int | float | np.integer | np.floating) and not isinstance(band, bool)
+    if not (number and math.isfinite(band) and band > 0):
+        raise ValueError(
+            f"overlay: band must be 'minmax', 'std', 'sem', None or a positive number of standard deviations, "
+            f"got {band!r}"
+        )
+
+
+def _band(ys: np.ndarray, band: str | float) -> tuple[np.ndarray, np.ndarray]:
+    """The lower and upper edge of `overlay`'s band over the runs ``ys`` of shape ``(n, T)``."""
+    if band == "minmax":
+        return ys.min(0), ys.max(0)
+    n = ys.shape[0]
+    k = 1.0 if band == "std" else 1.0 / math.sqrt(n) if band == "sem" else float(band)
+    mean, sd = ys.mean(0), ys.std(0, ddof=1)  # the unbiased seed-to-seed variance
+    return mean - k * sd, mean + k * sd
+
+
+def _band_label(band: str | float | None, n: int) -> str:
+    """The legend's note on a group of ``n`` runs: ``"(mean, min-max of 3)"``, ``"(mean ± std of 3)"``, ..."""
+    if band is None:
+        what = ""
+    elif isinstance(band, str):
+        what = {"minmax": ", min-max", "std": " ± std", "sem": " ± s.e.m."}[band]
+    else:
+        what = f" ± {float(band):g} std"
+    return f"(mean{what} of {n})"
+
+
+def _draw_runs(
+    ax: Any, name: str, sim: list, cols: list, label: str, marker: str, max_markers: int, band: Any = "minmax"
+) -> None:
     """One group of runs of `overlay` on ``ax``: one run as markers, runs at the same save times
-    as their mean (markers) and min-max band, runs at different times one by one."""
+    as their mean (markers) and ``band`` (`_band`), runs at different times one by one."""
     if len(sim) == 1 or (len(sim) > 1 and not _same_times(sim)):
         # runs saved at different times are drawn one by one: a band would mix their clocks
         label = label if len(sim) == 1 else f"{label} ({len(sim)} runs, own save times)"
@@ -208,7 +252,8 @@ def _draw_runs(ax: Any, name: str, sim: list, cols: list, label: str, marker: st
         ys = np.stack([_columns(np.asarray(r[name]))[keep] for r in sim])  # (seed, T, comp)
         for c, j in enumerate(cols):
             color = _COLORS[c % 10]
-            ax.fill_between(t, ys[:, :, j].min(0), ys[:, :, j].max(0), color=color, alpha=0.18, lw=0)
+            if band is not None:
+                ax.fill_between(t, *_band(ys[:, :, j], band), color=color, alpha=0.18, lw=0)
             ax.plot(
                 t,
                 ys[:, :, j].mean(0),
@@ -216,7 +261,7 @@ def _draw_runs(ax: Any, name: str, sim: list, cols: list, label: str, marker: st
                 ms=3,
                 mfc="none",
                 color=color,
-                label=f"{label} (mean, min-max of {len(sim)})" if c == 0 else None,
+                label=f"{label} {_band_label(band, len(sim))}" if c == 0 else None,
             )
 
 
@@ -358,18 +403,47 @@ def _finish(fig: Figure, axes, n_used: int, title: str | None) -> Figure:
 
 def heatmap(
     values: Any,
-    x: Sequence[Any],
-    y: Sequence[Any],
+    x: Sequence[Any] | str | None = None,
+    y: Sequence[Any] | str | None = None,
     *,
-    xlabel: str,
-    ylabel: str,
+    name: str | None = None,
+    xlabel: str | None = None,
+    ylabel: str | None = None,
     title: str | None = None,
-    colorbar_label: str = "",
+    colorbar_label: str | None = None,
     annotate: bool = True,
     fmt: str = "{:.1f}",
     cmap: str = "viridis",
 ) -> Figure:
-    """A labelled heatmap of ``values[i_y, i_x]`` with tick labels ``x`` and ``y``."""
+    """A labelled heatmap of ``values[i_y, i_x]`` with tick labels ``x`` and ``y``.
+
+    ``values`` is an array of shape ``(len(y), len(x))`` (``xlabel`` and ``ylabel`` then
+    required), or an `attnflow.SweepResult` over two axes. For a sweep, ``x`` and ``y`` are axis
+    names (default: ``y`` the first axis, ``x`` the second; naming them the other way round draws
+    the transpose), the ticks are the axis values, the axis labels default to the axis names, and
+    the number drawn at each point is: the sweep's value (one number per point); ``values[name]``
+    of a mapping (``name`` may be left out when it has one entry); or, for `Trajectory` values,
+    the observable ``name`` at the last save time (``final()[name]``, e.g. the loss at the end of
+    each run). The colour bar is labelled ``name`` unless ``colorbar_label`` is given. Failed
+    points (NaN) are left blank. Anything else raises ``ValueError`` naming it.
+    """
+    from .sweep import SweepResult
+
+    if isinstance(values, SweepResult):
+        values, x, y, xlabel, ylabel = _sweep_grid(values, x, y, name, xlabel, ylabel)
+        if colorbar_label is None:
+            colorbar_label = name or ""
+    else:
+        if name is not None:
+            raise ValueError(f"heatmap: name={name!r} picks a value of a SweepResult; values is an array")
+        if x is None or y is None or isinstance(x, str) or isinstance(y, str):
+            raise ValueError(
+                "heatmap: an array of values needs its tick labels x and y as sequences (axis names are for a "
+                f"SweepResult), got x={x!r:.60}, y={y!r:.60}"
+            )
+        if xlabel is None or ylabel is None:
+            raise ValueError("heatmap: an array of values needs xlabel and ylabel")
+    colorbar_label = colorbar_label or ""
     v = np.asarray(values, dtype=float)
     if v.shape != (len(y), len(x)):
         raise ValueError(f"values must have shape (len(y), len(x)) = {(len(y), len(x))}, got {v.shape}")
@@ -398,6 +472,60 @@ def heatmap(
     if title:
         ax.set_title(title)
     return fig
+
+
+def _sweep_grid(res: Any, x: Any, y: Any, name: str | None, xlabel: str | None, ylabel: str | None):
+    """`heatmap`'s ``(values[i_y, i_x], x ticks, y ticks, xlabel, ylabel)`` of a sweep over two axes."""
+    if len(res.dims) != 2:
+        raise ValueError(
+            f"heatmap: a SweepResult must have two axes, got dims {res.dims}; select the others with .sel(...) first"
+        )
+    for arg, a in (("x", x), ("y", y)):
+        if a is not None and (not isinstance(a, str) or a not in res.dims):
+            raise ValueError(f"heatmap: {arg} must name an axis of the sweep, one of {res.dims}, got {a!r:.60}")
+    if x is None and y is None:
+        y, x = res.dims
+    elif x is None or y is None:
+        given = x if x is not None else y
+        other = res.dims[1] if given == res.dims[0] else res.dims[0]
+        x, y = (given, other) if x is not None else (other, given)
+    if x == y:
+        raise ValueError(f"heatmap: x and y must name different axes of the sweep, got {x!r} for both")
+    vals = res.values
+    if isinstance(vals, Trajectory):
+        if name is None:
+            raise ValueError(f"heatmap: name the observable to draw (its final value), one of {sorted(vals.names)}")
+        if name not in vals:
+            raise KeyError(
+                f"heatmap: no observable {name!r} in the sweep's trajectories; they have {sorted(vals.names)}"
+            )
+        v = vals.final()[name]
+    elif isinstance(vals, Mapping):
+        if name is None and len(vals) == 1:
+            (name,) = vals
+        if name is None:
+            raise ValueError(f"heatmap: name the value to draw, one of {sorted(vals)}")
+        if name not in vals:
+            raise KeyError(f"heatmap: no value {name!r} in the sweep; it has {sorted(vals)}")
+        v = vals[name]
+    else:
+        if name is not None:
+            raise ValueError(f"heatmap: name={name!r}, but the sweep's values are one array, not a mapping")
+        v = vals
+    try:
+        v = np.asarray(v, dtype=float)
+    except (TypeError, ValueError):
+        raise ValueError(f"heatmap: the sweep's values must be numbers, got {type(v).__name__}") from None
+    if v.shape != res.shape:
+        what = f"{name!r}" if name is not None else "the sweep's value"
+        raise ValueError(
+            f"heatmap: {what} has shape {v.shape[len(res.shape) :]} per grid point; a heatmap draws one number "
+            "per point: pick an entry (e.g. sweep a function that returns it)"
+        )
+    if res.dims.index(y) != 0:
+        v = v.T
+    ticks = [[_fmt(c) for c in res.coords[a]] for a in (x, y)]
+    return v, ticks[0], ticks[1], x if xlabel is None else xlabel, y if ylabel is None else ylabel
 
 
 _EVENT_COLORS = ["k", "C3", "C4", "C5", "C6", "C8", "C9", "C7"]

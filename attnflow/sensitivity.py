@@ -38,6 +38,7 @@ import numpy as np
 
 from . import _validate as V
 from .options import SolverOptions
+from .trajectory import Trajectory
 
 __all__ = ["MODES", "Sensitivity", "central_difference", "sensitivity", "solver_for_mode"]
 
@@ -70,12 +71,15 @@ class Sensitivity(eqx.Module):
                 return self.text
 
         def show(x):
-            if not hasattr(x, "shape"):
+            if not hasattr(x, "shape"):  # a Trajectory prints its observables' shapes itself
                 return x
             return _Shape(x) if x.size > 8 else np.asarray(x).tolist()
 
-        value = jax.tree_util.tree_map(show, self.value)
-        grad = {k: jax.tree_util.tree_map(show, g) for k, g in self.grad.items()}
+        def tree(x):
+            return jax.tree_util.tree_map(show, x, is_leaf=lambda y: isinstance(y, Trajectory))
+
+        value = tree(self.value)
+        grad = {k: tree(g) for k, g in self.grad.items()}
         return f"Sensitivity(value={value!r}, grad={grad!r})"
 
 
@@ -106,14 +110,22 @@ def sensitivity(fn: Callable[..., Any], /, mode: str = "reverse", **params: Any)
     whose derivative is the implicit-function formula (S1) of this module's documentation
     (Diffrax provides it; tested against closed forms and finite differences).
 
-    The outcome is a floating array or a pytree of them (no integer leaves: cast flags and
-    counts to float or leave them out). Parameters are real numbers or arrays (floats become
-    float arrays, so new values reuse the compilation); they may be traced, so `sensitivity`
-    works inside ``jax.jit``, ``jax.vmap`` and `attnflow.sweep`. Returns a `Sensitivity` (``.value``, ``.grad[name]``).
+    The outcome is an array or a pytree of them, a `Trajectory` included (``fn`` may return a
+    whole solve: ``grad[name]`` is then a `Trajectory` holding ``d y(t) / d name`` of every
+    observable at every save time). Floating leaves are differentiated; integer and boolean
+    leaves (a solve's ``stats`` counts, flags) are returned as they are in ``value`` and get a zero
+    derivative (float, of shape leaf + parameter) in ``grad``.
+
+    Parameters are real numbers or arrays (floats become float arrays, so new values reuse the
+    compilation); they may be traced, so `sensitivity` works inside ``jax.jit``, ``jax.vmap`` and
+    `attnflow.sweep`. Returns a `Sensitivity` (``.value``, ``.grad[name]``).
 
     ``mode="forward"`` differentiates with ``jax.jacfwd`` instead: cheaper for few parameters
     and often faster to compile; a solve inside ``fn`` then needs Diffrax's ``ForwardMode``
-    adjoint (`solver_for_mode`). (A parameter cannot be called ``mode``.)
+    adjoint (`solver_for_mode`). (A parameter cannot be called ``mode``.) Gradient descent and
+    SGD (a package's ``train``, `attnflow.simulate`) loop for a number of steps JAX sees only at
+    run time, which reverse mode cannot differentiate: there the default mode raises JAX's
+    ``ValueError`` with a line added that says to pass ``mode="forward"``.
 
     A non-callable ``fn``, no parameters, an unknown ``mode``, or a parameter that is not a
     finite real number or array raises ``ValueError`` naming it.
@@ -131,15 +143,37 @@ def sensitivity(fn: Callable[..., Any], /, mode: str = "reverse", **params: Any)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     p = _check(fn, params)
+    structure = {}  # the outcome's tree and which leaves are floating, found while tracing
 
     def outcome(q):
-        out = fn(**q)
-        return out, out
+        leaves, structure["tree"] = jax.tree_util.tree_flatten(fn(**q))
+        leaves = [jnp.asarray(x) for x in leaves]
+        # integer and boolean leaves (a Trajectory's solver counts, flags) have no derivative
+        structure["floating"] = [jnp.issubdtype(x.dtype, jnp.inexact) for x in leaves]
+        return [x for x, f in zip(leaves, structure["floating"]) if f], leaves
 
-    jac, value = (jax.jacrev if mode == "reverse" else jax.jacfwd)(outcome, has_aux=True)(p)
-    # jacrev nests the parameter dict inside each leaf of the outcome: put the names outside
-    grad = {name: jax.tree_util.tree_map(lambda _, j, name=name: j[name], value, jac) for name in p}
-    return Sensitivity(value, grad)
+    try:
+        jac, leaves = (jax.jacrev if mode == "reverse" else jax.jacfwd)(outcome, has_aux=True)(p)
+    except ValueError as err:
+        if mode == "reverse" and "Reverse-mode differentiation does not work for lax.while_loop" in str(err):
+            raise ValueError(
+                f"{err}\nsensitivity: fn runs a loop whose length JAX sees only at run time (gradient descent or "
+                "SGD in a package's train, attnflow.simulate), which reverse mode cannot differentiate: pass "
+                "mode='forward' (and a solve inside fn needs solver_for_mode('forward', solver))"
+            ) from None
+        raise
+    # jacrev gives the parameter dict in each differentiated leaf: put the names outside, and
+    # give the other leaves a zero derivative of shape leaf + parameter
+    grad = {}
+    for name, x in p.items():
+        rows = iter(jac)
+        grad[name] = structure["tree"].unflatten(
+            [
+                next(rows)[name] if f else jnp.zeros(v.shape + x.shape, x.dtype)
+                for v, f in zip(leaves, structure["floating"])
+            ]
+        )
+    return Sensitivity(structure["tree"].unflatten(leaves), grad)
 
 
 def solver_for_mode(mode: str, solver: SolverOptions) -> SolverOptions:

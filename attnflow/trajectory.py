@@ -310,7 +310,13 @@ class Trajectory:
 
     # --- interpolation -------------------------------------------------------------
     def at(self, t: Any, names: Iterable[str] | None = None, log_time: bool = False) -> dict[str, jax.Array]:
-        """Linearly interpolate observables at times ``t`` (1-D), per batch element.
+        """Linearly interpolate observables at times ``t``, per batch element.
+
+        ``t`` of shape ``(k,)`` (or a scalar: ``k = 1``) gives every run the same times: an
+        observable of shape ``(..., T, *feature)`` becomes ``(..., k, *feature)``. ``t`` of shape
+        ``batch_shape + (k,)`` gives each run its own times (``traj.at(traj.t_event[..., None])``
+        reads every run at its own event time), with the same result shape; leading axes of size
+        1 broadcast. Any other shape raises ``ValueError`` naming both shapes.
 
         ``log_time=True`` interpolates in ``log t`` (better on log-spaced saves); between a save
         at ``t = 0`` and the first positive save time, where ``log t`` is not defined, linearly
@@ -320,9 +326,26 @@ class Trajectory:
         names = name_list(names, self.names)
         for n in names:
             self[n]  # KeyError naming a missing observable before any work
+        batch = self.batch_shape
+        per_run = t.ndim > 1
+        if per_run:
+            # one row of times per run: the batch axes of t must be the trajectory's (or broadcast to them)
+            try:
+                fits = t.ndim == len(batch) + 1 and np.broadcast_shapes(t.shape[:-1], batch) == batch
+            except ValueError:
+                fits = False
+            if not fits and not batch:
+                raise ValueError(f"at: t of shape {t.shape} for an unbatched trajectory: give times of shape (k,)")
+            if not fits:
+                per = "(" + ", ".join([*map(str, batch), "k"]) + ")"
+                raise ValueError(
+                    f"at: t of shape {t.shape} does not fit a trajectory of batch shape {batch}: give times "
+                    f"of shape (k,) (the same for every run) or {per} (each run its own)"
+                )
+            t = jnp.broadcast_to(t, batch + t.shape[-1:])
         tiny = jnp.finfo(self.ts.dtype).tiny  # log time: t = 0 (the start of every save grid) as t -> 0+
 
-        def interp1(ts, y):
+        def interp1(ts, y, t):
             flat = y.reshape(y.shape[0], -1)
             out = jax.vmap(lambda col: jnp.interp(t, ts, col), in_axes=1, out_axes=1)(flat)
             if log_time:
@@ -334,14 +357,16 @@ class Trajectory:
 
         fn = interp1
         for _ in range(self.ts.ndim - 1):
-            fn = jax.vmap(fn)
-        return {n: fn(self.ts, self[n]) for n in names}
+            fn = jax.vmap(fn, in_axes=(0, 0, 0 if per_run else None))
+        return {n: fn(self.ts, self[n], t) for n in names}
 
     def resample(self, t: Any, log_time: bool = False) -> Trajectory:
-        """This trajectory interpolated onto the 1-D time grid ``t``."""
-        t = jnp.asarray(t, dtype=self.ts.dtype)
-        ts = jnp.broadcast_to(t, self.batch_shape + t.shape)
-        return Trajectory(ts, self.at(t, log_time=log_time), self.meta, self.t_event, self.stats)
+        """This trajectory interpolated onto the time grid ``t``: of shape ``(k,)`` for every run,
+        or ``batch_shape + (k,)`` for each run its own (as `at`)."""
+        t = jnp.atleast_1d(jnp.asarray(t, dtype=self.ts.dtype))
+        ys = self.at(t, log_time=log_time)  # checks the shape of t
+        ts = jnp.broadcast_to(t, self.batch_shape + t.shape[-1:])
+        return Trajectory(ts, ys, self.meta, self.t_event, self.stats)
 
     # --- interop ---------------------------------------------------------------------
     def to_xarray(self, batch_dims: Iterable[str] | None = None):

@@ -44,6 +44,46 @@ def test_trajectory_is_a_pytree_and_batches():
     np.testing.assert_allclose(tr.batch(1)["y"], 2 * ts)
 
 
+def test_at_takes_one_row_of_times_per_run():
+    """``t`` of shape ``batch + (k,)``: each run at its own times (run i: y = (i + 1) t); ``(k,)``:
+    every run at the same times; other shapes are refused naming both."""
+    ts = jnp.stack([jnp.linspace(0, 1, 11)] * 3)
+    slopes = jnp.array([1.0, 2.0, 3.0])
+    tr = af.Trajectory(ts, {"y": ts * slopes[:, None], "v": ts[..., None] * jnp.array([1.0, -1.0])})
+    own = tr.at(jnp.array([[0.1], [0.5], [0.9]]))
+    np.testing.assert_allclose(own["y"], [[0.1], [1.0], [2.7]], atol=1e-15)
+    np.testing.assert_allclose(own["v"], [[[0.1, -0.1]], [[0.5, -0.5]], [[0.9, -0.9]]], atol=1e-15)
+    two = tr.at(jnp.array([[0.05, 0.1], [0.2, 0.3], [0.4, 0.45]]), "y")["y"]
+    np.testing.assert_allclose(two, [[0.05, 0.1], [0.4, 0.6], [1.2, 1.35]], atol=1e-15)
+    common = tr.at(jnp.array([0.1, 0.5]), "y")["y"]  # (k,): the same times for every run
+    np.testing.assert_allclose(common, slopes[:, None] * jnp.array([0.1, 0.5]), atol=1e-15)
+    np.testing.assert_allclose(tr.at(jnp.array([[0.1, 0.5]]), "y")["y"], common, atol=1e-15)  # (1, k) broadcasts
+    # under jit, in log time, and on a grid of two batch axes (a sweep over eta and seed)
+    np.testing.assert_allclose(
+        jax.jit(lambda t: tr.at(t, "y", log_time=True)["y"])(jnp.array([[0.1], [0.5], [0.9]])),
+        [[0.1], [1.0], [2.7]],
+        atol=1e-12,
+    )
+    grid = af.Trajectory(
+        jnp.broadcast_to(ts[0], (2, 3, 11)), {"y": jnp.broadcast_to(ts[0], (2, 3, 11)) * slopes[:, None]}
+    )
+    t_own = jnp.array([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]])[..., None]
+    np.testing.assert_allclose(grid.at(t_own, "y")["y"][..., 0], t_own[..., 0] * slopes, atol=1e-15)
+    re = tr.resample(jnp.array([[0.0, 0.5], [0.1, 0.2], [0.5, 1.0]]))
+    np.testing.assert_allclose(re.ts, [[0.0, 0.5], [0.1, 0.2], [0.5, 1.0]])
+    np.testing.assert_allclose(re["y"], [[0.0, 0.5], [0.2, 0.4], [1.5, 3.0]], atol=1e-15)
+    with pytest.raises(
+        ValueError, match=r"t of shape \(2, 2\) does not fit a trajectory of batch shape \(3,\): .* \(3, k\)"
+    ):
+        tr.at(jnp.array([[0.1, 0.2], [0.3, 0.4]]), "y")
+    with pytest.raises(ValueError, match=r"t of shape \(3, 1, 1\) does not fit a trajectory of batch shape \(3,\)"):
+        tr.at(jnp.zeros((3, 1, 1)), "y")
+    with pytest.raises(
+        ValueError, match=r"t of shape \(3, 1\) for an unbatched trajectory: give times of shape \(k,\)"
+    ):
+        tr.batch(0).at(jnp.zeros((3, 1)))
+
+
 def test_trajectory_bad_input():
     with pytest.raises(ValueError, match="'y'"):
         af.Trajectory(jnp.arange(3.0), {"y": jnp.ones(4)})
@@ -735,6 +775,82 @@ def test_plots_leave_failed_sweep_points_out():
     )
     assert ax.get_legend_handles_labels()[1] == ["D=250 (the run failed)", "D=1000"]
     np.testing.assert_allclose(res.values.mean(axis=0)["y"], np.full(5, np.nan))  # the group holds a failure
+
+
+def _band_edges(ax, t):
+    """The lower and upper edge at the times ``t`` of the one band (fill_between) on ``ax``."""
+    (band,) = ax.collections
+    v = band.get_paths()[0].vertices
+    lo = np.array([v[np.isclose(v[:, 0], x), 1].min() for x in t])
+    hi = np.array([v[np.isclose(v[:, 0], x), 1].max() for x in t])
+    return lo, hi
+
+
+def test_overlay_band_is_the_min_max_the_std_or_the_standard_error():
+    ts = np.linspace(0.0, 1.0, 5)
+    ys = np.stack([ts, 2 * ts, 6 * ts])  # three seeds: mean 3 t, sample sd sqrt(7) t, min t, max 6 t
+    runs = af.Trajectory(np.broadcast_to(ts, (3, 5)), {"y": ys})
+    sd = np.sqrt(7.0) * ts
+    cases = {
+        "minmax": (ts, 6 * ts, "(mean, min-max of 3)"),
+        "std": (3 * ts - sd, 3 * ts + sd, "(mean ± std of 3)"),
+        "sem": (3 * ts - sd / np.sqrt(3), 3 * ts + sd / np.sqrt(3), "(mean ± s.e.m. of 3)"),
+        2: (3 * ts - 2 * sd, 3 * ts + 2 * sd, "(mean ± 2 std of 3)"),
+    }
+    for band, (lo, hi, label) in cases.items():
+        ax = next(a for a in af.overlay(None, runs, "y", band=band).axes if a.get_visible())
+        got_lo, got_hi = _band_edges(ax, ts)
+        np.testing.assert_allclose(got_lo, lo, atol=1e-12, err_msg=str(band))
+        np.testing.assert_allclose(got_hi, hi, atol=1e-12, err_msg=str(band))
+        np.testing.assert_allclose(ax.lines[0].get_ydata(), 3 * ts)  # the markers: the mean
+        assert ax.get_legend_handles_labels()[1] == [f"simulation {label}"]
+    ax = next(a for a in af.overlay(None, runs, "y", band=None).axes if a.get_visible())
+    assert not ax.collections and ax.get_legend_handles_labels()[1] == ["simulation (mean of 3)"]
+    for bad in ("iqr", 0.0, -1.0, np.inf, True):
+        with pytest.raises(ValueError, match=r"band must be 'minmax', 'std', 'sem', None or a positive number"):
+            af.overlay(None, runs, "y", band=bad)
+
+
+def test_heatmap_of_a_sweep_over_two_axes():
+    grid = {"a": np.array([1.0, 2.0]), "b": np.array([0.0, 0.1, 0.2])}
+    res = af.sweep(lambda a, b: 10 * a + b, grid, progress=False)
+    want = 10 * grid["a"][:, None] + grid["b"][None, :]  # (a, b)
+    fig = af.heatmap(res)  # y: the first axis, x: the second
+    (ax, _colorbar) = fig.axes
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("b", "a")
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "0.1", "0.2"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["1", "2"]
+    np.testing.assert_allclose(ax.images[0].get_array(), want)
+    ax = af.heatmap(res, x="a", ylabel="offset b").axes[0]  # the other way round: the transpose
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("a", "offset b")
+    np.testing.assert_allclose(ax.images[0].get_array(), want.T)
+    # a mapping of values: name picks one, and labels the colour bar
+    both = af.sweep(lambda a, b: {"sum": a + b, "prod": a * b}, grid, progress=False)
+    fig = af.heatmap(both, name="prod")
+    np.testing.assert_allclose(fig.axes[0].images[0].get_array(), grid["a"][:, None] * grid["b"][None, :])
+    assert fig.axes[1].get_ylabel() == "prod"
+    # Trajectory values: the observable at the last save time
+    ts = jnp.linspace(0.0, 2.0, 3)
+    runs = af.sweep(lambda a, b: af.Trajectory(ts, {"y": a * ts + b}), grid, progress=False)
+    np.testing.assert_allclose(
+        af.heatmap(runs, name="y").axes[0].images[0].get_array(), 2 * grid["a"][:, None] + grid["b"]
+    )
+    with pytest.raises(ValueError, match=r"name the value to draw, one of \['prod', 'sum'\]"):
+        af.heatmap(both)
+    with pytest.raises(KeyError, match="no observable 'loss' in the sweep's trajectories; they have \\['y'\\]"):
+        af.heatmap(runs, name="loss")
+    with pytest.raises(ValueError, match=r"x must name an axis of the sweep, one of \('a', 'b'\), got 'c'"):
+        af.heatmap(res, x="c")
+    with pytest.raises(ValueError, match=r"must have two axes, got dims \('a',\)"):
+        af.heatmap(af.sweep(lambda a: a, {"a": grid["a"]}, progress=False))
+    vec = af.sweep(lambda a, b: jnp.stack([a, b]), grid, progress=False)
+    with pytest.raises(ValueError, match=r"has shape \(2,\) per grid point"):
+        af.heatmap(vec)
+    # an array still needs its ticks and labels, and its shape is checked against them
+    with pytest.raises(ValueError, match="needs xlabel and ylabel"):
+        af.heatmap(want, grid["b"], grid["a"])
+    with pytest.raises(ValueError, match=r"values must have shape \(len\(y\), len\(x\)\) = \(3, 2\), got \(2, 3\)"):
+        af.heatmap(want, grid["a"], grid["b"], xlabel="a", ylabel="b")
 
 
 # ----------------------------------------------------------------------------- rng

@@ -102,8 +102,9 @@ def test_gap_rejects_bad_input_naming_the_value():
         af.trajectory_gap(ref, other, reduce="mean")
     with pytest.raises(ValueError, match="no observable 'loss' in reference"):
         af.trajectory_gap(ref, other, ["loss"])
-    with pytest.raises(ValueError, match="reference must be unbatched"):
-        af.trajectory_gap(other, other)
+    three = af.Trajectory(np.broadcast_to(np.linspace(0.0, 2.0, 5), (3, 5)), {"y": np.zeros((3, 5))})
+    with pytest.raises(ValueError, match=r"reference has batch shape \(3,\) and other \(2,\): trajectory_gap needs"):
+        af.trajectory_gap(three, other)
     late = af.Trajectory(np.linspace(0.0, 3.0, 4), {"y": np.zeros(4)})
     with pytest.raises(ValueError, match=r"covers t in \[0, 2\] but other is saved at t in \[0, 3\]"):
         af.trajectory_gap(ref, late)
@@ -112,6 +113,35 @@ def test_gap_rejects_bad_input_naming_the_value():
         af.trajectory_gap(ref, wide)
     with pytest.raises(ValueError, match="no common observables"):
         af.trajectory_gap(ref, af.Trajectory(np.linspace(0.0, 1.0, 3), {"z": np.zeros(3)}))
+
+
+def test_gap_takes_a_batched_reference_as_compare_does():
+    """A theory per ``eta`` against runs per ``(eta, seed)``: each curve against the seeds of its
+    ``eta``; the same batch shape: run by run; a curve measured against runs past its end is refused."""
+    t = np.linspace(0.0, 1.0, 11)
+    ref = af.Trajectory(np.stack([t, t]), {"y": np.stack([t, 2 * t])})  # y = a t, a = 1, 2
+    offsets = 0.01 * np.arange(3)  # seed k is off by 0.01 k
+    runs = af.Trajectory(np.broadcast_to(t, (2, 3, 11)), {"y": np.stack([t, 2 * t])[:, None] + offsets[:, None]})
+    gap = af.trajectory_gap(ref, runs, ["y"], reduce="max")
+    np.testing.assert_allclose(gap, [[0.0, 0.01, 0.02]] * 2, atol=1e-15)
+    np.testing.assert_allclose(gap, af.compare(ref, runs, per_run=True)["y"], atol=1e-15)
+    # run by run, on another grid of the same span: the reference is interpolated (exactly: it is linear)
+    ts = np.linspace(0.0, 1.0, 4)
+    paired = af.Trajectory(np.stack([ts, ts]), {"y": np.stack([ts + 0.1, 2 * ts - 0.3])})
+    np.testing.assert_allclose(af.trajectory_gap(ref, paired, ["y"]), [0.1, 0.3])
+    # a wrong curve would show: swapping the reference curves gives |a t - a' t| instead
+    np.testing.assert_allclose(af.trajectory_gap(ref.batch(np.array([1, 0])), paired, ["y"], reduce="max"), [0.9, 0.7])
+    # each curve covers its own runs only
+    short = af.Trajectory(np.stack([t, 0.5 * t]), {"y": np.stack([t, t])})
+    with pytest.raises(
+        ValueError, match=r"reference curve \(1,\) covers t in \[0, 0.5\] but other is saved at t in \[0, 1\]"
+    ):
+        af.trajectory_gap(short, paired)
+    # a failed reference curve (NaN times, from a sweep) gives NaN for its runs only
+    failed = af.Trajectory(np.stack([t, np.full(11, np.nan)]), {"y": np.stack([t, np.full(11, np.nan)])})
+    gap = af.trajectory_gap(failed, runs, ["y"], reduce="max")
+    np.testing.assert_allclose(gap[0], [0.0, 0.01, 0.02], atol=1e-15)
+    assert np.all(np.isnan(gap[1]))
 
 
 # ----------------------------------------------------------------------------- each theory at two sizes

@@ -129,6 +129,46 @@ def test_sensitivity_bad_input_names_the_argument():
         af.central_difference(lambda w: w, w=np.ones(2))
 
 
+def test_sensitivity_of_a_whole_trajectory_leaves_its_counts_undifferentiated():
+    """``fn`` may return a `Trajectory` (its ``stats`` are integer solver counts): the observables
+    are differentiated at every save time, the counts get a zero derivative, in both modes."""
+    ts = np.linspace(0.0, 3.0, 7)
+
+    def solve(u0, mode="reverse"):
+        solver = af.solver_for_mode(mode, af.SolverOptions(rtol=1e-10, atol=1e-12))
+        return af.integrate(logistic, u0, 3.0, args={"s": 2.0, "eta": 1.0}, save=af.TimeGrid(ts), solver=solver)
+
+    e = np.exp(-4.0 * ts)  # u = s / (1 + (s / u0 - 1) e^{-2 eta s t}), s = 2, eta = 1
+    want = 2.0 * (2.0 / U0**2) * e / (1.0 + (2.0 / U0 - 1.0) * e) ** 2  # du(t)/du0
+    for mode in ("reverse", "forward"):
+        res = af.sensitivity(lambda u0, mode=mode: solve(u0, mode), mode=mode, u0=U0)
+        assert isinstance(res.value, af.Trajectory) and isinstance(res.grad["u0"], af.Trajectory)
+        np.testing.assert_allclose(np.asarray(res.value["y"]), np.asarray(solve(U0)["y"]), rtol=1e-12)
+        np.testing.assert_allclose(np.asarray(res.grad["u0"]["y"]), want, rtol=1e-6)
+        assert int(res.value.stats["num_steps"]) > 0  # the counts themselves are kept
+        for k, v in res.grad["u0"].stats.items():
+            assert v.dtype == np.float64 and float(v) == 0.0, k
+    assert repr(res).startswith("Sensitivity(value=Trajectory(ts(7,), y(7,)), grad={'u0': Trajectory(")
+    # an integer leaf of an array parameter: zeros of shape leaf + parameter
+    res = af.sensitivity(lambda w: {"n": jnp.arange(3), "y": w**2}, w=np.array([1.0, 2.0]))
+    np.testing.assert_array_equal(np.asarray(res.grad["w"]["n"]), np.zeros((3, 2)))
+    np.testing.assert_allclose(np.asarray(res.grad["w"]["y"]), np.diag([2.0, 4.0]))
+
+
+def test_reverse_mode_through_a_run_time_loop_says_to_pass_forward():
+    def fourth(x):  # x^4 by a loop of run-time length, as gradient descent steps
+        return jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * x), (0, x))[1]
+
+    with pytest.raises(ValueError, match=r"lax.while_loop(.|\n)*sensitivity: fn runs a loop .* pass mode='forward'"):
+        af.sensitivity(fourth, x=2.0)
+    assert float(af.sensitivity(fourth, mode="forward", x=2.0).grad["x"]) == pytest.approx(32.0, rel=1e-14)
+    from attnflow import deeplinear as dl
+
+    s = dl.Setup(s=(3.0, 1.0), u0=1e-2)
+    with pytest.raises(ValueError, match="pass mode='forward'"):
+        af.sensitivity(lambda eta: dl.train(s.replace(eta=eta), 0.5, key=0, save=af.LinearGrid(3))["loss"][-1], eta=0.5)
+
+
 # ----------------------------------------------------------------------------- qkov
 L_STAR = 1e-2
 RATIOS = np.array([0.1, 1.0, 2.0, 10.0])
