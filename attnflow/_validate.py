@@ -288,6 +288,7 @@ def clamped_index(fn: Any, *args: Any) -> str | None:
     evaluate gives ``None``.
     """
     import jax.extend.core as jc
+    from jax import lax
 
     def run(jaxpr: Any, consts: list, inputs: list) -> list:
         env: dict = {}
@@ -308,7 +309,9 @@ def clamped_index(fn: Any, *args: Any) -> str | None:
                     start = int(np.asarray(start))
                     if start < 0 or start + size > shape[axis]:
                         raise _Clamped(f"index {start} on axis {axis} of an array of shape {shape}")
-            elif name == "gather":  # an index array (x[jnp.array([0, 2])], jnp.take): clamped or NaN-filled
+            elif name == "gather" and eqn.params.get("mode") != lax.GatherScatterMode.CLIP:
+                # an index array (x[jnp.array([0, 2])], jnp.take): clamped or NaN-filled unasked;
+                # mode="clip" asks for the clamping
                 shape = np.shape(vals[0])
                 idx = np.asarray(vals[1])
                 sizes = eqn.params["slice_sizes"]

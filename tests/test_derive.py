@@ -477,6 +477,9 @@ def test_bad_input_names_the_argument():
     for kw, name in cases:
         with pytest.raises(ValueError, match=name):
             derive.Setup(**kw)
+    # clamping the user asks for (mode="clip") is the model, not a size mismatch
+    clip = derive.Setup(lambda lam, v: jnp.sum(jnp.tanh(jnp.take(lam, jnp.array([0, 5]), mode="clip"))), f, R, Q)
+    assert clip.K == 2
     with pytest.raises(ValueError, match="points"):
         derive.GaussHermite(1)
     with pytest.raises(ValueError, match="samples"):
@@ -787,6 +790,11 @@ def test_plateau_is_the_symmetric_fixed_point_and_its_rate_times_the_escape():
     T = jnp.diag(jnp.array([1.0, 0.01]))
     odd = s.replace(R0=jnp.diag(jnp.array([0.9, 0.09])), Q0=jnp.eye(2), T=T)
     np.testing.assert_allclose(derive.symmetrised(odd).R0, [[0.45, 0.045], [0.45, 0.045]], rtol=1e-12)
+    # one rate per student: equal ones are the scalar rate, unequal ones have no symmetric plateau
+    same = derive.plateau(s.replace(eta=jnp.array([1.0, 1.0])))
+    np.testing.assert_allclose(same.lambda_max, p.lambda_max, rtol=1e-9)
+    with pytest.raises(ValueError, match=r"one learning rate for all students, got eta = \[0.2, 1.0\]"):
+        derive.plateau(s.replace(eta=jnp.array([0.2, 1.0])))
 
 
 def test_plateau_followed_along_the_learning_rate_and_its_derivative():

@@ -346,6 +346,12 @@ def plateau(setup: Setup, *, t_guess: float | None = None, rule: Rule | None = N
     if not isinstance(setup, Setup):
         raise ValueError(f"setup must be an attnflow.derive.Setup, got {setup!r:.80}")
     require_x64("derive.plateau")
+    eta = setup.eta
+    if not V.any_traced(eta) and np.ptp(np.atleast_1d(np.asarray(eta, dtype=float))) > 0:
+        raise ValueError(
+            f"derive.plateau needs one learning rate for all students, got eta = {V.show(eta)}: unequal rates break "
+            "the permutation symmetry of the students, so there is no symmetric plateau (solve the ODE instead)"
+        )
     sym = symmetrised(setup)
     rl = _rule_of(sym) if rule is None else rule
     if t_guess is None:
