@@ -989,3 +989,24 @@ def test_every_train_refuses_a_save_that_is_not_a_grid(package, save):
     kw = {"dt": 0.5} if package in ("deeplinear", "qkov", "focus") else {}
     with pytest.raises(ValueError, match=r"save must be a SaveGrid \(LinearGrid, LogGrid or TimeGrid\), got"):
         P.train(s, 1.0, save=save, **kw)
+
+
+def test_every_train_records_its_clock_step_and_batch():
+    """The same meta keys from every package's `train`: ``theory``, ``clock`` (what t counts),
+    ``dt`` (t per step; None for gradient flow) and ``batch`` (samples per step; None for the
+    full batch), so that a user's code reads a run of any theory the same way."""
+    from attnflow import deeplinear, derive, focus, heads, qkov
+
+    committee = derive.Setup(derive.soft_committee, derive.soft_committee, 0.1 * jnp.ones((2, 2)), 0.5 * jnp.eye(2))
+    runs = {
+        "qkov": qkov.train(qkov.Setup(), 1.0, dt=0.5, batch=4, save=af.LinearGrid(2)),
+        "focus": focus.train(focus.Setup(), 0.1, dt=0.05, save=af.LinearGrid(2)),
+        "heads": heads.train(heads.Setup(), 0.02, D=100, save=af.LinearGrid(2)),
+        "deeplinear": deeplinear.train(deeplinear.Setup(), 0.1, dt=0.05, save=af.LinearGrid(2)),
+        "derive": derive.train(committee, 0.02, D=100, save=af.LinearGrid(2)),
+    }
+    want = {"qkov": (0.5, 4), "focus": (0.05, 64), "heads": (0.01, 1), "deeplinear": (0.05, None), "derive": (0.01, 1)}
+    for name, tr in runs.items():
+        meta = tr.meta
+        assert meta["theory"] == name and isinstance(meta["clock"], str) and meta["clock"], name
+        assert meta["dt"] == pytest.approx(want[name][0]) and meta["batch"] == want[name][1], (name, meta)

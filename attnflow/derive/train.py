@@ -177,7 +177,7 @@ def _train(setup, start, key, rl, steps, total, D, return_model, progress):
         progress=progress,
         throw=False,
         return_model=return_model,
-        meta={"theory": "derive", "D": D, "clock": "t = steps / D", "batch": setup.minibatch},
+        meta={"theory": "derive", "D": D, "clock": "t = steps / D", "dt": 1.0 / D, "batch": setup.minibatch},
     )
     if return_model:  # the student's weights with the teacher's, which the overlaps are measured against
         traj, trained, bad = out

@@ -237,6 +237,7 @@ def _train(
         return_model=return_model,
         meta={
             "theory": "focus",
+            "clock": "t = steps * dt; population gradient flow dtheta/dt = -eta grad L",
             "dt": dt,
             "context": context,
             "batch": batch,

@@ -247,7 +247,8 @@ def _train(setup, start, M0, Q0, key, D, steps, total, eval_samples, dtype, retu
             "theory": "heads",
             "clock": "t = steps / D",
             "D": D,
-            "minibatch": setup.minibatch,
+            "dt": 1.0 / D,
+            "batch": setup.minibatch,
             "eval_samples": eval_samples,
         },
     )
