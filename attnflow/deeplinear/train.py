@@ -142,5 +142,10 @@ def _train(setup, model, key, steps, total, dt, batch, return_model, progress):
         progress=progress,
         throw=False,
         return_model=return_model,
-        meta={"theory": "deeplinear", "clock": "t = steps * dt; gradient flow dW/dt = -eta grad L", "dt": dt, "batch": batch},
+        meta={
+            "theory": "deeplinear",
+            "clock": "t = steps * dt; gradient flow dW/dt = -eta grad L",
+            "dt": dt,
+            "batch": batch,
+        },
     )
