@@ -7,11 +7,14 @@ atol 1e-10 (steps, seconds after compilation, max |loss - loss_ref| on 200 log-s
 times), and fixed-step RK4 at the largest step (from a halving ladder) reaching Tsit5's accuracy.
 (2) Eight lambdas in one vmapped call vs a loop of jitted single flows (t = 1000).
 All through the public `attnflow.focus.solve` with `attnflow.SolverOptions`.
-Usage: python benchmarks/focus_flow.py
+Usage: python benchmarks/focus_flow.py [--t1 5000] [--m 8] [--rtol 1e-7] [--atol 1e-10] ...
+(python benchmarks/focus_flow.py --help lists the options; the defaults are the runs above.)
 """
 
 from __future__ import annotations
 
+import argparse
+import re
 import time
 
 import diffrax
@@ -43,7 +46,16 @@ class RK4(diffrax.AbstractERK):
 
 
 T = 5000.0
-SAVE = af.LogGrid(200, t_min=0.1)
+SAVE_POINTS = 200
+RTOL, ATOL = 1e-7, 1e-10
+RK4_STEPS = (0.4, 0.2, 0.1, 0.05, 0.025)
+LAMBDAS = 8
+LAMBDA_T = 1000.0
+
+
+def num(x):
+    """``x`` as ``:g`` prints it, without the exponent's leading zero (1e-7, not 1e-07)."""
+    return re.sub(r"e([+-])0(\d)", r"e\1\2", f"{x:g}")
 
 
 def timed(fn):
@@ -54,11 +66,39 @@ def timed(fn):
     return time.perf_counter() - t0, out
 
 
-def main():
-    setup = focus.Setup(m=8, mk=8)
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--t1", type=float, default=T, help="horizon of part (1) (default %(default)g)")
+    ap.add_argument("--m", type=int, default=8, help="m = mk, the context sizes of focus.Setup (default %(default)s)")
+    ap.add_argument("--save-points", type=int, default=SAVE_POINTS, help="log-spaced save times (default %(default)s)")
+    ap.add_argument("--rtol", type=float, default=RTOL, help="rtol of the adaptive solvers (default %(default)g)")
+    ap.add_argument("--atol", type=float, default=ATOL, help="atol of the adaptive solvers (default %(default)g)")
+    ap.add_argument(
+        "--rk4-steps",
+        type=float,
+        nargs="+",
+        default=list(RK4_STEPS),
+        help="fixed RK4 step sizes, tried in this order (default %(default)s)",
+    )
+    ap.add_argument("--lambdas", type=int, default=LAMBDAS, help="lambdas of part (2) (default %(default)s)")
+    ap.add_argument("--lambda-t1", type=float, default=LAMBDA_T, help="horizon of part (2) (default %(default)g)")
+    args = ap.parse_args(argv)
+    for name in ("t1", "m", "save_points", "rtol", "atol", "lambdas", "lambda_t1"):
+        if not getattr(args, name) > 0:
+            ap.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if min(args.rk4_steps) <= 0:
+        ap.error(f"--rk4-steps must be positive, got {args.rk4_steps}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    T, rtol, atol = args.t1, args.rtol, args.atol
+    save = af.LogGrid(args.save_points, t_min=0.1)
+    setup = focus.Setup(m=args.m, mk=args.m)
 
     def run(solver, t1=T, s=setup):
-        return focus.solve(s, t1, save=SAVE, solver=solver)["loss"]
+        return focus.solve(s, t1, save=save, solver=solver)["loss"]
 
     ref = run(af.SolverOptions(rtol=1e-12, atol=1e-14, max_steps=10_000_000))
 
@@ -72,13 +112,13 @@ def main():
                 None,
                 setup.theta0(),
                 setup,
-                stepsize_controller=diffrax.PIDController(rtol=1e-7, atol=1e-10),
+                stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
                 max_steps=10_000_000,
                 saveat=diffrax.SaveAt(t1=True),
             ).stats["num_steps"]
         )
 
-    print(f"Population flow to t = {T:g} (d = 4, m = mk = 8); reference: Tsit5 at rtol 1e-12")
+    print(f"Population flow to t = {T:g} (d = 4, m = mk = {args.m}); reference: Tsit5 at rtol 1e-12")
     print(f"{'method':44s} {'steps':>9s} {'seconds':>9s} {'max |loss err|':>15s}")
     rows = {}
     for name, method in (
@@ -86,10 +126,11 @@ def main():
         ("AutoStiff (Tsit5, then KrylovW)", af.AutoStiff()),
         ("KrylovW alone", af.KrylovW()),
     ):
-        opts = af.SolverOptions(method, rtol=1e-7, atol=1e-10, max_steps=10_000_000)
+        opts = af.SolverOptions(method, rtol=rtol, atol=atol, max_steps=10_000_000)
         t_m, l_m = timed(lambda opts=opts: run(opts))
         rows[name] = (steps_of(method), t_m, float(jnp.max(jnp.abs(l_m - ref))))
-        print(f"{name + ' (rtol 1e-7, atol 1e-10)':44s} {rows[name][0]:9d} {t_m:9.3f} {rows[name][2]:15.2e}")
+        label = f"{name} (rtol {num(rtol)}, atol {num(atol)})"
+        print(f"{label:44s} {rows[name][0]:9d} {t_m:9.3f} {rows[name][2]:15.2e}")
     steps_ad, t_ad, err_ad = rows["adaptive Tsit5"]
     s_auto, t_auto, e_auto = rows["AutoStiff (Tsit5, then KrylovW)"]
     print(
@@ -97,7 +138,7 @@ def main():
         f"error {e_auto:.2e} vs {err_ad:.2e}"
     )
     chosen = None
-    for dt in (0.4, 0.2, 0.1, 0.05, 0.025):
+    for dt in args.rk4_steps:
         fixed = af.SolverOptions(
             solver=RK4(), stepsize_controller=diffrax.ConstantStepSize(), dt0=dt, max_steps=10_000_000
         )
@@ -115,18 +156,21 @@ def main():
         print("RK4 did not reach the adaptive accuracy on the ladder")
 
     # (2) lambda grid: the chain is traced inside the sweep
-    lams = np.linspace(0.2, 0.9, 8)
-    loose = af.SolverOptions(rtol=1e-7, atol=1e-10, max_steps=10_000_000)
+    lams = np.linspace(0.2, 0.9, args.lambdas)
+    loose = af.SolverOptions(rtol=rtol, atol=atol, max_steps=10_000_000)
     grid = af.LogGrid(50, t_min=0.1)
 
     def flow_lam(lam):
         s = setup.replace(chain=focus.MarkovChain.lazy(PI, lam))
-        return focus.solve(s, 1000.0, save=grid, solver=loose)["loss"]
+        return focus.solve(s, args.lambda_t1, save=grid, solver=loose)["loss"]
 
     t_v, _ = timed(lambda: af.sweep(flow_lam, {"lam": lams}, progress=False).values)
     single = jax.jit(flow_lam)
     t_l, _ = timed(lambda: [single(lam) for lam in lams])
-    print(f"8 lambdas to t = 1000: vmapped sweep {t_v:.2f} s, loop of jitted flows {t_l:.2f} s, ratio {t_l / t_v:.1f}x")
+    print(
+        f"{args.lambdas} lambdas to t = {args.lambda_t1:g}: vmapped sweep {t_v:.2f} s, loop of jitted flows "
+        f"{t_l:.2f} s, ratio {t_l / t_v:.1f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -434,6 +434,52 @@ def test_train_on_generator_and_ramp():
     assert float(tr3["loss"][-1]) != float(tr["loss"][-1])
 
 
+def test_train_on_generator_per_factor_rates():
+    """Per-factor rates (Setup.qk_factor_ratio / ov_factor_ratio) in train_on_generator: after one
+    SGD step from the same draw on the same batch, each factor has moved by its rate:
+    sqrt(rho) and 1/sqrt(rho) times the equal-rate step (rho_qk = 4, rho_ov = 9)."""
+    gen = CodeGenerator(16)
+    kw = dict(generator=gen, eval_set=gen.sample(jax.random.PRNGKey(3), 64), save=af.LinearGrid(2), key=1)
+    start = code_model("FAFO", key=jax.random.PRNGKey(1), vocab=gen.vocab)
+    _, equal = qkov.train_on_generator("FAFO", 20.0, 2.0, 1, **kw)
+    _, split = qkov.train_on_generator("FAFO", 20.0, 2.0, 1, qk_factor_ratio=4.0, ov_factor_ratio=9.0, **kw)
+    for name, factor in (("W_q", 2.0), ("W_k", 0.5), ("W_o", 3.0), ("W_v", 1 / 3)):
+        step_equal = getattr(equal, name) - getattr(start, name)
+        step_split = getattr(split, name) - getattr(start, name)
+        assert float(jnp.max(jnp.abs(step_equal))) > 1e-3, name
+        np.testing.assert_allclose(step_split, factor * step_equal, rtol=1e-4, atol=1e-6, err_msg=name)
+    with pytest.raises(
+        ValueError, match=r"qk_factor_ratio \(eta_Q / eta_K\) = 4 needs a factorised circuit; CACO collapses it"
+    ):
+        qkov.train_on_generator("CACO", 0.5, 0.2, 1, qk_factor_ratio=4.0, **kw)
+    with pytest.raises(ValueError, match=r"ov_factor_ratio \(eta_O / eta_V\) = 2 needs a factorised circuit; FACO"):
+        qkov.train_on_generator("FACO", 0.5, 0.2, 1, ov_factor_ratio=2.0, **kw)
+    with pytest.raises(ValueError, match=r"qk_factor_ratio \(eta_Q / eta_K\) must be finite and positive"):
+        qkov.train_on_generator("FAFO", 0.5, 0.2, 1, qk_factor_ratio=-1.0, **kw)
+
+
+def test_a_traced_factor_ratio_on_a_collapsed_circuit_fails_its_sweep_point():
+    """A sweep over qk_factor_ratio on CACO: the ratio is traced, so Setup cannot refuse it at
+    once; the points other than 1 are marked failed with the concrete refusal's reason."""
+    msg = "qk_factor_ratio (eta_Q / eta_K) other than 1 needs a factorised circuit; CACO collapses it"
+    with pytest.warns(RuntimeWarning, match="2 of 3 grid points failed"):
+        res = af.sweep(
+            lambda rho: solve(Setup(parametrisation="CACO", qk_factor_ratio=rho), 10.0)["mu_qk"][-1],
+            {"rho": np.array([1.0, 4.0, 9.0])},
+            progress=False,
+        )
+    assert list(np.asarray(res.status) > 0) == [False, True, True]
+    assert float(res.values[0]) == pytest.approx(float(solve(Setup(), 10.0)["mu_qk"][-1]), rel=1e-12)
+    assert [m for _, m in res.failures()] == [msg + " (one matrix, one rate)"] * 2
+    # on a factorised circuit every ratio runs
+    fa = af.sweep(
+        lambda rho: solve(Setup(parametrisation="FACO", qk_factor_ratio=rho), 10.0)["mu_qk"][-1],
+        {"rho": np.array([1.0, 4.0])},
+        progress=False,
+    )
+    assert list(np.asarray(fa.status)) == [0, 0]
+
+
 def test_fixed_attention_training_runs():
     tr, final = qkov.train_fixed_attention(
         0.6, factorised_ov=True, steps=50, batch=16, key=3, generator=CodeGenerator(16), eval_batches=4
@@ -478,6 +524,41 @@ def test_attention_metrics():
     ) == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="tau_a"):
         attention_concentration(jnp.array([0.5]), 1.5)
+
+
+def test_acmc_confidence_options_on_a_hand_made_case():
+    """Spec section 10.6: ACMC's confidence is the true class's probability (default), the
+    predicted class's, or correctness; tau_a = tau_p = 0.1 by default."""
+    a_rel = jnp.array([0.05, 0.2, 0.5, 0.9, 0.3])  # the first is below tau_a = 0.1: never counted
+    probs = jnp.array(
+        [
+            [0.7, 0.2, 0.1],  # label 0: true 0.7, predicted 0.7, correct
+            [0.05, 0.9, 0.05],  # label 0: true 0.05, predicted 0.9, wrong
+            [0.45, 0.15, 0.4],  # label 0: true 0.45, predicted 0.45, correct
+            [0.08, 0.02, 0.9],  # label 2: true 0.9, predicted 0.9, correct
+            [0.6, 0.3, 0.1],  # label 1: true 0.3, predicted 0.6, wrong
+        ]
+    )
+    labels = jnp.array([0, 0, 0, 2, 1])
+    at_half = {"true_prob": 1 / 5, "pred_prob": 3 / 5, "correct": 2 / 5}  # tau_p = 0.5
+    for confidence, want in at_half.items():
+        got = confident_concentration(a_rel, probs, 0.1, 0.5, confidence=confidence, labels=labels)
+        assert float(got) == pytest.approx(want), confidence
+    # defaults tau_a = tau_p = 0.1: true_prob drops only the example with p_true = 0.05
+    assert float(confident_concentration(a_rel, probs, labels=labels)) == pytest.approx(3 / 5)
+    # per-example confidences are used as given; strict makes both comparisons strict
+    p_true = jnp.array([0.7, 0.05, 0.45, 0.9, 0.3])
+    assert float(confident_concentration(a_rel, p_true, 0.2, 0.45)) == pytest.approx(2 / 5)
+    assert float(confident_concentration(a_rel, p_true, 0.2, 0.45, strict=True)) == pytest.approx(1 / 5)
+    assert qkov.CONFIDENCES == ("true_prob", "pred_prob", "correct")
+    with pytest.raises(ValueError, match="unknown confidence 'p_max'; expected one of 'true_prob', 'pred_prob'"):
+        confident_concentration(a_rel, probs, confidence="p_max")
+    with pytest.raises(ValueError, match="confidence='correct' from class probabilities needs labels"):
+        confident_concentration(a_rel, probs, confidence="correct")
+    with pytest.raises(ValueError, match=r"tau_p = 0 with confidence='correct' counts every example as confident"):
+        confident_concentration(a_rel, probs, 0.1, 0.0, confidence="correct", labels=labels)
+    with pytest.raises(ValueError, match=r"probs must have the shape of a_rel \(5,\).*got \(4, 3\)"):
+        confident_concentration(a_rel, probs[:4])
 
 
 def test_comprehensiveness_sufficiency_on_a_model():
@@ -648,15 +729,22 @@ def test_factorised_qk_rate_in_both_query_modes_matches_the_full_matrices():
 
 def test_online_sgd_records_the_networks_own_loss_and_attention():
     """Online SGD leaves the invariant manifold, where the mean-embedding loss is a projection:
-    train records loss and alpha on EVAL_SAMPLES held-out sequences (fold_in(key, EVAL_STREAM)),
-    exactly model_observables of the returned network on them."""
+    train records loss and alpha on EVAL_SAMPLES held-out sequences of the fixed seed EVAL_SEED
+    (whatever the training key, as train_on_generator and heads.train), exactly model_observables
+    of the returned network on them."""
     s = Setup()
     tr, model = train(s, 300.0, dt=1.0, batch=16, key=3, save=af.LinearGrid(3), return_model=True)
     assert tr.meta["observed on"] == f"loss and alpha on {qkov.EVAL_SAMPLES} held-out sequences"
-    bank = s.task.sample(jax.random.fold_in(jax.random.PRNGKey(3), qkov.EVAL_STREAM), qkov.EVAL_SAMPLES)
+    assert qkov.EVAL_SEED == 7
+    bank = s.task.sample(jax.random.PRNGKey(qkov.EVAL_SEED), qkov.EVAL_SAMPLES)
     own = qkov.model_observables(model, s, eval_set=bank)
     for name in ("loss", "alpha", "mu_qk"):
         assert float(tr[name][-1]) == pytest.approx(float(own[name]), rel=1e-10), name
+    # another training key: other draws, the same held-out sequences
+    tr4, other = train(s, 300.0, dt=1.0, batch=16, key=4, save=af.LinearGrid(3), return_model=True)
+    own4 = qkov.model_observables(other, s, eval_set=bank)
+    assert float(tr4["loss"][-1]) == pytest.approx(float(own4["loss"]), rel=1e-10)
+    assert abs(float(own4["loss"]) - float(own["loss"])) > 1e-6
     proj = qkov.model_observables(model, s)  # the manifold forms differ off the manifold
     assert abs(float(own["loss"]) - float(proj["loss"])) > 1e-4
     mc = float(s.task.monte_carlo_loss(model, jax.random.PRNGKey(11), 2**15))

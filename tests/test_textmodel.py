@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
+from attnflow.qkov import CONFIDENCES
 from attnflow.qkov import realdata as RD
 from attnflow.qkov.textmodel import (
     CIRCUIT_GROUPS,
@@ -246,6 +247,21 @@ def test_faster_qk_concentrates_attention_on_the_relevant_token_of_a_toy_task():
     assert out["relevant_mass"][0] < 2 * floor < 0.5 < out["relevant_mass"][1]
     assert out["ac"][1] > out["ac"][0] + 0.3
     assert out["dtap"].shape == (2, 5, 5) and np.allclose(out["dtap"].sum((1, 2)), 100.0)
+    # ACMC: tau_p = 0.1 by default (spec 10.6), on p_true
+    has_rel = np.asarray(jnp.any(ev.relevant > 0, axis=-1))
+    want = [np.mean(((a >= 0.5) & (p >= 0.1))[has_rel]) for a, p in zip(out["a_rel"], out["p_true"])]
+    np.testing.assert_allclose(out["acmc"], want, rtol=1e-6)
+    # the confidence options, on the same examples with every label moved to a wrong class: the
+    # predictions (and their probabilities) stay, p_true and correctness collapse
+    half = evaluate_text(models, ev, tau_a=0.5, tau_p=0.5)["acmc"]
+    wrong = eqx.tree_at(lambda b: b.label, ev, (ev.label + 1) % 3)
+    acmc = {c: evaluate_text(models, wrong, tau_a=0.5, tau_p=0.5, confidence=c)["acmc"] for c in CONFIDENCES}
+    assert half[1] > 0.7 and np.all(acmc["true_prob"] == 0.0) and np.all(acmc["correct"] == 0.0)
+    np.testing.assert_allclose(acmc["pred_prob"], half, rtol=1e-6)
+    with pytest.raises(ValueError, match="unknown confidence 'p_true'"):
+        evaluate_text(models, ev, confidence="p_true")
+    with pytest.raises(ValueError, match=r"tau_p = 0 with confidence='correct' counts every example"):
+        evaluate_text(models, ev, tau_p=0.0, confidence="correct")
     # lanes do not interact: the same grid in the other order (same compiled epoch) swaps the results
     swapped, _ = train_text(
         _toy_model, tr, ratio_lanes([10, 1], [0], 3e-3, control=False), TextSchedule(epochs=10, batch=16)

@@ -24,6 +24,7 @@ learning-rate ratios and seeds in one compiled call (`ratio_lanes`, `train_text`
 from .data import QUERY_MODES as QUERY_MODES
 from .data import CodeGenerator as CodeGenerator
 from .data import TheoryTask as TheoryTask
+from .metrics import CONFIDENCES as CONFIDENCES
 from .metrics import DTAP_EDGES as DTAP_EDGES
 from .metrics import attention_concentration as attention_concentration
 from .metrics import comprehensiveness_sufficiency as comprehensiveness_sufficiency
@@ -132,7 +133,6 @@ from .train import DEFAULT_TRAIN_SAVE as DEFAULT_TRAIN_SAVE
 from .train import EVAL_SAMPLES as EVAL_SAMPLES
 from .train import EVAL_SEED as EVAL_SEED
 from .train import EVAL_SIZE as EVAL_SIZE
-from .train import EVAL_STREAM as EVAL_STREAM
 from .train import FINAL_EVAL_SEED as FINAL_EVAL_SEED
 from .train import FIXED_ATTENTION_SAVE as FIXED_ATTENTION_SAVE
 from .train import FIXED_EVAL_SEED as FIXED_EVAL_SEED
@@ -156,6 +156,7 @@ __all__ = [
     "CIRCUIT_GROUPS",
     "CODE_SCORE_SCALE",
     "CODE_VOCAB",
+    "CONFIDENCES",
     "DATA_FORMATS",
     "DEFAULT_SAVE",
     "DEFAULT_SOLVER",
@@ -163,7 +164,6 @@ __all__ = [
     "DTAP_EDGES",
     "EVAL_SAMPLES",
     "EVAL_SEED",
-    "EVAL_STREAM",
     "EVAL_SIZE",
     "FACO",
     "FAFO",

@@ -13,6 +13,7 @@ import numpy as np
 from .. import _validate as V
 
 __all__ = [
+    "CONFIDENCES",
     "DTAP_EDGES",
     "attention_concentration",
     "comprehensiveness_sufficiency",
@@ -103,19 +104,63 @@ def attention_concentration(a_rel: Any, tau_a: float = 0.1, strict: bool = False
     return jnp.mean(a_rel > tau_a if strict else a_rel >= tau_a)
 
 
-def confident_concentration(
-    a_rel: Any, confidence: Any, tau_a: float = 0.1, tau_p: float = 0.1, strict: bool = False
-) -> jax.Array:
-    """ACMC: fraction with ``A_rel >= tau_a`` and ``confidence >= tau_p``.
+CONFIDENCES = ("true_prob", "pred_prob", "correct")
+"""What `confident_concentration` can take as an example's confidence (spec section 10.6, an
+open choice): the true class's probability (default), the predicted class's, or correctness."""
 
-    ``confidence`` is what the option ``confidence`` selects: the true-class probability
-    (default), the predicted-class probability, or correctness (0/1 with ``tau_p`` in (0, 1])."""
+
+def confident_concentration(
+    a_rel: Any,
+    probs: Any,
+    tau_a: float = 0.1,
+    tau_p: float = 0.1,
+    strict: bool = False,
+    *,
+    confidence: str = "true_prob",
+    labels: Any = None,
+) -> jax.Array:
+    """ACMC (spec section 10.6): fraction of examples with ``A_rel >= tau_a`` and confidence
+    ``>= tau_p`` (both ``>`` if strict); defaults ``tau_a = tau_p = 0.1``.
+
+    ``confidence`` (`CONFIDENCES`) says what an example's confidence is: ``"true_prob"`` (default)
+    ``p_y``, the true class's probability; ``"pred_prob"`` ``max_c p_c``, the predicted class's;
+    ``"correct"`` 1 if ``argmax_c p_c = y`` else 0 (then ``tau_p`` must lie in ``(0, 1]``, or
+    ``[0, 1)`` if strict, where it means "correct"). ``probs`` is either the class probabilities,
+    shape ``a_rel.shape + (classes,)`` (with ``labels``, shape of ``a_rel``, for ``"true_prob"``
+    and ``"correct"``), or the confidence itself per example, shape of ``a_rel`` (``p_true`` for
+    ``"true_prob"``, 0/1 for ``"correct"``), used as given."""
+    V.choice("confidence", confidence, CONFIDENCES)
     _threshold("tau_a", tau_a)
     _threshold("tau_p", tau_p)
-    a_rel, confidence = jnp.asarray(a_rel), jnp.asarray(confidence)
+    if confidence == "correct" and not V.any_traced(tau_p) and float(tau_p) == (1.0 if strict else 0.0):
+        raise ValueError(
+            f"tau_p = {float(tau_p):g} with confidence='correct' counts "
+            f"{'no' if strict else 'every'} example as confident: use tau_p in {'[0, 1)' if strict else '(0, 1]'}"
+        )
+    a_rel, probs = jnp.asarray(a_rel), jnp.asarray(probs)
+    if probs.shape == a_rel.shape:
+        conf = probs
+    elif probs.shape[:-1] == a_rel.shape and probs.ndim == a_rel.ndim + 1:
+        if confidence == "pred_prob":
+            conf = jnp.max(probs, axis=-1)
+        else:
+            if labels is None:
+                raise ValueError(f"confidence={confidence!r} from class probabilities needs labels (the true classes)")
+            labels = jnp.asarray(labels)
+            if labels.shape != a_rel.shape:
+                raise ValueError(f"labels must have the shape of a_rel {a_rel.shape}, got {labels.shape}")
+            if confidence == "true_prob":
+                conf = jnp.take_along_axis(probs, labels[..., None], axis=-1)[..., 0]
+            else:
+                conf = (jnp.argmax(probs, axis=-1) == labels).astype(probs.dtype)
+    else:
+        raise ValueError(
+            f"probs must have the shape of a_rel {a_rel.shape} (one confidence per example) or {a_rel.shape} + "
+            f"(classes,) (class probabilities), got {probs.shape}"
+        )
     if strict:
-        return jnp.mean((a_rel > tau_a) & (confidence > tau_p))
-    return jnp.mean((a_rel >= tau_a) & (confidence >= tau_p))
+        return jnp.mean((a_rel > tau_a) & (conf > tau_p))
+    return jnp.mean((a_rel >= tau_a) & (conf >= tau_p))
 
 
 def rollout(attn: jax.Array, alpha_r: float = 1.0) -> jax.Array:

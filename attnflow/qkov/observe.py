@@ -78,8 +78,9 @@ def model_observables(
 ) -> dict[str, jax.Array]:
     """`OBSERVABLES` of a model (the one `train` returns with ``return_model=True``) of the task of
     ``setup`` (its `Setup`, or the `TheoryTask` itself): ``mu_ov`` by `mu_ov_projection`,
-    ``mu_qk`` by `mu_qk_gap`; ``alpha`` from ``mu_qk`` and ``loss`` the mean-embedding population
-    loss (both exact on the invariant manifold), or, given ``eval_set`` (``(tokens, labels,
+    ``mu_qk`` by `mu_qk_gap`; ``alpha = sigmoid(gap + log(m / n))`` from the score gap (`mu_qk_gap`,
+    whatever ``qk_readout`` says: the gap sets the attention) and ``loss`` the mean-embedding
+    population loss (both exact on the invariant manifold), or, given ``eval_set`` (``(tokens, labels,
     relevant)`` of `TheoryTask.sample`: what `train` uses off the manifold, under online SGD),
     the network's own mean cross-entropy and mean attention mass on the ``m`` distinct positions
     over those sequences. ``ov_readout`` (`OV_READOUTS`) and ``qk_readout`` (`QK_READOUTS`) pick

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _validate as V
+from .._errors import check_traced
 from ..setup import AbstractSetup, array_field
 from .data import QUERY_MODES, TheoryTask
 from .model import PARAMETRISATIONS, QKOVModel, make_aligned
@@ -43,6 +44,28 @@ the time ``tau`` at which the loss reaches the target and the state there, to th
 
 def _floats(x):
     return jnp.asarray(x, dtype=jnp.result_type(float))
+
+
+_FACTOR_RATIOS = {"qk": "qk_factor_ratio (eta_Q / eta_K)", "ov": "ov_factor_ratio (eta_O / eta_V)"}
+
+
+def _check_factor_ratio(circuit: str, rho: Any, parametrisation: str) -> None:
+    """``ValueError`` unless the per-factor rate ratio ``rho = eta_A / eta_B`` of ``circuit``
+    (``"qk"`` or ``"ov"``) is one positive number, and 1 where ``parametrisation`` collapses the
+    circuit (one matrix has one rate). A traced ``rho`` at a point of `attnflow.sweep` marks the
+    point failed with the same message instead (`attnflow._errors.check_traced`), as the
+    concrete value would have been refused."""
+    name = _FACTOR_RATIOS[circuit]
+    V.scalar(name, rho)
+    V.positive(name, rho)
+    factorised = parametrisation[:2] == "FA" if circuit == "qk" else parametrisation[2:] == "FO"
+    if factorised:
+        return
+    message = f"needs a factorised circuit; {parametrisation} collapses it (one matrix, one rate)"
+    if V.any_traced(rho):
+        check_traced(lambda: jnp.asarray(rho) != 1.0, f"{name} other than 1 {message}")
+    elif float(rho) != 1.0:
+        raise ValueError(f"{name} = {float(rho):g} {message}")
 
 
 _STATE = {"mu_ov", "mu_qk"}  # the reduced state (3): the two circuit strengths
@@ -115,17 +138,8 @@ class Setup(AbstractSetup):
         V.positive("eta_qk (QK learning rate)", self.eta_qk)
         V.positive("eta_ov (OV learning rate)", self.eta_ov)
         V.positive("mu0 (initial mu of a factorised circuit)", self.mu0)
-        for name, rho, factorised in (
-            ("qk_factor_ratio (eta_Q / eta_K)", self.qk_factor_ratio, self.factorised_qk),
-            ("ov_factor_ratio (eta_O / eta_V)", self.ov_factor_ratio, self.factorised_ov),
-        ):
-            V.scalar(name, rho)
-            V.positive(name, rho)
-            if not factorised and not V.any_traced(rho) and float(rho) != 1.0:
-                raise ValueError(
-                    f"{name} = {float(rho):g} needs a factorised circuit; {self.parametrisation} collapses it "
-                    "(one matrix, one rate)"
-                )
+        _check_factor_ratio("qk", self.qk_factor_ratio, self.parametrisation)
+        _check_factor_ratio("ov", self.ov_factor_ratio, self.parametrisation)
         V.positive_int("m (distinct positions)", self.m)
         V.positive_int("n (common positions)", self.n)
         V.positive_int("b (distinct tokens per class)", self.b)

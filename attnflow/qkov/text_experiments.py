@@ -82,7 +82,9 @@ class _Common:
     eval_fraction: float = 0.2
     split_seed: int = 0
     tau_a: float = 0.33
-    tau_p: float = 0.5
+    tau_p: float = option(
+        0.5, "ACMC's p_true threshold, more likely than not (evaluate_text's 0.1 is below chance for 2 or 3 classes)"
+    )
     top_percent: float = 5.0
     n_examples: int = 3
 

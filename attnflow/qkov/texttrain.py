@@ -24,7 +24,7 @@ import optax
 from .. import _validate as V
 from .._jit import filter_jit
 from ..optim import per_circuit
-from .metrics import DTAP_EDGES, comprehensiveness_sufficiency, dtap
+from .metrics import CONFIDENCES, DTAP_EDGES, comprehensiveness_sufficiency, dtap
 from .textmodel import CIRCUIT_GROUPS, TextAttention, TextBatch, text_circuit_labels, text_loss
 
 __all__ = [
@@ -274,7 +274,8 @@ def evaluate_text(
     batch: TextBatch,
     *,
     tau_a: float = 0.1,
-    tau_p: float = 0.5,
+    tau_p: float = 0.1,
+    confidence: str = "true_prob",
     dtap_edges: Sequence[float] = DTAP_EDGES["synthetic"],
     top_percent: float = 5.0,
     max_span: int = 15,
@@ -284,7 +285,10 @@ def evaluate_text(
     Per lane: ``accuracy`` (classify, agree) or span ``f1`` and ``exact`` (span; the best
     span of at most ``max_span`` words), ``relevant_mass`` (mean over examples with relevant
     tokens of ``A_rel = sum_i r_i a_i``, ``r`` the relevant weights), ``ac`` (share with
-    ``A_rel >= tau_a``), ``acmc`` (and ``p_true >= tau_p``), ``separability``,
+    ``A_rel >= tau_a``), ``acmc`` (and confidence ``>= tau_p``; ``tau_a = tau_p = 0.1`` and
+    ``confidence="true_prob"`` by default, as `attnflow.qkov.confident_concentration`: the
+    confidence is ``p_true``, or with ``"pred_prob"`` the predicted answer's probability, or
+    with ``"correct"`` 1 for a correct answer, else 0), ``separability``,
     ``comprehensiveness`` and ``sufficiency`` (top ``top_percent`` percent of the keys), and
     ``dtap`` (lanes, bins, bins), percent of the examples with relevant tokens per bin of
     ``A_rel`` (rows) and ``p_true`` (columns, `attnflow.qkov.dtap`). Per example (lanes, B):
@@ -295,11 +299,16 @@ def evaluate_text(
     for name, v in (("tau_a", tau_a), ("tau_p", tau_p)):
         if not 0.0 <= float(v) <= 1.0:
             raise ValueError(f"{name} must be in [0, 1], got {v!r}")
+    V.choice("confidence", confidence, CONFIDENCES)
+    if confidence == "correct" and float(tau_p) == 0.0:
+        raise ValueError("tau_p = 0 with confidence='correct' counts every example as confident: use tau_p in (0, 1]")
     V.positive_int("max_span", max_span)
     edges = tuple(float(e) for e in dtap_edges)
     out = {
         k: np.asarray(v)
-        for k, v in _evaluate(models, batch, float(tau_a), float(tau_p), float(top_percent), int(max_span)).items()
+        for k, v in _evaluate(
+            models, batch, float(tau_a), float(tau_p), confidence, float(top_percent), int(max_span)
+        ).items()
     }
     # DTAP over the examples that have relevant tokens (a post without a rationale has no A_rel)
     keep = np.asarray(jnp.any(batch.relevant > 0, axis=-1))
@@ -308,7 +317,7 @@ def evaluate_text(
 
 
 @filter_jit
-def _evaluate(models, batch, tau_a, tau_p, top_percent, max_span):
+def _evaluate(models, batch, tau_a, tau_p, confidence, top_percent, max_span):
     has_relevant = jnp.any(batch.relevant > 0, axis=-1)
     w = has_relevant / jnp.maximum(jnp.sum(has_relevant), 1)
 
@@ -323,11 +332,18 @@ def _evaluate(models, batch, tau_a, tau_p, top_percent, max_span):
                 jnp.take_along_axis(p[:, 0], batch.label[:, None], 1)[:, 0]
                 * jnp.take_along_axis(p[:, 1], batch.end[:, None], 1)[:, 0]
             )
+            p_pred = (
+                jnp.take_along_axis(p[:, 0], start[:, None], 1)[:, 0]
+                * jnp.take_along_axis(p[:, 1], end[:, None], 1)[:, 0]
+            )
         else:
             target = batch.label if model.task == "classify" else jnp.zeros_like(batch.label)
-            p_true = jnp.take_along_axis(jax.nn.softmax(z, -1), target[:, None], 1)[:, 0]
+            p = jax.nn.softmax(z, -1)
+            p_true = jnp.take_along_axis(p, target[:, None], 1)[:, 0]
+            p_pred = jnp.max(p, axis=-1)
             correct = jnp.argmax(z, -1) == target
             f1 = correct.astype(z.dtype)
+        conf = {"true_prob": p_true, "pred_prob": p_pred, "correct": correct.astype(p_true.dtype)}[confidence]
         a_rel = jnp.sum(a * batch.relevant, axis=-1)
         rel = batch.relevant > 0
         mx = jnp.max(jnp.where(rel, a, -jnp.inf), axis=-1)
@@ -345,7 +361,7 @@ def _evaluate(models, batch, tau_a, tau_p, top_percent, max_span):
             "f1": jnp.mean(f1),
             "relevant_mass": jnp.sum(w * a_rel),
             "ac": jnp.sum(w * (a_rel >= tau_a)),
-            "acmc": jnp.sum(w * ((a_rel >= tau_a) & (p_true >= tau_p))),
+            "acmc": jnp.sum(w * ((a_rel >= tau_a) & (conf >= tau_p))),
             "separability": separability,
             "comprehensiveness": cs["comprehensiveness"],
             "sufficiency": cs["sufficiency"],

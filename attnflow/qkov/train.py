@@ -28,9 +28,9 @@ from ..simulate import FullBatch, OnlineSGD, check_divergence, check_start, run_
 from ..trajectory import Trajectory
 from .data import CodeGenerator
 from .metrics import separability
-from .model import Init, QKOVModel, TorchDefault, circuit_labels, code_model, cross_entropy
+from .model import PARAMETRISATIONS, Init, QKOVModel, TorchDefault, circuit_labels, code_model, cross_entropy
 from .observe import OV_READOUTS, QK_READOUTS, _held_out, conserved_quantities, model_observables
-from .setup import Setup
+from .setup import Setup, _check_factor_ratio
 from .theory import DEFAULT_SAVE
 
 __all__ = [
@@ -86,9 +86,11 @@ def _flow_field(t, model, setup):
 EVAL_SAMPLES = 2048
 """Held-out sequences on which `train` under online SGD measures ``loss`` and ``alpha``."""
 
-EVAL_STREAM = 0x5EED
-"""`train`'s held-out sequences are drawn from ``fold_in(key, EVAL_STREAM)``, apart from the
-training draws."""
+EVAL_SEED = 7
+"""Seed of the held-out sequences of `train` (``eval_samples`` of them) and of
+`train_on_generator`'s default evaluation set (`EVAL_SIZE` of them): fixed, not drawn from
+``key``, so every training seed is measured on the same sequences (as `attnflow.heads.train`
+does with its own ``EVAL_SEED``)."""
 
 
 def _observe(model, setup, conserved, eval_set=None, readouts=("projection", "gap")):
@@ -151,7 +153,7 @@ def train(
     descent keep; online SGD leaves it (its sampling noise moves the matrices off it), so there
     they are the network's own mean cross-entropy and attention mass on the distinct positions
     over ``eval_samples`` held-out sequences (default `EVAL_SAMPLES` with ``batch``; give a
-    number for full-batch descent too; drawn from ``key`` apart from the training draws).
+    number for full-batch descent too; drawn from the fixed seed `EVAL_SEED`, whatever ``key``).
     ``ov_readout`` / ``qk_readout`` pick the readouts of ``mu_ov`` / ``mu_qk`` (`OV_READOUTS`,
     `QK_READOUTS`; ``"attention"`` reads ``mu_qk`` from the held-out attention).
     ``conserved=True`` adds, per factorised circuit ``W = A B``, ``conserved_qk`` /
@@ -257,7 +259,7 @@ def _descend(
     setup, key, initial, model, steps, total, dt, batch, conserved, return_model, progress, meta, n_eval, readouts
 ):
     task = setup.task
-    eval_set = None if n_eval is None else task.sample(jax.random.fold_in(key, EVAL_STREAM), n_eval)
+    eval_set = None if n_eval is None else task.sample(jax.random.PRNGKey(EVAL_SEED), n_eval)
     if model is None:
         model = setup.model(initial)  # weighted-balanced for the factor rates
     opt = per_circuit(
@@ -307,9 +309,6 @@ GENERATOR_BATCH = 32
 GENERATOR_SAVE = LogGrid(30)
 """`train_on_generator`'s save grid (on the step axis) when none is given."""
 
-EVAL_SEED = 7
-"""Seed of `train_on_generator`'s default evaluation set."""
-
 EVAL_SIZE = 2000
 """Size of `train_on_generator`'s default evaluation set."""
 
@@ -340,6 +339,8 @@ def train_on_generator(
     batch: int = GENERATOR_BATCH,
     eval_set: tuple | None = None,
     qk_ramp: Any = None,
+    qk_factor_ratio: Any = 1.0,
+    ov_factor_ratio: Any = 1.0,
     save: SaveGrid | None = None,
     progress: bool = False,
 ) -> tuple[Trajectory, QKOVModel]:
@@ -353,6 +354,12 @@ def train_on_generator(
     (arrays allowed, possibly traced: one compilation serves a sweep over rates and seeds, and
     every ``steps`` whose save grid has as many points).
     ``qk_ramp=R`` multiplies the QK rate by ``1 + (R - 1) step / steps`` (`linear_ramp`).
+    ``qk_factor_ratio`` / ``ov_factor_ratio`` (``rho = eta_A / eta_B``, as in `Setup`) give the
+    factors of a factorised circuit their own rates around the circuit's: ``eta_Q = eta_qk
+    sqrt(rho_qk)``, ``eta_K = eta_qk / sqrt(rho_qk)``, ``eta_O = eta_ov sqrt(rho_ov)``, ``eta_V =
+    eta_ov / sqrt(rho_ov)`` (the ramp scales both QK factors); the factors start as ``init``
+    draws them, not weighted-balanced. A ratio other than 1 on a collapsed circuit is refused
+    (in a sweep, where it is traced, that point fails with the same message).
 
     Records `GENERATOR_OBSERVABLES` on ``eval_set`` ((tokens, targets, relevant mask); default
     `EVAL_SIZE` sequences from seed `EVAL_SEED`) at the steps of ``save`` (default
@@ -370,6 +377,10 @@ def train_on_generator(
     if qk_ramp is not None:
         V.positive("qk_ramp", qk_ramp)
         qk_ramp = jnp.asarray(qk_ramp, jnp.result_type(float))
+    if parametrisation not in PARAMETRISATIONS:
+        raise ValueError(f"unknown parametrisation {parametrisation!r}; expected one of {', '.join(PARAMETRISATIONS)}")
+    _check_factor_ratio("qk", qk_factor_ratio, parametrisation)
+    _check_factor_ratio("ov", ov_factor_ratio, parametrisation)
     if eval_set is None:
         eval_set = generator.sample(jax.random.PRNGKey(EVAL_SEED), EVAL_SIZE)
     # the step count and save grid are traced: a new length with as many save points compiles nothing
@@ -379,6 +390,7 @@ def train_on_generator(
         parametrisation,
         jnp.asarray(eta_qk, f),
         jnp.asarray(eta_ov, f),
+        (jnp.asarray(qk_factor_ratio, f), jnp.asarray(ov_factor_ratio, f)),
         np.asarray(steps, np.int32),
         jnp.asarray(key),
         init,
@@ -409,11 +421,16 @@ def _eval_observe(eval_set):
 
 @filter_jit
 def _generator_run(
-    parametrisation, eta_qk, eta_ov, steps, seed, init, generator, batch, eval_set, qk_ramp, s_save, progress
+    parametrisation, eta_qk, eta_ov, ratios, steps, seed, init, generator, batch, eval_set, qk_ramp, s_save, progress
 ):
     model = code_model(parametrisation, init=init, key=jax.random.PRNGKey(seed), vocab=generator.vocab)
-    rate_qk = eta_qk if qk_ramp is None else linear_ramp(eta_qk, qk_ramp, steps)
-    opt = per_circuit(circuit_labels(model), {"qk": rate_qk, "ov": eta_ov}, allow_unused=True)
+
+    def qk(rate):
+        return rate if qk_ramp is None else linear_ramp(rate, qk_ramp, steps)
+
+    rq, ro = jnp.sqrt(ratios[0]), jnp.sqrt(ratios[1])
+    rates = {"q": qk(eta_qk * rq), "k": qk(eta_qk / rq), "qk": qk(eta_qk), "o": eta_ov * ro, "v": eta_ov / ro}
+    opt = per_circuit(circuit_labels(model, per_factor=True), {**rates, "ov": eta_ov}, allow_unused=True)
     return simulate(
         cross_entropy,
         model,
