@@ -40,6 +40,7 @@ from .finite_size import FiniteSizeFit as FiniteSizeFit
 from .finite_size import fit_finite_size as fit_finite_size
 from .finite_size import trajectory_gap as trajectory_gap
 from .ode import ODE as ODE
+from .ode import RK4 as RK4
 from .ode import DivergenceError as DivergenceError
 from .ode import MaxStepsError as MaxStepsError
 from .ode import ObservableEvent as ObservableEvent
@@ -122,6 +123,7 @@ __all__ = [
     "TimeGrid",
     "Trajectory",
     "TrainingMode",
+    "RK4",
     "UnrolledTsit5",
     "analysis",
     "as_data",

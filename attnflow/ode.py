@@ -50,6 +50,26 @@ __all__ = [
 _TSIT5 = diffrax.Tsit5.tableau
 
 
+class RK4(diffrax.AbstractERK):
+    """The classical fourth-order Runge--Kutta method (Diffrax ships none), for fixed steps:
+    ``k1 = f(t, y)``, ``k2 = f(t + h/2, y + h k1/2)``, ``k3 = f(t + h/2, y + h k2/2)``,
+    ``k4 = f(t + h, y + h k3)``, ``y + h (k1 + 2 k2 + 2 k3 + k4) / 6``. It has no error
+    estimate: use it with ``diffrax.ConstantStepSize()`` (`SolverOptions.fixed_step`)."""
+
+    tableau: ClassVar[diffrax.ButcherTableau] = diffrax.ButcherTableau(
+        c=np.array([0.5, 0.5, 1.0]),
+        b_sol=np.array([1 / 6, 1 / 3, 1 / 3, 1 / 6]),
+        b_error=np.zeros(4),
+        a_lower=(np.array([0.5]), np.array([0.0, 0.5]), np.array([0.0, 0.0, 1.0])),
+    )
+    interpolation_cls: ClassVar[Callable[..., diffrax.AbstractLocalInterpolation]] = (
+        diffrax.ThirdOrderHermitePolynomialInterpolation.from_k
+    )
+
+    def order(self, terms: Any) -> int:
+        return 4
+
+
 class UnrolledTsit5(diffrax.AbstractAdaptiveSolver):
     """Tsitouras' 5(4) pair (Tsitouras 2011) with its seven stages unrolled at trace time.
 

@@ -288,6 +288,18 @@ class SolverOptions(eqx.Module):
     progress: bool = eqx.field(static=True, default=False)
     dtmin: Any = None
 
+    @classmethod
+    def fixed_step(cls, dt: Any, solver: diffrax.AbstractSolver | None = None, **options: Any) -> SolverOptions:
+        """Fixed steps of size ``dt`` (``diffrax.ConstantStepSize()``, ``dt0 = dt``), with
+        ``solver`` (default `attnflow.RK4`, the classical fourth-order method; or
+        ``diffrax.Euler()``, ...); ``options`` set the other fields (``max_steps``, ``progress``)."""
+        if solver is None:
+            from .ode import RK4
+
+            solver = RK4()
+        V.positive("dt", dt)
+        return cls(solver=solver, stepsize_controller=diffrax.ConstantStepSize(), dt0=dt, **options)
+
     def __check_init__(self):
         V.positive_int("max_steps", self.max_steps)
         if self.dtmin is not None:

@@ -30,21 +30,6 @@ from attnflow import focus  # noqa: E402
 PI = focus.SYNTHETIC_PI
 
 
-class RK4(diffrax.AbstractERK):
-    """Classic fourth-order Runge-Kutta (Diffrax ships no RK4 class); fixed steps only."""
-
-    tableau = diffrax.ButcherTableau(
-        c=np.array([0.5, 0.5, 1.0]),
-        b_sol=np.array([1 / 6, 1 / 3, 1 / 3, 1 / 6]),
-        b_error=np.zeros(4),
-        a_lower=(np.array([0.5]), np.array([0.0, 0.5]), np.array([0.0, 0.0, 1.0])),
-    )
-    interpolation_cls = diffrax.ThirdOrderHermitePolynomialInterpolation.from_k
-
-    def order(self, terms):
-        return 4
-
-
 T = 5000.0
 SAVE_POINTS = 200
 RTOL, ATOL = 1e-7, 1e-10
@@ -140,7 +125,7 @@ def main(argv=None):
     chosen = None
     for dt in args.rk4_steps:
         fixed = af.SolverOptions(
-            solver=RK4(), stepsize_controller=diffrax.ConstantStepSize(), dt0=dt, max_steps=10_000_000
+            solver=af.RK4(), stepsize_controller=diffrax.ConstantStepSize(), dt0=dt, max_steps=10_000_000
         )
         t_rk, l_rk = timed(lambda fixed=fixed: run(fixed))
         err = float(jnp.max(jnp.abs(l_rk - ref))) if bool(jnp.all(jnp.isfinite(l_rk))) else float("inf")

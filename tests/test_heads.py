@@ -303,6 +303,18 @@ def test_unspecialised_point_of_four_heads_is_a_root_of_the_full_field():
     assert abs(Q[0, 2] - Q[0, 1]) > 1e-4  # opposite heads apart from neighbouring ones
 
 
+def test_fixed_step_rk4_is_a_solver_option():
+    """Spec (integration) [open]: Tsit5 + PID by default, fixed-step RK4 (dt ~ 0.05) as an option,
+    through SolverOptions; the two agree to 1e-6 on the default setup."""
+    bank = BankOptions(n=1024)
+    rk4 = af.SolverOptions.fixed_step(0.05)
+    fixed = solve(Setup(), 10.0, bank=bank, solver=rk4, save=af.LinearGrid(3))
+    adaptive = solve(Setup(), 10.0, bank=bank, save=af.LinearGrid(3))
+    for name in ("M", "Q", "error"):
+        np.testing.assert_allclose(fixed[name], adaptive[name], atol=1e-6)
+    assert int(fixed.stats["num_steps"]) == 200
+
+
 def test_three_heads_linearise_on_the_drifting_plateau():
     """H = 3: the root of the equal-heads field found from Q = sigma0^2 I (q_hh = 0.051) lies on a
     curve of near-roots (relaxation rate 1.5e-4 against 0.11) far from the flow's plateau
