@@ -42,18 +42,22 @@ def fail_if(tree: Any, pred: Any, message: str) -> Any:
 
     Outside `collecting`: ``equinox.error_if`` (a runtime error). Inside: the inexact leaves
     of ``tree`` become NaN where ``pred`` holds, and ``(pred, message)`` is recorded; but only
-    in the trace `collecting` was entered in: inside a further ``jit`` of the user's (whose
+    in the trace `collecting` was entered in, or one nested in it by ``jax.jvp``,
+    ``jax.grad`` (its linearisation) or ``jax.vmap`` (`_in_point`: the point fails where any
+    lane of such a ``vmap`` does); inside a further ``jit``, ``lax`` loop or ``cond`` of the user's (whose
     values cannot leave it), ``equinox.error_if`` again.
     """
     sink = _SINK.get()
-    if sink is None or get_opaque_trace_state() != sink.trace:
+    point_pred = _in_point(pred, sink)
+    if point_pred is None:
         # raise whatever equinox's default mode (EQX_ON_ERROR) is: an attnflow failure is never
         # silently turned into NaN. The values become NaN, derivatives included, too: a
         # forward-mode derivative that is all a caller keeps leaves the check out of the program
         # (its value is unused), and must not then be a finite number from a failed solve
         tree = jax.tree_util.tree_map(lambda x: nan_where(pred, x) if eqx.is_inexact_array(x) else x, tree)
         return eqx.error_if(tree, pred, message, on_error="raise")
-    sink.append((pred, message))
+    sink.append((point_pred, message))
+    # ``pred`` itself, not the point's: under a vmap inside the point only the failing lanes are NaN
     return _blank(tree, pred)
 
 
@@ -63,9 +67,11 @@ def check_traced(bad: Any, message: str) -> None:
     NaN). Elsewhere nothing: the check has no output to carry an error, so the value is let
     through (checked where it was made)."""
     sink = _SINK.get()
-    if sink is None or get_opaque_trace_state() != sink.trace:
+    if not _nested_in(sink):
         return
-    sink.append((jnp.asarray(bad()), message))
+    point_bad = _in_point(jnp.asarray(bad()), sink)
+    if point_bad is not None:
+        sink.append((point_bad, message))
 
 
 def warn_traced(bad: Any, message: str) -> None:
@@ -74,17 +80,82 @@ def warn_traced(bad: Any, message: str) -> None:
     warning). Elsewhere nothing: a verb warns about concrete values itself, and a traced value
     outside a sweep has no place to report to."""
     sink = _SINK.get()
-    if sink is None or get_opaque_trace_state() != sink.trace:
+    if not _nested_in(sink):
         return
-    sink.warnings.append((jnp.asarray(bad()), message))
+    point_bad = _in_point(jnp.asarray(bad()), sink)
+    if point_bad is not None:
+        sink.warnings.append((point_bad, message))
 
 
 def recording() -> bool:
-    """Whether `check_traced` records here (inside `collecting`, in its trace: a sweep point),
-    so that a value it refuses may be replaced by a harmless stand-in (the point's values become
-    NaN anyway). Elsewhere a refused traced value must be let through as given."""
-    sink = _SINK.get()
-    return sink is not None and get_opaque_trace_state() == sink.trace
+    """Whether `check_traced` records here (inside `collecting`, in its trace or one nested in
+    it by ``jax.jvp``, ``jax.grad`` or ``jax.vmap``: a sweep point, `_nested_in`), so that a
+    value it refuses may be replaced by a harmless stand-in (the point's values become NaN
+    anyway). Elsewhere a refused traced value must be let through as given."""
+    return _nested_in(_SINK.get())
+
+
+# The transformations whose values can be brought back to the trace they are nested in: a
+# forward-mode (or linearised) value by its primal, a batched one by `any` over its batch axis.
+# By name: `jax.extend` exports none of these classes. A jit, loop or cond body (DynamicJaxprTrace)
+# is not one: its values cannot leave it.
+_NESTING = frozenset({"JVPTrace", "LinearizeTrace", "BatchTrace"})
+
+
+def _trace(state: Any) -> Any:
+    """The trace behind an opaque trace state (None if this JAX hides it)."""
+    ref = getattr(state, "_trace_ref", None)
+    return ref() if ref is not None else None
+
+
+def _nested_in(sink: _Sink | None) -> bool:
+    """Whether the current trace is ``sink``'s, or nested in it by `_NESTING` transformations
+    only (a ``jax.jvp``, ``jax.grad`` or ``jax.vmap`` inside a sweep point): its failures can
+    be recorded."""
+    if sink is None:
+        return False
+    state = get_opaque_trace_state()
+    if state == sink.trace:
+        return True
+    trace, target = _trace(state), _trace(sink.trace)
+    while target is not None and type(trace).__name__ in _NESTING:
+        trace = getattr(trace, "parent_trace", None)
+        if trace is target:
+            return True
+    return False
+
+
+def _in_point(pred: Any, sink: _Sink | None) -> Any:
+    """``pred`` as a value of ``sink``'s trace (a sweep point), or None where it cannot be one
+    (no sink; a trace not nested in it by `_NESTING` only). A forward-mode tracer gives its
+    primal (a boolean has no tangent); a ``vmap`` inside the point gives `any` over its lanes."""
+    if not _nested_in(sink):
+        return None
+    outer = []  # the sink's trace and those it is nested in: their values are the point's
+    trace = _trace(sink.trace)
+    while trace is not None:
+        outer.append(trace)
+        trace = getattr(trace, "parent_trace", None)
+    x = pred
+    while isinstance(x, jax.core.Tracer):
+        trace = getattr(x, "_trace", None)
+        if any(trace is t for t in outer):
+            return x
+        kind = type(trace).__name__
+        if kind == "BatchTrace":
+            # bound in the current (innermost) trace, the unbatched reduction passes to the outer
+            # traces, down to that of ``x.val``
+            if x.batch_dim is None:
+                x = x.val
+            elif isinstance(x.batch_dim, int):
+                x = jnp.any(x.val, axis=x.batch_dim)
+            else:
+                return None
+        elif kind in ("JVPTrace", "LinearizeTrace"):
+            x = x.primal
+        else:
+            return None
+    return x
 
 
 def blank_failed(tree: Any, code: Any) -> Any:

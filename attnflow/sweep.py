@@ -193,6 +193,43 @@ class SweepResult:
     def __getitem__(self, name: str) -> Any:
         return self.values[name]
 
+    def _names(self) -> tuple[Any, ...] | None:
+        """The names `__getitem__` reads: the keys of mapping values, the observables of a
+        `Trajectory`; None for values without names (an array, a tuple)."""
+        from .trajectory import Trajectory
+
+        if isinstance(self.values, Trajectory):
+            return self.values.names
+        if isinstance(self.values, Mapping):
+            return tuple(self.values)
+        return None
+
+    def __contains__(self, name: Any) -> bool:
+        names = self._names()
+        return names is not None and name in names
+
+    def keys(self) -> tuple[Any, ...]:
+        """The names of the values (``res[name]``): the keys of the dict ``fn`` returned, or the
+        observables of its `Trajectory`, so that ``dict(res)`` is ``{name: grid array}``. Values
+        without names (an array, a tuple) raise ``TypeError``: read ``res.values``."""
+        names = self._names()
+        if names is None:
+            kind = "an array" if hasattr(self.values, "shape") else f"a {type(self.values).__name__}"
+            raise TypeError(f"this sweep's values are {kind}, not named: read res.values (res.sel(...) for a point)")
+        return names
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        """``(name, values)`` for each name in `keys`, as ``dict(res).items()``."""
+        return iter([(k, self[k]) for k in self.keys()])
+
+    def __iter__(self) -> Iterator[Any]:
+        # res[name] reads a value but a grid has points too: iterating would be ambiguous (and
+        # Python would index 0, 1, ... as names), so say which to use
+        raise TypeError(
+            "a SweepResult is not iterable: iterate over res.keys() (or res.items(), dict(res)) for the named "
+            "values, res.dims and res.coords for the axes"
+        )
+
     def index(self, **point: Any) -> tuple[int, ...]:
         """Grid index of the point whose coordinates are closest to ``point`` (per named axis),
         with a warning naming the point taken when a value is not on its axis (relative
@@ -251,10 +288,14 @@ class SweepResult:
         return f"SweepResult(dims={self.dims}, shape={self.shape})"
 
     def mean(self, dim: str | Sequence[str]) -> SweepResult:
-        """The average over the named axis (or axes), e.g. ``res.mean("seed")``: a `SweepResult`
-        on the other axes, every leaf averaged (a `Trajectory` by `Trajectory.mean`: its runs
-        must share their save times). A failed point makes its group's mean NaN and the group
-        failed (its first failure's message); a pending one makes the group pending."""
+        """The average over the named axis (or axes), e.g. ``res.mean("seed")`` of a sweep over
+        ``eta`` and ``seed``: a `SweepResult` on the other axes, every leaf averaged (a
+        `Trajectory` by `Trajectory.mean`: its runs must share their save times). A failed point
+        makes its group's mean NaN and the group failed (its first failure's message); a pending
+        one makes the group pending. Every axis cannot be reduced (no grid would be left,
+        ``ValueError``): average the values of a sweep over seeds alone directly,
+        ``res.values.mean()`` where they are a `Trajectory` (its batch axes are the sweep's),
+        ``np.mean(res["loss"], axis=0)`` for an array."""
         return self._reduce(dim, "mean", lambda t, axes: t.mean(axes), lambda x, axes: np.mean(x, axis=axes))
 
     def std(self, dim: str | Sequence[str], ddof: int = 0) -> SweepResult:
@@ -281,7 +322,13 @@ class SweepResult:
             raise ValueError(f"{what}: {unknown or names} are not axes of this sweep; its axes are {self.dims}")
         axes = tuple(sorted(self.dims.index(d) for d in set(names)))
         if len(axes) == len(self.dims):
-            raise ValueError(f"{what}: reducing every axis {self.dims} leaves no grid; keep one axis")
+            ddof = f"ddof={min_runs - 1}" if min_runs > 1 else ""
+            over = "0" if len(axes) == 1 else str(axes)
+            raise ValueError(
+                f"{what}: reducing every axis {self.dims} leaves no grid; keep one axis, or reduce the values "
+                f"themselves: res.values.{what}({ddof}) where they are a Trajectory (its batch axes are the "
+                f"sweep's), np.{what}(res[name], axis={over}{', ' + ddof if ddof else ''}) for an array"
+            )
         n = math.prod(self.shape[a] for a in axes)
         if n < min_runs:  # as Trajectory.std (arrays would be NaN with a NumPy warning)
             raise ValueError(f"{what}: ddof = {min_runs - 1} needs more than {min_runs - 1} runs, got {n}")
@@ -705,6 +752,9 @@ def sweep_defaults(
         _DEFAULTS.reset(token)
 
 
+_SEED_AXES = ("seed", "key")  # axis names that hold seeds: integers only (`_grid`)
+
+
 def _grid(axes: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, np.ndarray], dict[str, np.ndarray]]:
     if not axes:
         raise ValueError("sweep needs at least one axis")
@@ -724,6 +774,13 @@ def _grid(axes: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, np.ndarra
             )
         if c.dtype.kind == "f" and not np.all(np.isfinite(c)):
             raise ValueError(f"sweep axis {d!r} has non-finite values: {c[~np.isfinite(c)]}")
+        if d in _SEED_AXES and c.dtype.kind not in "iu":
+            # a verb's key refuses a float seed when called directly; traced, it failed deep inside
+            # each package's run, with a message that named neither the axis nor the key
+            raise ValueError(
+                f"sweep axis {d!r} must hold integer seeds (each becomes a PRNG key), got {c.dtype} values "
+                f"{c.tolist()[:4]!r}: pass integers, e.g. np.arange({c.size})"
+            )
         _check_representable(d, c)
         coords[d] = c
     mesh = np.meshgrid(*(coords[d] for d in dims), indexing="ij")
@@ -933,7 +990,8 @@ def sweep(
         ``{name: 1-D values}``; the grid is their cartesian product in this order. A value
         wrapped in `Static` (sizes and other values that change shapes) is looped over in
         Python, one compiled program per value, with ``out_dir`` split into one subfolder per
-        static point.
+        static point. An axis named ``seed`` or ``key`` holds integer seeds (floats raise
+        ``ValueError``).
     chunk_size:
         Points per compiled call (default: all points up to 4096; sharded, about one chunk
         per shard; with an ``out_dir`` that holds this grid, the chunk size saved there),
@@ -1630,8 +1688,9 @@ def _fingerprint(fn: Any) -> str:
     classes; arrays count by content. Modules count by name, and so do the module-level
     functions and classes of attnflow, the standard library and installed packages that
     ``fn`` reaches (their code changes with their version; ``fn`` itself is always read), and
-    their other objects (a logger) by class. Stable across processes: no addresses, no salted
-    hashes."""
+    their other objects (a logger) by class; ``os.environ`` by name, also through an alias
+    (its content differs between the shards of one job). Stable across processes: no
+    addresses, no salted hashes."""
     return _combined(_fingerprint_parts(fn))
 
 
@@ -1730,6 +1789,12 @@ def _digest(obj: Any, h: Any, depth: int, seen: dict[Any, tuple[int, Any]], root
         h.update(f"{type(obj).__name__}{len(obj)}".encode())
         for x in obj:
             _digest(x, h, depth + 1, seen, root)
+        return
+    if isinstance(obj, os._Environ):
+        # os.environ (os.environb) reached through an alias (``ENV = os.environ``, or its method
+        # ``G = os.environ.get``): by name, as through the module ``os``. Its content is not a
+        # setting of ``fn``: it differs between the shards of one job (SLURM_ARRAY_TASK_ID)
+        h.update(f"<os.{'environb' if obj is getattr(os, 'environb', None) else 'environ'}>".encode())
         return
     if isinstance(obj, Mapping):
         h.update(b"map")

@@ -484,7 +484,7 @@ def test_focus_sensitivity_bad_input():
 def test_focus_escape_time_sensitivity_in_a_sweep_and_under_jit():
     """A sweep of sensitivities over ``lam`` in which one point's threshold lies below its Bayes floor
     (0.717 at ``lam = 0.1``) fails that point with the reason and keeps the other (the check sits
-    outside the derivative: under it the whole sweep stopped); a threshold traced under a user's
+    outside the derivative; one under it fails its point alike); a threshold traced under a user's
     jit of a concrete setup works (the laziness is read off in NumPy)."""
     pi = focus.Setup().chain.pi
 

@@ -187,6 +187,39 @@ def test_one_diverging_point_does_not_kill_the_sweep():
         af.sweep(f, {"k": ks}, progress=False, on_error="raise")
 
 
+def test_a_diverging_point_under_jvp_vmap_or_grad_fails_alone():
+    """Inside a sweep point, a failure traced under ``jax.jvp``, a ``vmap`` of the user's or
+    reverse mode marks the point failed, as without them (it raised, stopping the sweep; a
+    reverse-mode derivative alone read 0 at the failed point). y' = k y^2, y(0) = 1: y(1) =
+    1 / (1 - k), dy(1)/dk = 1 / (1 - k)^2; k = 2 diverges before t = 1."""
+    ks = np.array([0.25, 2.0, 0.5])
+    good = np.array([True, False, True])
+
+    def end(k, mode="forward"):
+        solver = af.solver_for_mode(mode, af.SolverOptions(max_steps=500))
+        return af.integrate(_blowup, jnp.ones(1), 1.0, args={"k": k}, save=af.LinearGrid(2), solver=solver)["y"][-1, 0]
+
+    cases = {
+        "jvp": lambda k: jax.jvp(end, (k,), (jnp.ones_like(k),)),
+        "tangent only": lambda k: jax.jvp(end, (k,), (jnp.ones_like(k),))[1],
+        "vmap inside": lambda k: jax.vmap(end)(jnp.stack([k, 0.25 * k])),  # the point fails if a lane does
+        "grad only": lambda k: jax.grad(functools.partial(end, mode="reverse"))(k),
+    }
+    values = {"jvp": (1 / (1 - ks), 1 / (1 - ks) ** 2), "tangent only": 1 / (1 - ks) ** 2}
+    values["vmap inside"] = np.stack([1 / (1 - ks), 1 / (1 - 0.25 * ks)], axis=1)
+    values["grad only"] = 1 / (1 - ks) ** 2
+    for name, fn in cases.items():
+        with pytest.warns(RuntimeWarning, match=r"1 of 3 grid points failed: k=2.0: integrate: solver failed"):
+            res = af.sweep(fn, {"k": ks}, progress=False)
+        assert res.ok.tolist() == good.tolist(), name
+        assert res.failures()[0][0] == {"k": 2.0} and "max_steps=500" in res.failures()[0][1], name
+        for got, want in zip(jax.tree_util.tree_leaves(res.values), jax.tree_util.tree_leaves(values[name])):
+            np.testing.assert_allclose(np.asarray(got)[good], want[good], rtol=1e-6, err_msg=name)
+            assert np.all(np.isnan(np.asarray(got)[~good])), name
+    with pytest.raises(RuntimeError, match="integrate: solver failed"):  # called directly, it still raises
+        jax.block_until_ready(jax.jvp(end, (2.0,), (1.0,)))
+
+
 def test_sweep_bad_input():
     with pytest.raises(ValueError, match="at least one axis"):
         af.sweep(lambda: 0.0, {})
@@ -659,6 +692,32 @@ def test_fingerprints_ignore_caches_and_the_state_of_library_objects(tmp_path):
     assert _fingerprint(fn) != before
 
 
+_ENV = os.environ
+_GETENV = os.environ.get
+
+
+def test_fingerprint_reads_os_environ_by_name_through_an_alias(monkeypatch):
+    """``os.environ`` reached through a module-level alias (or its bound ``get``) counts by name,
+    as through ``os``: the shards of a Slurm array differ in SLURM_* variables and must share
+    their chunks. A value read from it before the sweep counts."""
+    from attnflow.sweep import _fingerprint, _fingerprint_parts
+
+    by_alias = lambda x: x * float(_ENV.get("ATTNFLOW_TEST_T1", "1"))
+    by_method = lambda x: x * float(_GETENV("ATTNFLOW_TEST_T1", "1"))
+    monkeypatch.setenv("ATTNFLOW_TEST_T1", "2")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")
+    before = {f: _fingerprint_parts(f) for f in (by_alias, by_method)}
+    monkeypatch.setenv("ATTNFLOW_TEST_T1", "3")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "2")
+    monkeypatch.setenv("ATTNFLOW_TEST_OTHER", "x")
+    assert {f: _fingerprint_parts(f) for f in (by_alias, by_method)} == before
+    t1 = float(os.environ["ATTNFLOW_TEST_T1"])
+    read_before = lambda x: x * t1
+    first = _fingerprint(read_before)
+    t1 = 4.0
+    assert _fingerprint(read_before) != first
+
+
 _ACT = jnp.tanh
 
 
@@ -830,6 +889,31 @@ def test_sweep_refuses_axes_it_cannot_trace_and_names_them():
         af.sweep(f, {"eta": np.ones(2)}, devices=[], progress=False)
 
 
+def test_a_seed_axis_of_floats_is_refused_before_computing():
+    """An axis named ``seed`` or ``key`` holds integer seeds (each becomes a PRNG key): floats
+    are refused, naming the axis and its values, before ``fn`` runs (traced, a float key
+    failed deep inside each package's run with another message)."""
+    from attnflow import deeplinear as dl
+
+    calls = []
+
+    def run(eta, seed):
+        calls.append(eta)
+        return dl.train(dl.Setup(eta=eta), 0.1, key=seed, batch=4, save=af.LinearGrid(2))["loss"]
+
+    message = (
+        r"sweep axis 'seed' must hold integer seeds \(each becomes a PRNG key\), got float64 values "
+        r"\[0.0, 1.0\]: pass integers, e.g. np.arange\(2\)"
+    )
+    with pytest.raises(ValueError, match=message):
+        af.sweep(run, {"eta": np.array([0.5]), "seed": np.array([0.0, 1.0])}, progress=False)
+    with pytest.raises(ValueError, match=r"sweep axis 'key' must hold integer seeds .* got bool values \[True"):
+        af.sweep(lambda key: key, {"key": np.array([True, False])}, progress=False)
+    assert calls == []
+    res = af.sweep(run, {"eta": np.array([0.5]), "seed": np.arange(2)}, progress=False)
+    assert res.ok.all() and not np.allclose(res.values[0, 0], res.values[0, 1])  # two seeds, two runs
+
+
 def test_without_float64_an_axis_that_32_bits_would_merge_is_refused():
     f = lambda seed: seed * 1.0
     with jax.enable_x64(False):
@@ -850,11 +934,11 @@ def test_static_sweep_reports_failures_over_the_whole_grid_and_raises_after_it()
         y = af.integrate(lambda t, y, a: a * y, jnp.ones(()), 50.0, args=eta * 1.0, save=af.LinearGrid(2))["y"][-1]
         return y + seed
 
-    axes = {"eta": af.Static([20.0, -1.0, 0.5]), "seed": np.arange(2.0)}
-    with pytest.warns(RuntimeWarning, match=r"sweep: 2 of 6 grid points failed: eta=20.0, seed=0.0: ") as caught:
+    axes = {"eta": af.Static([20.0, -1.0, 0.5]), "seed": np.arange(2)}
+    with pytest.warns(RuntimeWarning, match=r"sweep: 2 of 6 grid points failed: eta=20.0, seed=0: ") as caught:
         res = af.sweep(f, axes, progress=False)
     assert len([w for w in caught if "grid points failed" in str(w.message)]) == 1
-    assert res.failures()[0][0] == {"eta": 20.0, "seed": 0.0} and res.ok.tolist() == [
+    assert res.failures()[0][0] == {"eta": 20.0, "seed": 0} and res.ok.tolist() == [
         [False, False],
         [True] * 2,
         [True] * 2,
@@ -863,7 +947,7 @@ def test_static_sweep_reports_failures_over_the_whole_grid_and_raises_after_it()
     assert [p for p, _ in only_static.failures()] == [{"eta": 20.0}]  # no placeholder axis in the names
     seen.clear()
     with pytest.raises(SweepError, match="2 of 6 grid points failed"):
-        af.sweep(f, {"eta": af.Static([20.0, -1.0, 0.25]), "seed": np.arange(2.0)}, on_error="raise", progress=False)
+        af.sweep(f, {"eta": af.Static([20.0, -1.0, 0.25]), "seed": np.arange(2)}, on_error="raise", progress=False)
     assert sorted(set(seen)) == [-1.0, 0.25, 20.0]  # every static value computed before raising
 
 
@@ -871,7 +955,7 @@ def test_shards_of_a_static_sweep_share_its_chunks(tmp_path):
     """Chunks are numbered across the static values, so N shards of a sweep over sizes each
     compute about 1/N of the whole grid (they took every size's first chunk alone)."""
     f = lambda D, seed: jnp.mean(jnp.linspace(0, 1, D) ** 2) + seed
-    axes = {"D": af.Static([3, 5, 7, 9]), "seed": np.arange(2.0)}
+    axes = {"D": af.Static([3, 5, 7, 9]), "seed": np.arange(2)}
     calls = []
     for i in (1, 2, 3, 4):
         part = af.sweep(
@@ -904,6 +988,57 @@ def test_sweep_result_reduces_over_named_axes_and_to_xarray_keeps_the_status():
     pytest.importorskip("xarray")
     ds = res.to_xarray()
     assert ds["status"].values.tolist() == [[0, 0, -3], [0, 0, 1]] and "eta_value" in ds
+
+
+def test_sweep_result_is_a_mapping_of_its_named_values_like_a_trajectory():
+    """``name in res``, ``res.keys()``, ``res.items()`` and ``dict(res)`` read the names of the
+    values (a dict's keys, a Trajectory's observables); iterating raises, as for a Trajectory."""
+    r = af.sweep(lambda x: {"a": x, "b": 2 * x}, {"x": np.linspace(0, 1, 3)}, progress=False)
+    assert "a" in r and "b" in r and "z" not in r and 0 not in r
+    assert r.keys() == ("a", "b") and [k for k, _ in r.items()] == ["a", "b"]
+    as_dict = dict(r)
+    assert sorted(as_dict) == ["a", "b"]
+    np.testing.assert_allclose(as_dict["b"], [0.0, 1.0, 2.0])
+    message = (
+        r"a SweepResult is not iterable: iterate over res.keys\(\) \(or res.items\(\), dict\(res\)\) for the "
+        r"named values, res.dims and res.coords for the axes"
+    )
+    with pytest.raises(TypeError, match=message):
+        list(r)
+    ts = jnp.linspace(0.0, 1.0, 3)
+    runs = af.sweep(lambda x: af.Trajectory(ts, {"y": x * ts, "z": ts}), {"x": np.array([1.0, 2.0])}, progress=False)
+    assert "y" in runs and runs.keys() == ("y", "z")
+    np.testing.assert_allclose(dict(runs)["y"][1], [0.0, 1.0, 2.0])
+    plain = af.sweep(lambda x: 2 * x, {"x": np.array([1.0, 2.0])}, progress=False)
+    assert "x" not in plain
+    with pytest.raises(TypeError, match=r"this sweep's values are an array, not named: read res.values"):
+        plain.keys()
+    pair = af.sweep(lambda x: (x, 2 * x), {"x": np.array([1.0, 2.0])}, progress=False)
+    np.testing.assert_allclose(pair[1], [2.0, 4.0])  # a tuple's entries by position, as before
+    with pytest.raises(TypeError, match=r"this sweep's values are a tuple, not named"):
+        dict(pair)
+
+
+def test_reducing_every_axis_names_how_to_average_the_values():
+    """``res.mean("seed")`` of a sweep over seeds alone leaves no grid: the error names the
+    reductions of the values that do it, and they give the mean over the seeds."""
+    ts = jnp.linspace(0.0, 1.0, 3)
+    runs = af.sweep(lambda seed: af.Trajectory(ts, {"loss": seed * ts}), {"seed": np.arange(3)}, progress=False)
+    with pytest.raises(ValueError) as caught:
+        runs.mean("seed")
+    assert str(caught.value) == (
+        "mean: reducing every axis ('seed',) leaves no grid; keep one axis, or reduce the values themselves: "
+        "res.values.mean() where they are a Trajectory (its batch axes are the sweep's), np.mean(res[name], "
+        "axis=0) for an array"
+    )
+    with pytest.raises(ValueError, match=r"res.values.std\(ddof=1\) .* np.std\(res\[name\], axis=0, ddof=1\)"):
+        runs.std("seed", ddof=1)
+    np.testing.assert_allclose(runs.values.mean()["loss"], ts)  # seeds 0, 1, 2: mean 1
+    np.testing.assert_allclose(np.mean(runs["loss"], axis=0), ts)
+    np.testing.assert_allclose(runs.values.std(ddof=1)["loss"], ts)  # sample std of 0, 1, 2: 1
+    grid = af.SweepResult(("a", "b"), {"a": np.arange(2), "b": np.arange(2)}, {"x": np.ones((2, 2))})
+    with pytest.raises(ValueError, match=r"np.mean\(res\[name\], axis=\(0, 1\)\) for an array"):
+        grid.mean(["a", "b"])
 
 
 def test_a_warning_of_a_traced_point_is_named_by_the_sweep(tmp_path):
@@ -954,7 +1089,7 @@ def test_a_static_sweep_is_one_sweep_of_its_sweep_defaults_block(tmp_path):
     """Its static values are subfolders of one sweep-k (it took one number per value, so a static
     value added shifted every later sweep's folder); one log entry; ShardPending names its folder."""
     f = lambda D, seed: jnp.mean(jnp.linspace(0, 1, D) ** 2) + seed
-    axes = {"D": af.Static([3, 5, 7]), "seed": np.arange(4.0)}
+    axes = {"D": af.Static([3, 5, 7]), "seed": np.arange(4)}
     g = lambda x: x * 2
 
     def program():
