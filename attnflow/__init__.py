@@ -46,6 +46,7 @@ from .ode import MaxStepsError as MaxStepsError
 from .ode import ObservableEvent as ObservableEvent
 from .ode import UnrolledTsit5 as UnrolledTsit5
 from .ode import as_data as as_data
+from .ode import crossing_time as crossing_time
 from .ode import enable_x64 as enable_x64
 from .ode import gradient_flow as gradient_flow
 from .ode import integrate as integrate
@@ -127,6 +128,7 @@ __all__ = [
     "UnrolledTsit5",
     "analysis",
     "as_data",
+    "crossing_time",
     "central_difference",
     "check_divergence",
     "clear_compilation_cache",

@@ -31,7 +31,9 @@ from .options import LinearGrid, SaveGrid, SolverOptions, TimeGrid
 from .trajectory import Trajectory, flatten_names
 
 __all__ = [
+    "RK4",
     "UnrolledTsit5",
+    "crossing_time",
     "integrate",
     "ODE",
     "ObservableEvent",
@@ -591,6 +593,55 @@ class ODE(eqx.Module):
         y0 = self.y0 if y0 is None else y0
         solver = with_progress(solver, self.solver, progress)
         return integrate(self, y0, t1, t0=t0, save=save, solver=solver, event=event_fn, return_state=return_state)
+
+
+def crossing_time(
+    ode: ODE,
+    name: str,
+    threshold: Any,
+    t1: Any,
+    *,
+    solver: SolverOptions | None = None,
+    progress: bool | None = None,
+) -> jax.Array:
+    """The first time the scalar observable ``name`` of ``ode``'s solution from ``ode.y0`` falls
+    to ``threshold``: the event time of ``ode.solve(t1, event=lambda t, o: o[name] - threshold)``,
+    NaN if it has not by ``t1``. What each package's ``escape_time`` is built on (a loss or an
+    error leaving its plateau). A JAX function of ``threshold`` and of the arrays in ``ode``: it
+    goes through ``jax.jit``, ``jax.vmap``, `attnflow.sweep` and `attnflow.sensitivity` (the
+    event time's derivative is eq. (S1) there).
+
+    Raises ``ValueError`` before solving for an observable ``ode`` does not have, one that is
+    not a scalar (pass its entry as an observable of your own ``ODE``), or a concrete
+    ``threshold`` that is not finite or not below the observable's value at ``ode.y0``."""
+    if not isinstance(ode, ODE):
+        raise ValueError(f"ode must be an attnflow.ODE (a package's P.ode(setup)), got {ode!r:.80}")
+    start = ode.observables(ode.y0)
+    if name not in start:
+        raise ValueError(f"the ODE has no observable {name!r}; it has {sorted(start)}")
+    if np.shape(start[name]) != ():
+        raise ValueError(f"observable {name!r} has shape {np.shape(start[name])}: crossing_time needs a scalar one")
+    if not V.any_traced(t1):
+        V.positive("t1 (horizon)", t1)
+    if not V.any_traced(threshold):
+        V.finite_scalar("threshold", threshold)
+        if not V.any_traced(start[name]) and not float(threshold) < float(start[name]):
+            raise ValueError(
+                f"threshold = {V.show(threshold)} must lie below the start value of {name!r}, "
+                f"{float(start[name]):.6g}: the solve would stop at once"
+            )
+    traj = ode.solve(t1, save=LinearGrid(2), solver=solver, event=_Crossing(name, threshold), progress=progress)
+    return traj.t_event
+
+
+class _Crossing(eqx.Module):
+    """``obs[name] - threshold``: a module, so that a new threshold reuses the compiled solve."""
+
+    name: str = eqx.field(static=True)
+    threshold: Any
+
+    def __call__(self, t: Any, obs: Mapping[str, Any]) -> Any:
+        return obs[self.name] - self.threshold
 
 
 def with_progress(solver: SolverOptions | None, default: SolverOptions | None, progress: bool | None) -> Any:

@@ -1010,3 +1010,35 @@ def test_every_train_records_its_clock_step_and_batch():
         meta = tr.meta
         assert meta["theory"] == name and isinstance(meta["clock"], str) and meta["clock"], name
         assert meta["dt"] == pytest.approx(want[name][0]) and meta["batch"] == want[name][1], (name, meta)
+
+
+def test_escape_time_is_one_verb_in_every_package():
+    """``P.escape_time(setup, threshold, *, t1)``: the first time the package's loss (``error`` in
+    derive) falls to ``threshold``, as `af.crossing_time` on ``P.ode(setup)``: the observable is
+    ``threshold`` there (read off a solve stopped at it), qkov's equals `reach_loss`'s ``t``, and
+    deeplinear's derivative in the learning rate matches central differences."""
+    from attnflow import deeplinear, derive, qkov
+
+    committee = derive.Setup(
+        derive.soft_committee, derive.soft_committee, 0.1 * jnp.ones((2, 2)) + 0.01 * jnp.eye(2), 0.5 * jnp.eye(2)
+    )
+    cases = ((qkov, qkov.Setup(), "loss", 1.0, 1e4), (deeplinear, deeplinear.Setup(), "loss", 3.5, 50.0))
+    cases += ((derive, committee, "error", 0.01, 2000.0),)
+    for P, setup, name, threshold, t1 in cases:
+        t_esc = float(P.escape_time(setup, threshold, t1=t1))
+        stopped = P.solve(setup, t1, event=lambda t, o, n=name, x=threshold: o[n] - x)
+        assert t_esc == pytest.approx(float(stopped.t_event), rel=1e-12)
+        assert float(stopped[name][-1]) == pytest.approx(threshold, rel=1e-6), P.__name__
+    assert float(qkov.escape_time(qkov.Setup(), 1.0, t1=1e4)) == pytest.approx(
+        float(qkov.reach_loss(qkov.Setup(), 1.0)["t"])
+    )
+    d = deeplinear.Setup()
+    sens = af.sensitivity(lambda eta: deeplinear.escape_time(d.replace(eta=eta), 3.5, t1=50.0), eta=1.0)
+    fd = af.central_difference(lambda eta: deeplinear.escape_time(d.replace(eta=eta), 3.5, t1=50.0), eta=1.0)
+    assert float(sens.grad["eta"]) == pytest.approx(float(fd["eta"]), rel=1e-5)
+    with pytest.raises(ValueError, match=r"threshold = 9.0 must lie below the start value of 'loss', 7.1185"):
+        deeplinear.escape_time(d, 9.0, t1=50.0)
+    with pytest.raises(ValueError, match=r"observable 'u' has shape \(4,\): crossing_time needs a scalar one"):
+        af.crossing_time(deeplinear.ode(d), "u", 0.1, 50.0)
+    with pytest.raises(ValueError, match=r"the ODE has no observable 'los'"):
+        af.crossing_time(deeplinear.ode(d), "los", 0.1, 50.0)

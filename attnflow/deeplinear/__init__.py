@@ -26,6 +26,7 @@ from .setup import Setup as Setup
 from .theory import DEFAULT_SAVE as DEFAULT_SAVE
 from .theory import DEFAULT_SOLVER as DEFAULT_SOLVER
 from .theory import conserved as conserved
+from .theory import escape_time as escape_time
 from .theory import factor_field as factor_field
 from .theory import matrix_field as matrix_field
 from .theory import mode_field as mode_field
@@ -39,6 +40,7 @@ from .train import TRAIN_TOLERANCE as TRAIN_TOLERANCE
 from .train import train as train
 
 __all__ = [
+    "escape_time",
     "DEFAULT_SAVE",
     "DEFAULT_SOLVER",
     "DEFAULT_TRAIN_SAVE",

@@ -22,11 +22,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ..ode import ODE
+from ..ode import ODE, crossing_time
 from ..options import LinearGrid, SaveGrid, SolverOptions
 from ..trajectory import Trajectory
 
 __all__ = [
+    "escape_time",
     "population_loss",
     "mode_strength",
     "mode_field",
@@ -145,3 +146,21 @@ def solve(
     replace the package's solver and tolerances by the core's defaults.
     """
     return ode(setup).solve(t1, save=save, solver=solver, event=event, progress=progress)
+
+
+def escape_time(
+    setup: Any,
+    threshold: Any,
+    *,
+    t1: Any,
+    solver: SolverOptions | None = None,
+    progress: bool | None = None,
+) -> jax.Array:
+    """The first time the population loss (the observable ``loss``) falls to ``threshold`` along the
+    gradient flow: the event time of `solve` with the event ``loss - threshold`` from the setup's
+    start (`attnflow.crossing_time` on `ode`), NaN if it has not by ``t1``. The same verb as
+    `attnflow.focus.escape_time` and `attnflow.heads.escape_time`: traceable (``jax.jit``,
+    ``jax.vmap``, `attnflow.sweep`) and differentiable with `attnflow.sensitivity` (the event
+    time's derivative, eq. (S1) there). ``ValueError`` for a ``threshold`` not below the
+    start's ``loss``."""
+    return crossing_time(ode(setup), "loss", threshold, t1, solver=solver, progress=progress)

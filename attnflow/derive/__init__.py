@@ -47,6 +47,7 @@ from .theory import NODE_CHUNK as NODE_CHUNK
 from .theory import Plateau as Plateau
 from .theory import Rule as Rule
 from .theory import covariance as covariance
+from .theory import escape_time as escape_time
 from .theory import expectations as expectations
 from .theory import field as field
 from .theory import generalisation_error as generalisation_error
@@ -63,6 +64,7 @@ from .train import train as train
 from .train import weights_from_overlaps as weights_from_overlaps
 
 __all__ = [
+    "escape_time",
     "Rule",
     "DEFAULT_SAVE",
     "DEFAULT_SOLVER",

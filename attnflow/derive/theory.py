@@ -34,12 +34,13 @@ import numpy as np
 
 from .. import _validate as V
 from .._jit import filter_jit
-from ..ode import ODE, require_x64
+from ..ode import ODE, crossing_time, require_x64
 from ..options import LogGrid, SaveGrid, SolverOptions
 from ..trajectory import Trajectory
 from .setup import Setup, check_realisable, realisability_gap
 
 __all__ = [
+    "escape_time",
     "NODE_CHUNK",
     "DEFAULT_SAVE",
     "DEFAULT_SOLVER",
@@ -396,3 +397,21 @@ def _check_plateau(sym: Setup, y: dict) -> None:
             "not invariant under permutations of the students): use GaussHermite or SparseGaussHermite",
             stacklevel=3,
         )
+
+
+def escape_time(
+    setup: Setup,
+    threshold: Any,
+    *,
+    t1: Any,
+    solver: SolverOptions | None = None,
+    progress: bool | None = None,
+) -> jax.Array:
+    """The first time the generalisation error (5) (the observable ``error``) falls to ``threshold``
+    along the derived ODE (2)-(4): the event time of `solve` with the event ``error - threshold`` from the setup's
+    start (`attnflow.crossing_time` on `ode`), NaN if it has not by ``t1``. The same verb as
+    `attnflow.focus.escape_time` and `attnflow.heads.escape_time`: traceable (``jax.jit``,
+    ``jax.vmap``, `attnflow.sweep`) and differentiable with `attnflow.sensitivity` (the event
+    time's derivative, eq. (S1) there). ``ValueError`` for a ``threshold`` not below the
+    start's ``error``."""
+    return crossing_time(ode(setup), "error", threshold, t1, solver=solver, progress=progress)

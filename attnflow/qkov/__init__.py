@@ -116,6 +116,7 @@ from .theory import DEFAULT_SOLVER as DEFAULT_SOLVER
 from .theory import alpha as alpha
 from .theory import authors_rk4 as authors_rk4
 from .theory import effective_rate as effective_rate
+from .theory import escape_time as escape_time
 from .theory import first_integral as first_integral
 from .theory import from_tau as from_tau
 from .theory import invariant as invariant
@@ -149,6 +150,7 @@ from .train import train_fixed_attention as train_fixed_attention
 from .train import train_on_generator as train_on_generator
 
 __all__ = [
+    "escape_time",
     "AUTHORS_SAVE",
     "BATCH_SEED_OFFSET",
     "CACO",

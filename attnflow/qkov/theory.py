@@ -35,12 +35,13 @@ import numpy as np
 
 from .. import _validate as V
 from .._jit import filter_jit
-from ..ode import ODE, integrate, observable_event, require_x64, with_progress
+from ..ode import ODE, crossing_time, integrate, observable_event, require_x64, with_progress
 from ..options import LogGrid, SaveGrid, SolverOptions
 from ..trajectory import Trajectory
 from .setup import PAPER_HORIZON_TAU, PAPER_LOSS_TARGET, Setup
 
 __all__ = [
+    "escape_time",
     "AUTHORS_SAVE",
     "DEFAULT_SAVE",
     "DEFAULT_SOLVER",
@@ -534,3 +535,21 @@ def effective_rate(eta_A: Any, eta_B: Any, sigma: Any) -> jax.Array:
     """Implicit learning rate of a weighted-balanced factorised circuit, ``2 sqrt(eta_A eta_B) sigma(W)``
     (eq. (8)), ``sigma(W)`` its singular value on the invariant manifold."""
     return 2.0 * jnp.sqrt(jnp.asarray(eta_A) * jnp.asarray(eta_B)) * jnp.asarray(sigma)
+
+
+def escape_time(
+    setup: Setup,
+    threshold: Any,
+    *,
+    t1: Any,
+    solver: SolverOptions | None = None,
+    progress: bool | None = None,
+) -> jax.Array:
+    """The first time the population loss (the observable ``loss``) falls to ``threshold`` along the
+    reduced flow (3) (the ``t`` of `reach_loss`, without its state): the event time of `solve`
+    with the event ``loss - threshold`` from the setup's start (`attnflow.crossing_time` on
+    `ode`), NaN if it has not by ``t1``. The same verb as `attnflow.focus.escape_time` and
+    `attnflow.heads.escape_time`: traceable (``jax.jit``, ``jax.vmap``, `attnflow.sweep`) and
+    differentiable with `attnflow.sensitivity` (the event time's derivative, eq. (S1) there).
+    ``ValueError`` for a ``threshold`` not below the start's ``loss``."""
+    return crossing_time(ode(setup), "loss", threshold, t1, solver=solver, progress=progress)
