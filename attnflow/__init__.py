@@ -52,6 +52,7 @@ from .ode import gradient_flow as gradient_flow
 from .ode import integrate as integrate
 from .optim import label_by_path as label_by_path
 from .optim import per_circuit as per_circuit
+from .optim import weighted_balance as weighted_balance
 from .options import LinearGrid as LinearGrid
 from .options import LogGrid as LogGrid
 from .options import SaveGrid as SaveGrid
@@ -159,6 +160,7 @@ __all__ = [
     "optim",
     "overlay",
     "per_circuit",
+    "weighted_balance",
     "plot",
     "process_shard",
     "psd_sqrt",

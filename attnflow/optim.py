@@ -18,7 +18,7 @@ import optax
 
 from . import _validate as V
 
-__all__ = ["per_circuit", "label_by_path"]
+__all__ = ["per_circuit", "label_by_path", "weighted_balance"]
 
 
 def label_by_path(
@@ -99,3 +99,14 @@ def per_circuit(
     # A labels *tree* may itself be callable (an Equinox module with __call__): hand optax a
     # function so it never mistakes the tree for one.
     return optax.partition(transforms, labels if is_fn else (lambda _params: labels))
+
+
+def weighted_balance(A: Any, B: Any, ratio: Any) -> tuple[jax.Array, jax.Array]:
+    """Balanced factors ``A^T A = B B^T`` of a product ``W = A B`` made weighted-balanced for
+    factor learning rates ``eta_A / eta_B = ratio``: ``(A ratio^(1/4), B ratio^(-1/4))``, so that
+    ``A^T A / eta_A = B B^T / eta_B``, the quantity gradient flow conserves, and the product
+    moves as under one rate ``sqrt(eta_A eta_B)`` (Saxe et al. 2014; Vashisht and Ramaswamy
+    eq. (8)). ``ratio`` may be traced."""
+    A, B = jnp.asarray(A), jnp.asarray(B)
+    w = jnp.asarray(ratio, A.dtype) ** 0.25
+    return A * w, B / w

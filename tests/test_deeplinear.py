@@ -219,6 +219,30 @@ def test_conserved_quantity_gd_drift_is_second_order():
     assert ratio > 1.6 and ratio < 2.4, drifts
 
 
+def test_per_layer_rates_move_the_product_at_their_geometric_mean():
+    """Per-layer rates eta_1 = eta sqrt(rho), eta_2 = eta / sqrt(rho): from the weighted-balanced
+    start W1 W1^T / eta_1 = W2^T W2 / eta_2 the product follows the one-rate closed form (2);
+    gradient descent at rho = 9 stays within O(dt) of solve, and its conserved form starts at 0.
+    From the plain balanced start the same rates leave the closed form."""
+    s = dl.Setup(layer_ratio=9.0)
+    rates = s.layer_rates
+    assert float(rates["W1"]) == pytest.approx(3.0) and float(rates["W2"]) == pytest.approx(1.0 / 3.0)
+    m = TwoLayerLinear.aligned(s.teacher, s.u0, layer_ratio=9.0)
+    np.testing.assert_allclose(m.W1 @ m.W1.T / rates["W1"], m.W2.T @ m.W2 / rates["W2"], atol=1e-15)
+    assert float(jnp.max(jnp.abs(conserved(m.W1, m.W2, 9.0)))) < 1e-15
+    grid = af.LinearGrid(9)
+    theory = dl.solve(s, 8.0, save=grid)
+    gaps = []
+    for dt in (0.004, 0.002):
+        sim = dl.train(s, 8.0, dt=dt, save=grid)
+        gaps.append(float(jnp.max(jnp.abs(sim["u"] - theory["u"]))))
+    assert gaps[1] < 0.02 and gaps[0] / gaps[1] == pytest.approx(2.0, rel=0.15), gaps  # O(dt)
+    plain = dl.train(s, 8.0, dt=0.002, save=grid, model=TwoLayerLinear.aligned(s.teacher, s.u0))
+    assert float(jnp.max(jnp.abs(plain["u"] - theory["u"]))) > 10 * gaps[1]
+    with pytest.raises(ValueError, match=r"layer_ratio \(eta_1 / eta_2\) must be finite and positive"):
+        dl.Setup(layer_ratio=0.0)
+
+
 def test_train_warns_past_the_stability_limit_of_gradient_descent():
     # eta dt s_max = 34 * 0.01 * 3 = 1.02: the map's slope at u = s is 1 - 2.04, it oscillates (no NaN to stop it)
     with pytest.warns(UserWarning, match=r"eta dt s_max = 1.02 >= 1"):

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import _validate as V
+from ..optim import weighted_balance
 from .data import Teacher
 
 
@@ -34,19 +35,22 @@ class TwoLayerLinear(eqx.Module):
         return self.W2 @ self.W1
 
     @classmethod
-    def aligned(cls, teacher: Teacher, u0: Any, hidden: int | None = None) -> TwoLayerLinear:
+    def aligned(cls, teacher: Teacher, u0: Any, hidden: int | None = None, layer_ratio: Any = 1.0) -> TwoLayerLinear:
         """Balanced initialisation on the teacher's modes with strength ``u0`` per mode.
 
         ``W1 = sqrt(u0) R V^T``, ``W2 = U R^T sqrt(u0)`` with ``R`` the first ``k`` columns
         of the identity, so ``W2 W1 = u0 U V^T`` and ``W1 W1^T = W2^T W2``: the setting
-        of the closed-form solution.
+        of the closed-form solution. ``layer_ratio = eta_1 / eta_2`` (per-layer rates) weights
+        the balance, ``W1 W1^T / eta_1 = W2^T W2 / eta_2`` (`attnflow.weighted_balance`:
+        ``W1`` scaled by ``rho^(1/4)``, ``W2`` by ``rho^(-1/4)``).
         """
         k = teacher.n_modes
         hidden = k if hidden is None else V.positive_int("hidden", hidden, minimum=k)
         V.positive("u0", u0)
         a = jnp.sqrt(jnp.broadcast_to(jnp.asarray(u0, dtype=teacher.s.dtype), (k,)))
         R = jnp.eye(hidden, k)
-        return cls((R * a) @ teacher.Vt, teacher.U @ (R * a).T)
+        W2, W1 = weighted_balance(teacher.U @ (R * a).T, (R * a) @ teacher.Vt, 1.0 / jnp.asarray(layer_ratio))
+        return cls(W1, W2)
 
     @classmethod
     def random(cls, key: Any, n_in: int, hidden: int, n_out: int, scale: float = 1e-3) -> TwoLayerLinear:

@@ -28,6 +28,10 @@ class Setup(AbstractSetup):
     - ``u0``: the initial strength of every mode (balanced, aligned start, eq. 2);
     - ``eta``: the learning rate; the gradient flow is ``dW/dt = -eta grad L`` and gradient
       descent with step ``dt`` uses the learning rate ``eta dt``, so ``t = dt * step``;
+    - ``layer_ratio``: per-layer rates ``eta_1 / eta_2`` around ``eta`` (`layer_rates`:
+      ``eta_1 = eta sqrt(rho)``, ``eta_2 = eta / sqrt(rho)``, default 1). From the
+      weighted-balanced start `train` uses, the product moves as under the one rate
+      ``sqrt(eta_1 eta_2) = eta``: `solve` and the closed form (2) are unchanged;
     - ``n_in``, ``n_out`` (static): input and output dimensions (at least the number of modes);
     - ``teacher_seed`` (static): seed of the teacher's orthonormal frames.
     """
@@ -35,6 +39,7 @@ class Setup(AbstractSetup):
     s: jax.Array = array_field("s (mode strengths)", REFERENCE_MODES)
     u0: jax.Array = array_field("u0 (initial mode strength)", 1e-3)
     eta: jax.Array = array_field("eta (learning rate)", 1.0)
+    layer_ratio: jax.Array = array_field("layer_ratio (eta_1 / eta_2)", 1.0)
     n_in: int = eqx.field(static=True, default=8)
     n_out: int = eqx.field(static=True, default=6)
     teacher_seed: int = eqx.field(static=True, default=TEACHER_SEED)
@@ -46,6 +51,8 @@ class Setup(AbstractSetup):
         V.positive("u0 (initial mode strength)", self.u0)
         V.scalar("eta (learning rate)", self.eta)
         V.positive("eta (learning rate)", self.eta)
+        V.scalar("layer_ratio (eta_1 / eta_2)", self.layer_ratio)
+        V.positive("layer_ratio (eta_1 / eta_2)", self.layer_ratio)
         V.positive_int("n_in", self.n_in, minimum=self.s.shape[0])
         V.positive_int("n_out", self.n_out, minimum=self.s.shape[0])
         V.positive_int("teacher_seed", self.teacher_seed, minimum=0)
@@ -59,6 +66,13 @@ class Setup(AbstractSetup):
     def initial_state(self) -> jax.Array:
         """The start of `attnflow.deeplinear.solve`: every mode strength at ``u0`` (shape of ``s``)."""
         return jnp.broadcast_to(self.u0, self.s.shape)
+
+    @property
+    def layer_rates(self) -> dict[str, jax.Array]:
+        """The learning rate of each layer, ``{"W1": eta sqrt(rho), "W2": eta / sqrt(rho)}``
+        (``rho = layer_ratio``)."""
+        root = jnp.sqrt(self.layer_ratio)
+        return {"W1": self.eta * root, "W2": self.eta / root}
 
     @property
     def teacher(self) -> Teacher:

@@ -72,9 +72,12 @@ def matrix_field(t: Any, W: dict, args: dict) -> dict:
     return {"W1": W["W2"].T @ E, "W2": E @ W["W1"].T}
 
 
-def conserved(W1: jax.Array, W2: jax.Array) -> jax.Array:
-    """Eq. (4): ``W1 W1^T - W2^T W2``, constant under gradient flow (1)."""
-    return W1 @ W1.T - W2.T @ W2
+def conserved(W1: jax.Array, W2: jax.Array, layer_ratio: Any = 1.0) -> jax.Array:
+    """Eq. (4): ``W1 W1^T - W2^T W2``, constant under gradient flow (1); with per-layer rates
+    ``eta_1 / eta_2 = layer_ratio = rho``, ``eta (W1 W1^T / eta_1 - W2^T W2 / eta_2) =
+    W1 W1^T / sqrt(rho) - sqrt(rho) W2^T W2``, zero at `TwoLayerLinear.aligned`'s start."""
+    root = jnp.sqrt(jnp.asarray(layer_ratio, W1.dtype))
+    return W1 @ W1.T / root - root * W2.T @ W2
 
 
 # ----------------------------------------------------------------------------- solve

@@ -10,11 +10,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from .. import _validate as V
 from .._errors import warn_traced
 from .._jit import filter_jit
+from ..optim import label_by_path, per_circuit
 from ..options import LinearGrid, SaveGrid, TimeGrid, train_steps
 from ..simulate import FullBatch, OnlineSGD, run_training, simulate
 from .model import TwoLayerLinear
@@ -116,7 +116,7 @@ def train(
 @filter_jit
 def _train(setup, model, key, steps, total, dt, batch, return_model, progress):
     teacher = setup.teacher
-    model = TwoLayerLinear.aligned(teacher, setup.u0) if model is None else model
+    model = TwoLayerLinear.aligned(teacher, setup.u0, layer_ratio=setup.layer_ratio) if model is None else model
     if batch is None:
         mode = FullBatch()
 
@@ -132,7 +132,9 @@ def _train(setup, model, key, steps, total, dt, batch, return_model, progress):
     return simulate(
         loss,
         model,
-        optax.sgd(setup.eta * dt),
+        per_circuit(
+            label_by_path(model, {".W1": "W1", ".W2": "W2"}), {k: v * dt for k, v in setup.layer_rates.items()}
+        ),
         total,
         mode=mode,
         key=key,

@@ -39,7 +39,7 @@ import numpy as np
 
 from .. import _validate as V
 from ..ode import require_x64
-from ..optim import label_by_path
+from ..optim import label_by_path, weighted_balance
 from .data import TheoryTask
 
 __all__ = [
@@ -415,7 +415,7 @@ def make_aligned(
         Kd = task.distinct_embeddings() * task.b
         qn, dn = jnp.linalg.norm(Q, axis=1, keepdims=True), jnp.linalg.norm(Kd, axis=1, keepdims=True)
         root = jnp.sqrt(mu_qk0 * qn * dn / c)  # (M, 1): sqrt of the singular values of W_QK
-        W_q, W_k = _weight_balance(root * Q / qn, root * Kd / dn, factor_ratios[0])  # A = W_q^T, B = W_k
+        W_q, W_k = weighted_balance(root * Q / qn, root * Kd / dn, factor_ratios[0])  # A = W_q^T, B = W_k
         mats.update(W_q=W_q, W_k=W_k)
     else:
         mats["W_qk"] = mu_qk0 * task.D_qk() / c
@@ -427,7 +427,7 @@ def make_aligned(
         U = jnp.asarray(_ov_basis(task.M), dtype)
         E = task.distinct_embeddings() * math.sqrt(task.b)
         root = jnp.sqrt(mu_ov0 * math.sqrt(task.b))
-        W_o, W_v = _weight_balance(root * U, root * (U.T @ E), factor_ratios[1])  # A = W_o, B = W_v
+        W_o, W_v = weighted_balance(root * U, root * (U.T @ E), factor_ratios[1])  # A = W_o, B = W_v
         mats.update(W_o=W_o, W_v=W_v)
     else:
         mats["W_ov"] = mu_ov0 * task.D_ov()
@@ -468,14 +468,7 @@ def balanced_factorise(
     if rank is not None:
         U, s, Vt = U[:, :rank], s[:rank], Vt[:rank]
     r = jnp.sqrt(s)
-    return _weight_balance(U * r, r[:, None] * Vt, jnp.asarray(eta_A) / jnp.asarray(eta_B))
-
-
-def _weight_balance(A: jax.Array, B: jax.Array, rho: Any) -> tuple[jax.Array, jax.Array]:
-    """Balanced factors ``A^T A = B B^T`` made weighted-balanced for the rate ratio
-    ``rho = eta_A / eta_B``: ``A rho^(1/4)``, ``B rho^(-1/4)`` (eq. (8))."""
-    w = jnp.asarray(rho, A.dtype) ** 0.25
-    return A * w, B / w
+    return weighted_balance(U * r, r[:, None] * Vt, jnp.asarray(eta_A) / jnp.asarray(eta_B))
 
 
 def factor_conserved(A: Any, B: Any, eta_A: Any = 1.0, eta_B: Any = 1.0) -> jax.Array:
