@@ -56,6 +56,7 @@ def fail_if(tree: Any, pred: Any, message: str) -> Any:
         # (its value is unused), and must not then be a finite number from a failed solve
         tree = jax.tree_util.tree_map(lambda x: nan_where(pred, x) if eqx.is_inexact_array(x) else x, tree)
         return eqx.error_if(tree, pred, message, on_error="raise")
+    assert sink is not None  # _in_point found the current trace nested in the sink's
     sink.append((point_pred, message))
     # ``pred`` itself, not the point's: under a vmap inside the point only the failing lanes are NaN
     return _blank(tree, pred)
@@ -70,7 +71,7 @@ def check_traced(bad: Any, message: str) -> None:
     if not _nested_in(sink):
         return
     point_bad = _in_point(jnp.asarray(bad()), sink)
-    if point_bad is not None:
+    if sink is not None and point_bad is not None:
         sink.append((point_bad, message))
 
 
@@ -83,7 +84,7 @@ def warn_traced(bad: Any, message: str) -> None:
     if not _nested_in(sink):
         return
     point_bad = _in_point(jnp.asarray(bad()), sink)
-    if point_bad is not None:
+    if sink is not None and point_bad is not None:
         sink.warnings.append((point_bad, message))
 
 
@@ -129,7 +130,7 @@ def _in_point(pred: Any, sink: _Sink | None) -> Any:
     """``pred`` as a value of ``sink``'s trace (a sweep point), or None where it cannot be one
     (no sink; a trace not nested in it by `_NESTING` only). A forward-mode tracer gives its
     primal (a boolean has no tangent); a ``vmap`` inside the point gives `any` over its lanes."""
-    if not _nested_in(sink):
+    if sink is None or not _nested_in(sink):
         return None
     outer = []  # the sink's trace and those it is nested in: their values are the point's
     trace = _trace(sink.trace)

@@ -80,7 +80,7 @@ def trajectory_gap(
     batch, T = ts.shape[:-1], ts.shape[-1]
     rows = ts.reshape(R, -1, T)  # (R, S, T)
     ref_ok = np.all(np.isfinite(t_ref), axis=-1)  # a failed reference curve (NaN times) gives NaN gaps
-    for r in np.flatnonzero(ref_ok):
+    for r in np.flatnonzero(ref_ok).tolist():
         lo, hi = t_ref[r, 0], t_ref[r, -1]
         slack = 1e-9 * max(hi - lo, 1.0)
         with np.errstate(invalid="ignore"):

@@ -513,7 +513,7 @@ def _sweep_grid(res: Any, x: Any, y: Any, name: str | None, xlabel: str | None, 
             raise ValueError(f"heatmap: name={name!r}, but the sweep's values are one array, not a mapping")
         v = vals
     try:
-        v = np.asarray(v, dtype=float)
+        v = np.asarray(v, dtype=float)  # type: ignore[assignment]
     except (TypeError, ValueError):
         raise ValueError(f"heatmap: the sweep's values must be numbers, got {type(v).__name__}") from None
     if v.shape != res.shape:
