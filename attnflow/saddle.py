@@ -208,8 +208,9 @@ def spectrum(
     if B is not None:
         if B.ndim != 2 or B.shape[0] != J.shape[0]:
             raise ValueError(f"basis must have shape ({J.shape[0]}, k) for this state, got {B.shape}")
-        if not V.any_traced(B):
-            off = float(jnp.max(jnp.abs(B.T @ B - jnp.eye(B.shape[1], dtype=B.dtype))))
+        if not V.any_traced(basis):  # in NumPy: under a jit, jnp would stage even a constant's check
+            Bn = np.asarray(basis, dtype=float)
+            off = float(np.max(np.abs(Bn.T @ Bn - np.eye(Bn.shape[1]))))
             if off > 1e-8:
                 raise ValueError(f"basis must have orthonormal columns, but |B^T B - I| reaches {off:.3g}")
         J = B.T @ J @ B

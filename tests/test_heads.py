@@ -34,6 +34,7 @@ from attnflow.heads import (
     SymmetricSeed,
     bayes_posterior,
     bayes_risk,
+    drifting_escape_time,
     from_finite_D,
     generalisation_error,
     half_risk,
@@ -41,6 +42,7 @@ from attnflow.heads import (
     oracle_config,
     order_parameter_field,
     overlaps,
+    plateau_rates,
     plateau_state,
     predicted_escape_time,
     prune,
@@ -338,6 +340,32 @@ def test_three_heads_linearise_on_the_drifting_plateau():
     assert abs(lam_flow / growth - 1) < 0.02, (lam_flow, growth)
     with pytest.raises(ValueError, match=r"t = 20.0 is outside the saved times \[0, 15\]"):
         plateau_state(s, traj, 20.0)
+
+
+def test_drifting_plateau_escape_time_follows_the_integrated_rate():
+    """Spec section 9: on a drifting plateau (H = 3) the heads split where int lambda dt = ln(D)/2
+    (+ O(1)); `plateau_rates` integrates the rate along the equal-heads flow and
+    `drifting_escape_time` reads the time off it. Between D = 1e3 and 1e6 the solve's escape
+    moves by 14.33, the integrated rate predicts 14.30 (the rate at the root, 1/(2 lambda)
+    ln 1000, 12.65)."""
+    bank = BankOptions(n=2048)
+
+    def seeded(D):
+        return Setup(H=3, init=SymmetricSeed(jnp.zeros((3, 1)), 0.25 * jnp.eye(3), kappa=1.0, D=D))
+
+    rates = plateau_rates(seeded(1e3), 40.0, bank=bank, save=af.LinearGrid(81))
+    assert {"lambda", "exponent", "M", "Q"} <= set(rates.names)
+    np.testing.assert_allclose(rates["M"], 0.0, atol=1e-15)  # on the manifold: no antisymmetric part
+    assert float(rates["lambda"][0]) == pytest.approx(0.2374, abs=2e-4)
+    measured = [
+        float(solve(seeded(D), 100.0, bank=bank, escape=0.5, save=af.LinearGrid(2)).t_event) for D in (1e3, 1e6)
+    ]
+    predicted = [float(drifting_escape_time(rates, D)) for D in (1e3, 1e6)]
+    assert measured[1] - measured[0] == pytest.approx(14.33, abs=0.02)
+    assert predicted[1] - predicted[0] == pytest.approx(measured[1] - measured[0], rel=0.01)
+    assert np.isnan(float(drifting_escape_time(rates, 1e30)))  # past the saved span
+    with pytest.raises(ValueError, match=r"D must be > 1"):
+        drifting_escape_time(rates, 0.5)
 
 
 def test_anisotropic_gaussian_with_a_full_covariance_is_a_rotated_diagonal_one():

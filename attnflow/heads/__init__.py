@@ -89,12 +89,14 @@ from .theory import NoCopies as NoCopies
 from .theory import SteinForm as SteinForm
 from .theory import SymmetricRoot as SymmetricRoot
 from .theory import antisymmetric_basis as antisymmetric_basis
+from .theory import drifting_escape_time as drifting_escape_time
 from .theory import feature_escape_times as feature_escape_times
 from .theory import generalisation_error as generalisation_error
 from .theory import half_risk as half_risk
 from .theory import initial_state as initial_state
 from .theory import ode as ode
 from .theory import order_parameter_field as order_parameter_field
+from .theory import plateau_rates as plateau_rates
 from .theory import plateau_state as plateau_state
 from .theory import predicted_escape_time as predicted_escape_time
 from .theory import solve as solve
@@ -195,6 +197,8 @@ __all__ = [
     "ode",
     "solve",
     "specialisation",
+    "drifting_escape_time",
+    "plateau_rates",
     "plateau_state",
     "specialisation_spectrum",
     "specialisation_time",

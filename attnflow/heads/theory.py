@@ -780,7 +780,10 @@ SLOW_RELAXATION = 1e-2
 """`unspecialised_point` warns when the slowest relaxation rate of the equal-heads field at its
 root is below this fraction of the fastest (a near-neutral direction: the plateau drifts)."""
 
-_ON_THE_FLOW = "specialisation_spectrum(setup, plateau_state(setup, solve(setup, ...), t)) at a time t on the plateau"
+_ON_THE_FLOW = (
+    "specialisation_spectrum(setup, plateau_state(setup, solve(setup, ...), t)) at a time t on the plateau; "
+    "for the escape time, drifting_escape_time(plateau_rates(setup, t1), D)"
+)
 
 
 def antisymmetric_basis(y: dict, circulant: bool = False) -> jax.Array:
@@ -825,6 +828,84 @@ def specialisation_spectrum(
     dyn = Dynamics.build(setup, bank, form)
     circulant = _circulant(setup, bank)
     return spectrum(order_parameter_field, y, dyn, basis=antisymmetric_basis(y, circulant))
+
+
+class _PlateauObserve(eqx.Module):
+    """What `plateau_rates` records at a state of the equal-heads manifold (coordinates ``z``):
+    the overlaps and the escape rate there. A module, so that a new setup reuses the compiled
+    solve."""
+
+    circulant: bool = eqx.field(static=True)
+
+    def __call__(self, t, z, args):
+        dyn, like = args
+        y = _symmetric_state(z, like, self.circulant)
+        # the sector depends on the shapes only: a constant of the program, built at trace time
+        with jax.ensure_compile_time_eval():
+            basis = antisymmetric_basis(jax.tree_util.tree_map(lambda x: np.zeros(np.shape(x)), y), self.circulant)
+        lam = spectrum(order_parameter_field, y, dyn, basis=basis).lambda_max
+        return {"lambda": jnp.real(lam), "M": y["M"], "Q": y["Q"], **y["act"]}
+
+
+def plateau_rates(
+    setup: Setup,
+    t1: Any,
+    *,
+    save: SaveGrid | None = None,
+    solver: SolverOptions | None = None,
+    bank: BankOptions | None = None,
+    form: DriftForm | None = None,
+) -> Trajectory:
+    """Spec section 9 on a drifting plateau: the flow (8) restricted to the equal-heads manifold
+    from the setup's symmetrised start (`symmetrise`; integrated in the manifold's own
+    coordinates, as `unspecialised_point` finds its root, so it never leaves the manifold),
+    which is the plateau the ODE follows until its heads split, continued past that. At each
+    save time it records ``lambda``, the escape rate there (the leading eigenvalue of the
+    Jacobian of (8) on the antisymmetric sector, `specialisation_spectrum`), its integral
+    ``exponent = int_0^t lambda ds`` (trapezoids on the save grid), and the state ``M``,
+    ``Q`` and learned parameters. `drifting_escape_time` reads the escape time off it.
+
+    Defaults: `DEFAULT_SAVE` (the integral's resolution), `DEFAULT_SOLVER`."""
+    if not isinstance(setup, Setup):
+        raise ValueError(f"setup must be an attnflow.heads.Setup, got {setup!r:.80}")
+    require_x64("heads.plateau_rates")
+    V.positive("t1", t1)
+    if setup.H < 2:
+        raise ValueError(f"plateau_rates needs H >= 2 heads (an antisymmetric sector), got H = {setup.H}")
+    dyn = Dynamics.build(setup, bank, form)
+    circulant = _circulant(setup, bank)
+    like = symmetrise(setup.initial_state())
+    traj = integrate(
+        _circulant_field if circulant else _symmetric_field,
+        _symmetric_coords(like, circulant),
+        t1,
+        args=(dyn, like),
+        save=DEFAULT_SAVE if save is None else save,
+        solver=DEFAULT_SOLVER if solver is None else solver,
+        observe=_PlateauObserve(circulant),
+        meta={"theory": "heads", "equation": "(8) on the equal-heads manifold; escape rate (15) along it"},
+    )
+    lam = traj["lambda"]
+    steps = 0.5 * (lam[..., 1:] + lam[..., :-1]) * jnp.diff(traj.ts, axis=-1)
+    exponent = jnp.concatenate([jnp.zeros_like(lam[..., :1]), jnp.cumsum(steps, axis=-1)], axis=-1)
+    return traj.with_ys(exponent=exponent)
+
+
+def drifting_escape_time(rates: Trajectory, D: Any, t0: Any = 0.0) -> jax.Array:
+    """Spec section 9: on a drifting plateau the antisymmetric components, started at
+    ``O(D^{-1/2})``, grow as ``exp(int lambda dt)``, and the heads split at ``t0 + t`` with
+    ``int_0^t lambda ds = ln(D) / 2`` (``rates`` from `plateau_rates`; read between saves
+    linearly), the form of (15) (`predicted_escape_time`, ``t0 + ln D / (2 lambda)``) with a
+    rate that changes along the plateau. ``t0`` is the ``O(1)`` shift of (15) (the seed's
+    prefactor, the threshold). NaN when the integral has not reached ``ln(D) / 2`` by the last
+    save. Traceable in ``D`` and ``t0``."""
+    if not isinstance(rates, Trajectory) or not {"lambda", "exponent"} <= set(rates.names):
+        raise ValueError(f"rates must be a Trajectory of heads.plateau_rates, got {rates!r:.80}")
+    V.positive("D", D)
+    if not V.any_traced(D) and np.any(np.asarray(D) <= 1):
+        raise ValueError(f"D must be > 1 (the escape starts at D^(-1/2) < 1), got {V.show(D)}")
+    target = 0.5 * jnp.log(jnp.asarray(D, dtype=float))
+    return t0 + first_crossing(rates.ts, rates["exponent"], target, interpolate=True)
 
 
 def predicted_escape_time(lam: Any, D: Any, t0: Any = 0.0) -> Any:
