@@ -840,3 +840,26 @@ def test_train_records_the_readouts_asked_for():
         train(s, 1.0, qk_readout="gpa")
     with pytest.raises(ValueError, match='qk_readout="attention" reads mu_QK from attention measured'):
         train(s, 1.0, qk_readout="attention")
+
+
+def test_binomial_counts_keep_the_mean_and_lower_the_attention():
+    """Spec 3.2 [open]: m, n fixed per sequence (default) or drawn. With counts="binomial" every
+    context position is distinct with probability m / (m + n): the count has mean m and
+    variance (m + n) p (1 - p); alpha, concave in m, falls below the fixed-count ODE's (Jensen),
+    while fixed counts follow it."""
+    fixed, drawn = Setup(), Setup(counts="binomial")
+    tokens, labels, rel = drawn.task.sample(jax.random.PRNGKey(0), 20000)
+    k = np.asarray(rel.sum(1), dtype=float)
+    p = 5 / 55
+    assert tokens.shape == (20000, 56) and k.mean() == pytest.approx(5.0, abs=4 * np.sqrt(55 * p * (1 - p) / 20000))
+    assert k.var() == pytest.approx(55 * p * (1 - p), rel=0.05)
+    assert np.all(np.asarray(fixed.task.sample(jax.random.PRNGKey(0), 100)[2].sum(1)) == 5)
+    distinct = np.asarray(tokens)[np.asarray(rel)]  # the distinct positions hold the class's tokens
+    cls = np.broadcast_to(np.asarray(labels)[:, None], rel.shape)[np.asarray(rel)]
+    assert np.all(distinct // 4 == cls)
+    grid = af.LinearGrid(3)
+    theory = qkov.solve(fixed, 200.0, save=grid)["alpha"][-1]
+    alphas = [float(train(s, 200.0, dt=1.0, batch=32, save=grid)["alpha"][-1]) for s in (fixed, drawn)]
+    assert abs(alphas[0] - float(theory)) < 1e-3 and alphas[1] < float(theory) - 1e-3, (alphas, float(theory))
+    with pytest.raises(ValueError, match="counts"):
+        Setup(counts="poisson")

@@ -21,6 +21,7 @@ learning-rate ratios and seeds in one compiled call (`ratio_lanes`, `train_text`
 `evaluate_text`).
 """
 
+from .data import COUNTS as COUNTS
 from .data import QUERY_MODES as QUERY_MODES
 from .data import CodeGenerator as CodeGenerator
 from .data import TheoryTask as TheoryTask
@@ -187,6 +188,7 @@ __all__ = [
     "PAPER_RATIOS",
     "PAPER_SIZES",
     "PARAMETRISATIONS",
+    "COUNTS",
     "QUERY_MODES",
     "REFERENCE_R001",
     "SPECIALS",

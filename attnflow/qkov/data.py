@@ -19,11 +19,17 @@ import numpy as np
 
 from .. import _validate as V
 
-__all__ = ["QUERY_MODES", "CodeGenerator", "TheoryTask"]
+__all__ = ["COUNTS", "QUERY_MODES", "CodeGenerator", "TheoryTask"]
 
 QUERY_MODES = ("distinct_uniform", "dedicated")
 """How the query token is drawn: uniformly from the class's distinct set, or one dedicated
 query token per class."""
+
+COUNTS = ("fixed", "binomial")
+"""How many context positions a sequence gives its class's distinct tokens (spec 3.2, [open]):
+``m`` and ``n`` fixed in every sequence (the theory's model, default), or each of the ``m + n``
+positions distinct with probability ``m / (m + n)`` (``m`` binomial with mean ``m``, as the
+authors' generator draws it)."""
 
 
 class TheoryTask(eqx.Module):
@@ -31,7 +37,8 @@ class TheoryTask(eqx.Module):
 
     Token ids: class ``c`` owns ``c b .. c b + b - 1``; the common set is
     ``M b .. M b + |C| - 1``; with ``query_mode="dedicated"`` class ``c`` has its own query
-    id ``M b + |C| + c``. Outputs are the ``M`` classes (``n_out = M``).
+    id ``M b + |C| + c``. Outputs are the ``M`` classes (``n_out = M``). ``counts``
+    (`COUNTS`): ``m``, ``n`` fixed per sequence, or drawn binomially around them.
     """
 
     m: int = eqx.field(static=True)
@@ -40,6 +47,7 @@ class TheoryTask(eqx.Module):
     M: int = eqx.field(static=True)
     n_common: int = eqx.field(static=True)
     query_mode: str = eqx.field(static=True)
+    counts: str = eqx.field(static=True)
 
     def __init__(
         self,
@@ -49,6 +57,7 @@ class TheoryTask(eqx.Module):
         M: int = 20,
         n_common: int = 50,
         query_mode: str = "distinct_uniform",
+        counts: str = "fixed",
     ):
         self.m = V.positive_int("m", m)
         self.n = V.positive_int("n", n)
@@ -56,6 +65,7 @@ class TheoryTask(eqx.Module):
         self.M = V.positive_int("M", M, minimum=2)
         self.n_common = V.positive_int("n_common", n_common)
         self.query_mode = V.choice("query_mode", query_mode, QUERY_MODES)
+        self.counts = V.choice("counts", counts, COUNTS)
 
     @property
     def V(self) -> int:
@@ -134,19 +144,29 @@ class TheoryTask(eqx.Module):
     def sample(self, key: jax.Array, batch_size: int) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Sequences ``(tokens (B, m + n + 1), labels (B,), relevant mask (B, m + n + 1))``.
 
-        Context: ``m`` iid distinct tokens of the class, ``n`` iid common tokens (fixed counts),
-        then the query token last (it queries; it is not attended in the theory model)."""
+        Context: ``m`` iid distinct tokens of the class, ``n`` iid common tokens (``counts =
+        "fixed"``; with ``"binomial"`` each of the ``m + n`` positions is distinct with
+        probability ``m / (m + n)``), then the query token last (it queries; it is not attended
+        in the theory model)."""
         k1, k2, k3, k4 = jax.random.split(key, 4)
         c = jax.random.randint(k1, (batch_size,), 0, self.M)
-        d = c[:, None] * self.b + jax.random.randint(k2, (batch_size, self.m), 0, self.b)
-        com = self.M * self.b + jax.random.randint(k3, (batch_size, self.n), 0, self.n_common)
         if self.query_mode == "distinct_uniform":
             q = c * self.b + jax.random.randint(k4, (batch_size,), 0, self.b)
         else:
             q = self.M * self.b + self.n_common + c
-        tokens = jnp.concatenate([d, com, q[:, None]], axis=1)
-        rel = jnp.concatenate([jnp.ones((batch_size, self.m), bool), jnp.zeros((batch_size, self.n + 1), bool)], 1)
-        return tokens, c, rel
+        if self.counts == "fixed":
+            d = c[:, None] * self.b + jax.random.randint(k2, (batch_size, self.m), 0, self.b)
+            com = self.M * self.b + jax.random.randint(k3, (batch_size, self.n), 0, self.n_common)
+            tokens = jnp.concatenate([d, com, q[:, None]], axis=1)
+            rel = jnp.concatenate([jnp.ones((batch_size, self.m), bool), jnp.zeros((batch_size, self.n + 1), bool)], 1)
+            return tokens, c, rel
+        # binomial: a distinct and a common draw at every position, one of them kept
+        L = self.m + self.n
+        d = c[:, None] * self.b + jax.random.randint(k2, (batch_size, L), 0, self.b)
+        com = self.M * self.b + jax.random.randint(k3, (batch_size, L), 0, self.n_common)
+        is_d = jax.random.bernoulli(jax.random.fold_in(key, 1), self.m / L, (batch_size, L))
+        tokens = jnp.concatenate([jnp.where(is_d, d, com), q[:, None]], axis=1)
+        return tokens, c, jnp.concatenate([is_d, jnp.zeros((batch_size, 1), bool)], axis=1)
 
 
 class CodeGenerator(eqx.Module):

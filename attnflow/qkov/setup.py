@@ -12,7 +12,7 @@ import numpy as np
 from .. import _validate as V
 from .._errors import check_traced
 from ..setup import AbstractSetup, array_field
-from .data import QUERY_MODES, TheoryTask
+from .data import COUNTS, QUERY_MODES, TheoryTask
 from .model import PARAMETRISATIONS, QKOVModel, make_aligned
 
 __all__ = [
@@ -97,7 +97,10 @@ class Setup(AbstractSetup):
     - ``m``, ``n``: distinct and common context positions; ``b``: distinct tokens per class;
       ``M``: classes; ``n_common``: common tokens ``|C|``; ``query_mode``:
       ``"distinct_uniform"`` (the query is a uniform distinct token of the class) or
-      ``"dedicated"`` (one query token per class);
+      ``"dedicated"`` (one query token per class); ``counts``: ``"fixed"`` (``m``, ``n`` in
+      every sequence, the theory's model) or ``"binomial"`` (each position distinct with
+      probability ``m / (m + n)``; spec 3.2 [open]: the reduced ODE (3) is then the fixed-count
+      approximation);
     - ``common_correction``: use ``kappa = 1 + b / |C|`` in the collapsed-QK rate, the exact
       rate of the full matrices (their common scores fall too); off by default, giving the
       authors' equations (``kappa = 1``), exact for ``|C| >> b``. With factorised QK it is
@@ -124,6 +127,7 @@ class Setup(AbstractSetup):
     M: int = eqx.field(static=True, default=4)
     n_common: int = eqx.field(static=True, default=400)
     query_mode: str = eqx.field(static=True, default="distinct_uniform")
+    counts: str = eqx.field(static=True, default="fixed")
     common_correction: bool = eqx.field(static=True, default=False)
     score_scale: float = eqx.field(static=True, default=1.0)
 
@@ -133,6 +137,7 @@ class Setup(AbstractSetup):
                 f"unknown parametrisation {self.parametrisation!r}; expected one of {', '.join(PARAMETRISATIONS)}"
             )
         V.choice("query_mode", self.query_mode, QUERY_MODES)
+        V.choice("counts", self.counts, COUNTS)
         V.scalar("eta_qk (QK learning rate)", self.eta_qk)
         V.scalar("eta_ov (OV learning rate)", self.eta_ov)
         V.positive("eta_qk (QK learning rate)", self.eta_qk)
@@ -213,7 +218,15 @@ class Setup(AbstractSetup):
     @property
     def task(self) -> TheoryTask:
         """The data model as a `TheoryTask` (for the full matrices of `train`)."""
-        return TheoryTask(m=self.m, n=self.n, b=self.b, M=self.M, n_common=self.n_common, query_mode=self.query_mode)
+        return TheoryTask(
+            m=self.m,
+            n=self.n,
+            b=self.b,
+            M=self.M,
+            n_common=self.n_common,
+            query_mode=self.query_mode,
+            counts=self.counts,
+        )
 
     def initial_state(self, initial: dict[str, Any] | None = None) -> dict[str, jax.Array]:
         """The start of `solve` and `train`: ``mu0`` on factorised circuits, 0 on collapsed ones;
