@@ -331,6 +331,12 @@ def test_metrics():
     assert float(focus.participation_ratio(W)) == pytest.approx(16 / 6)
     p = np.array([0.5, 0.25, 0.25])
     assert float(focus.effective_rank(W)) == pytest.approx(np.exp(-(p * np.log(p)).sum()))
+    # the spec's alternatives: participation ratio and a threshold count
+    assert float(focus.effective_rank(W, "participation")) == pytest.approx(16 / 6)
+    assert float(focus.effective_rank(jnp.diag(jnp.array([2.0, 1.0, 1e-3])), "threshold")) == 2.0
+    assert float(focus.effective_rank(jnp.diag(jnp.array([2.0, 1.0, 1e-3])), "threshold", rtol=1e-4)) == 3.0
+    with pytest.raises(ValueError, match="unknown kind 'nuclear'"):
+        focus.effective_rank(W, "nuclear")
     # D is the sum of the per-token coordinates rho gamma_1 - pi_1 gamma_i (d - 1 times each when symmetric)
     gamma = jnp.array([1.0, -0.2, -0.2, -0.2])
     red = focus.redistribution(

@@ -35,6 +35,7 @@ from .figures import cycle_figure as cycle_figure
 from .figures import embedding_pca_figure as embedding_pca_figure
 from .figures import rates_figure as rates_figure
 from .figures import symmetry_figure as symmetry_figure
+from .metrics import RANK_KINDS as RANK_KINDS
 from .metrics import condensation as condensation
 from .metrics import cosine as cosine
 from .metrics import effective_rank as effective_rank
@@ -151,6 +152,7 @@ __all__ = [
     "cosine",
     "critical_point_c1",
     "degenerate_point",
+    "RANK_KINDS",
     "effective_rank",
     "embedding_pca",
     "empirical_attention",

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _validate as V
 from ..analysis import growth_rate
 from ..trajectory import Trajectory
 from .data import MarkovChain
@@ -20,6 +21,7 @@ from .theory import attention_rate, centred_log_pi
 __all__ = [
     "condensation",
     "cosine",
+    "RANK_KINDS",
     "effective_rank",
     "embedding_pca",
     "kl_to_pi",
@@ -73,10 +75,23 @@ def singular_values(W: Any, k: int | None = None) -> jax.Array:
     return s if k is None else s[:k]
 
 
-def effective_rank(W: Any) -> jax.Array:
-    """Entropy effective rank ``exp(-sum p_i log p_i)``, ``p_i = s_i / sum_j s_j`` (the reference
-    definition; `participation_ratio` is the alternative)."""
+RANK_KINDS = ("entropy", "participation", "threshold")
+"""The definitions `effective_rank` offers (spec: effective rank [open], default entropy)."""
+
+
+def effective_rank(W: Any, kind: str = "entropy", rtol: float = 1e-2) -> jax.Array:
+    """Effective rank of ``W`` from its singular values ``s_i`` (spec: [open], `RANK_KINDS`):
+    ``"entropy"`` (default) ``exp(-sum p_i log p_i)``, ``p_i = s_i / sum_j s_j``;
+    ``"participation"`` ``(sum_i s_i)^2 / sum_i s_i^2`` (`participation_ratio`);
+    ``"threshold"`` the number of ``s_i > rtol * s_max`` (a float, so that the kinds share a
+    dtype)."""
+    kind = V.choice("kind", kind, RANK_KINDS)
+    if kind == "participation":
+        return participation_ratio(W)
     s = jnp.linalg.svd(jnp.asarray(W), compute_uv=False)
+    if kind == "threshold":
+        V.positive("rtol", rtol)
+        return jnp.sum(s > rtol * jnp.max(s)).astype(s.dtype)
     p = s / jnp.sum(s)
     return jnp.exp(-jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0)))
 
