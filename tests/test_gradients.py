@@ -198,6 +198,10 @@ def test_dalpha_dlogr_matches_finite_differences_and_first_integral():
         assert np.max(np.abs(g - np.asarray(ift[k])) / np.abs(g)) < 1e-6, k
     # the time's derivative (eta_OV fixed): against finite differences too
     assert np.max(np.abs(np.asarray(grad["t"] - fd["t"]) / np.asarray(grad["t"]))) < 1e-5
+    # forward mode (the default, as the other packages' *_sensitivity) and reverse mode agree
+    rev = qkov.ratio_sensitivity(_paper(RATIOS[0]), L_STAR, mode="reverse").grad["log_r"]
+    for k in ("t", "alpha"):
+        np.testing.assert_allclose(rev[k], grad[k][0], rtol=1e-8)
     assert np.all(np.asarray(grad["alpha"]) > 0)  # same loss, sharper attention (eq. (5))
 
 

@@ -29,7 +29,7 @@ from .. import _validate as V
 from .._jit import filter_jit
 from ..ode import require_x64
 from ..options import LinearGrid, SolverOptions
-from ..sensitivity import Sensitivity, sensitivity
+from ..sensitivity import Sensitivity, sensitivity, solver_for_mode
 from ..sweep import sweep
 from .setup import Setup
 from .theory import DEFAULT_SOLVER, alpha, invariant, loss_to_margin, solve, state_at_loss
@@ -114,10 +114,14 @@ def ratio_sensitivity(
     eta_max: Any = None,
     t1: Any = None,
     solver: SolverOptions | None = None,
+    mode: str = "forward",
 ) -> Sensitivity:
     """`reach_loss` and its derivative with respect to ``log r`` through the event-terminated ODE
     (eq. (11)): ``.value`` is ``{"t", "mu_ov", "mu_qk", "alpha"}`` at the setup's ratio,
-    ``.grad["log_r"]`` their derivatives.
+    ``.grad["log_r"]`` their derivatives. ``mode``: ``"forward"`` (default: one input, four
+    outputs; as `attnflow.focus.escape_time_sensitivity` and `attnflow.heads.escape_time_sensitivity`)
+    or ``"reverse"`` (`attnflow.sensitivity`), with the adjoint that mode needs
+    (`attnflow.solver_for_mode` on ``solver``, default `DEFAULT_SOLVER`).
 
     ``eta_max=None`` keeps ``eta_OV`` and moves ``eta_QK = r eta_OV``; a number moves both rates
     as `capped_rates`. The state at ``L*`` depends on ``r`` only, so ``d alpha / d log r`` is the
@@ -128,10 +132,12 @@ def ratio_sensitivity(
     if eta_max is not None and not V.any_traced(eta_max):
         V.positive("eta_max", eta_max)
 
+    solver = solver_for_mode(mode, DEFAULT_SOLVER if solver is None else solver)
+
     def outcome(log_r):
         return reach_loss(_at_log_ratio(setup, log_r, eta_max), loss_target, t1=t1, solver=solver)
 
-    return sensitivity(outcome, log_r=jnp.log(setup.ratio))
+    return sensitivity(outcome, mode, log_r=jnp.log(setup.ratio))
 
 
 def fixed_loss_slope(setup: Setup, loss_target: Any, *, initial: dict | None = None) -> dict:
