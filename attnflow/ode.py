@@ -24,7 +24,7 @@ import numpy as np
 import optimistix as optx
 
 from . import _validate as V
-from ._errors import fail_if
+from ._errors import event_time, fail_if
 from ._io import LOG_INTERVAL
 from ._jit import filter_jit
 from .options import LinearGrid, SaveGrid, SolverOptions, TimeGrid
@@ -630,18 +630,41 @@ def crossing_time(
                 f"threshold = {V.show(threshold)} must lie below the start value of {name!r}, "
                 f"{float(start[name]):.6g}: the solve would stop at once"
             )
-    traj = ode.solve(t1, save=LinearGrid(2), solver=solver, event=_Crossing(name, threshold), progress=progress)
-    return traj.t_event
+    theory = dict(ode.meta).get("theory")
+    if theory is not None:
+        require_x64(f"{theory}.escape_time")
+    threshold = jnp.asarray(threshold, dtype=jnp.result_type(float))
+    # the ODE and the threshold travel as data (args): a new threshold or setup reuses the
+    # compiled solve, and both can be traced (jit, grad, sweep)
+    traj = integrate(
+        _ode_field,
+        ode.y0,
+        t1,
+        args=(ode, threshold),
+        save=LinearGrid(2),
+        solver=with_progress(solver, ode.solver, progress),
+        observe=_ode_observe,
+        event=_Crossing(name),
+        meta=dict(ode.meta),
+    )
+    return event_time(traj.t_event, (ode, threshold))
+
+
+def _ode_field(t: Any, y: Any, args: tuple) -> Any:
+    return args[0](t, y)
+
+
+def _ode_observe(t: Any, y: Any, args: tuple) -> Any:
+    return args[0].observables(y, t)
 
 
 class _Crossing(eqx.Module):
-    """``obs[name] - threshold``: a module, so that a new threshold reuses the compiled solve."""
+    """``obs[name] - threshold`` with ``args = (ode, threshold)``."""
 
     name: str = eqx.field(static=True)
-    threshold: Any
 
-    def __call__(self, t: Any, obs: Mapping[str, Any]) -> Any:
-        return obs[self.name] - self.threshold
+    def __call__(self, t: Any, y: Any, args: tuple) -> Any:
+        return args[0].observables(y, t)[self.name] - args[1]
 
 
 def with_progress(solver: SolverOptions | None, default: SolverOptions | None, progress: bool | None) -> Any:

@@ -293,6 +293,9 @@ class SolverOptions(eqx.Module):
         """Fixed steps of size ``dt`` (``diffrax.ConstantStepSize()``, ``dt0 = dt``), with
         ``solver`` (default `attnflow.RK4`, the classical fourth-order method; or
         ``diffrax.Euler()``, ...); ``options`` set the other fields (``max_steps``, ``progress``)."""
+        clash = sorted({"stepsize_controller", "dt0"} & set(options))
+        if clash:
+            raise ValueError(f"fixed_step sets {clash} itself (ConstantStepSize, dt0 = dt); give dt and solver only")
         if solver is None:
             from .ode import RK4
 
@@ -310,6 +313,15 @@ class SolverOptions(eqx.Module):
             V.positive("dt0", self.dt0)
         if self.solver is not None and not isinstance(self.solver, diffrax.AbstractSolver):
             raise ValueError(f"solver must be a Diffrax solver (e.g. diffrax.Tsit5()), got {self.solver!r}")
+        from .ode import RK4  # here: ode imports this module
+
+        fixed = isinstance(self.stepsize_controller, diffrax.ConstantStepSize)
+        if isinstance(self.solver, RK4) and not fixed:
+            # its error estimate is zero: an adaptive controller would grow the steps unchecked
+            raise ValueError(
+                "RK4 has no error estimate, so an adaptive step-size controller would grow its steps without "
+                "bound: use SolverOptions.fixed_step(dt) (diffrax.ConstantStepSize() with dt0 = dt)"
+            )
         if self.stepsize_controller is not None and not isinstance(
             self.stepsize_controller, diffrax.AbstractStepSizeController
         ):

@@ -1042,3 +1042,34 @@ def test_escape_time_is_one_verb_in_every_package():
         af.crossing_time(deeplinear.ode(d), "u", 0.1, 50.0)
     with pytest.raises(ValueError, match=r"the ODE has no observable 'los'"):
         af.crossing_time(deeplinear.ode(d), "los", 0.1, 50.0)
+
+
+def test_escape_time_threshold_is_data_and_a_missed_event_has_nan_derivatives():
+    """The threshold of `af.crossing_time` travels as data: a new one reuses the compiled solve,
+    and it can be traced (jit, grad, two sweeps in one process). Its derivative is -1 / (dL/dt)
+    at the crossing. An event that never fires gives NaN, and NaN derivatives in both modes (not
+    the 0 a solve's adjoint gives), as focus and heads do."""
+    from attnflow import deeplinear, focus
+
+    s = deeplinear.Setup()
+    t_star = float(deeplinear.escape_time(s, 1.0, t1=10.0))
+    h = 1e-4
+    around = deeplinear.solve(s, t_star + h, save=af.TimeGrid([t_star - h, t_star + h]))["loss"]
+    dL_dt = float(around[1] - around[0]) / (2 * h)
+    grad = float(jax.grad(lambda th: deeplinear.escape_time(s, th, t1=10.0))(1.0))
+    assert grad == pytest.approx(1.0 / dL_dt, rel=1e-6)
+    assert float(jax.jit(lambda th: deeplinear.escape_time(s, th, t1=10.0))(1.0)) == pytest.approx(t_star, rel=1e-12)
+    for grid in (np.array([1.0, 0.5]), np.array([0.25, 0.5])):
+        res = af.sweep(lambda th: {"t": deeplinear.escape_time(s, th, t1=10.0)}, {"th": grid}, progress=False)
+        assert np.all(np.isfinite(np.asarray(res["t"])))
+    missed = af.sensitivity(lambda eta: deeplinear.escape_time(s.replace(eta=eta), 0.25, t1=2.0), eta=1.0)
+    assert np.isnan(float(missed.value)) and np.isnan(float(missed.grad["eta"]))
+    fw = af.solver_for_mode("forward", deeplinear.DEFAULT_SOLVER)
+    missed = af.sensitivity(
+        lambda eta: deeplinear.escape_time(s.replace(eta=eta), 0.25, t1=2.0, solver=fw), mode="forward", eta=1.0
+    )
+    assert np.isnan(float(missed.grad["eta"]))
+    far = focus.Setup()
+    g = jax.grad(lambda tau: focus.escape_time(far.replace(tau=tau), t1=1.0))(far.tau)
+    assert np.isnan(float(g))
+

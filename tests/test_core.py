@@ -960,3 +960,8 @@ def test_rk4_fixed_steps_are_fourth_order():
     assert errors[0] / errors[1] == pytest.approx(16.0, rel=0.05)
     with pytest.raises(ValueError, match="dt must be finite and positive"):
         af.SolverOptions.fixed_step(0.0)
+    # no error estimate: an adaptive controller would grow its steps unchecked (a silent blow-up)
+    with pytest.raises(ValueError, match="RK4 has no error estimate"):
+        af.SolverOptions(solver=af.RK4())
+    with pytest.raises(ValueError, match=r"fixed_step sets \['dt0'\] itself"):
+        af.SolverOptions.fixed_step(0.1, dt0=0.2)

@@ -22,6 +22,7 @@ import equinox as eqx
 import jax
 
 from .. import _validate as V
+from .._errors import event_time
 from ..ode import require_x64, with_progress
 from ..options import LinearGrid, SolverOptions
 from ..sensitivity import Sensitivity, sensitivity, solver_for_mode
@@ -88,7 +89,7 @@ def specialisation_time(
     solver = with_progress(solver, None, progress)
     check_escape_start(setup, threshold, "threshold")
     traj = solve(setup, t1, escape=threshold, save=LinearGrid(2), bank=bank, form=form, solver=solver)
-    return traj.t_event
+    return event_time(traj.t_event, (setup, threshold))
 
 
 def specialisation_time_sensitivity(
@@ -138,7 +139,7 @@ def specialisation_time_sensitivity(
     def outcome(eta, s):
         st = setup.replace(eta=eta, prior=eqx.tree_at(lambda p: p.s, setup.prior, s))
         traj = solve(st, t1, escape=threshold, save=LinearGrid(2), bank=bank, form=form, solver=solver)
-        return traj.t_event
+        return event_time(traj.t_event, (st, threshold))
 
     return sensitivity(outcome, mode=mode, **{"eta": setup.eta, "s": setup.prior.s})
 
