@@ -128,9 +128,12 @@ class LogGrid(SaveGrid):
     ``t_min`` must be below ``t1 - t0`` (``ValueError`` otherwise), unless ``fit_span=True``:
     then a span no longer than ``t_min`` is saved from ``1e-3 (t1 - t0)`` instead (the theory
     packages' default grids, so that a short solve runs; a span longer than ``t_min`` is saved
-    from ``t_min`` as usual). On the step axis of a simulation a ``t_min`` shorter than one step
-    is one step (nothing is saved between steps), and duplicates at small steps are merged, so
-    fewer than ``n`` may remain."""
+    from ``t_min`` as usual). On the step axis of a simulation (`steps`) ``t_min=None`` is one
+    step. In the time units of a run with step ``dt`` (`steps_for`, what the theory packages'
+    ``train`` use) the grid is the times a solve to ``t1`` saves, rounded to the nearest steps:
+    theory and simulation are saved at the same times, to ``dt / 2``. Times before the first
+    step merge into steps 0 and 1 (nothing is saved between steps), so fewer than ``n`` may
+    remain."""
 
     n: int = eqx.field(static=True, default=200)
     t_min: float | None = eqx.field(static=True, default=None)
@@ -168,8 +171,11 @@ class LogGrid(SaveGrid):
         if self.t_min is not None and float(self.t_min) >= total * dt:
             if not self.fit_span:
                 raise ValueError(f"LogGrid: t_min = {self.t_min:g} must be below t1 - t0 = {total * dt:g}")
-            return self._log_steps(total, max(1.0, 1e-3 * total))
-        lo = 1.0 if self.t_min is None else max(1.0, float(self.t_min) / dt)
+            return self._log_steps(total, 1e-3 * total)
+        # the times `times` gives a solve to t1, rounded to steps (those before the first step
+        # merge into steps 0 and 1): a run and the theory are saved at the same times, so that
+        # comparing them interpolates neither across a coarse stretch of the log grid
+        lo = 1e-6 * total if self.t_min is None else float(self.t_min) / dt
         return self._log_steps(total, lo)
 
     def _log_steps(self, total, lo):

@@ -577,7 +577,9 @@ def test_setups_print_their_numbers_and_record_as_data(tmp_path):
     from attnflow import focus, heads, qkov
 
     s = dl.Setup(eta=0.7)
-    assert repr(s) == "Setup(s=[3.0, 2.0, 1.0, 0.5], u0=0.001, eta=0.7, n_in=8, n_out=6, teacher_seed=0)"
+    assert repr(s) == (
+        "Setup(s=[3.0, 2.0, 1.0, 0.5], u0=0.001, eta=0.7, layer_ratio=1.0, n_in=8, n_out=6, teacher_seed=0)"
+    )
     h = heads.Setup().replace(eta=0.7)
     assert "eta=0.7" in repr(h) and "prior=FlippedSpike(s=3.0, p=0.5" in repr(h)
     for setup in (qkov.Setup(), focus.Setup(m=2, mk=2), h):
@@ -1072,4 +1074,3 @@ def test_escape_time_threshold_is_data_and_a_missed_event_has_nan_derivatives():
     far = focus.Setup()
     g = jax.grad(lambda tau: focus.escape_time(far.replace(tau=tau), t1=1.0))(far.tau)
     assert np.isnan(float(g))
-

@@ -882,7 +882,11 @@ def test_save_grids_and_horizons_refuse_what_they_cannot_honour():
     np.testing.assert_allclose(fit.times(0.0, 1.0), [0.0, 1e-3, 10**-2.0, 10**-1.0, 1.0], rtol=1e-12)
     np.testing.assert_allclose(fit.times(0.0, 50.0), af.LogGrid(5, 5.0).times(0.0, 50.0), rtol=1e-15)
     np.testing.assert_allclose(jax.jit(fit.times)(0.0, 1.0), fit.times(0.0, 1.0), rtol=1e-12)
-    np.testing.assert_array_equal(fit.steps_for(1.0, 0.01)[1], [0, 1, 5, 22, 100])
+    # in a run's time units: the solve's times (1e-3, 1e-2, 1e-1, 1) rounded to steps of 0.01
+    np.testing.assert_array_equal(fit.steps_for(1.0, 0.01)[1], [0, 1, 10, 100])
+    np.testing.assert_allclose(
+        af.LogGrid(150).steps_for(300.0, 1 / 32)[1][-40:] / 32, af.LogGrid(150).times(0.0, 300.0)[-40:], atol=1 / 64
+    )
     with pytest.warns(
         UserWarning,
         match=r"t1 = 1 is not a multiple of dt = 0.3: the run ends at the last step before it, step 3, t = 0.9",
