@@ -89,7 +89,8 @@ WARNED = -2
 
 
 class SweepError(RuntimeError):
-    """Grid points of a sweep failed (raised with ``on_error="raise"``); the message names them."""
+    """Grid points of a sweep failed (raised with ``on_error="raise"``, or a failure inside the user's own
+    ``jit``, loop or ``cond`` that cannot be kept to one point); the message names them."""
 
 
 @dataclasses.dataclass(frozen=True, init=False)
@@ -1229,7 +1230,22 @@ def sweep(
         for i in todo:
             # host arrays go straight into the jitted call, which places them by its
             # in_shardings (about 15 us; a device_put first costs about 100 us)
-            out = compiled(chunk_points(i))
+            try:
+                out = compiled(chunk_points(i))
+            except jax.errors.JaxRuntimeError as err:
+                # an attnflow check inside the user's own jit, loop, cond, custom_jvp or
+                # checkpoint cannot hand its failure to the sweep (its values cannot leave that
+                # program): it raises at run time, and the chunk's points are named here
+                points = chunk_points(i)
+                where = ", ".join(f"{d} in {np.unique(points[d]).tolist()[:6]}" for d in dims)
+                # the check's own message: the line equinox raises it on
+                said = [ln.split("RuntimeError: ", 1)[1] for ln in str(err).splitlines() if "RuntimeError: " in ln]
+                first = said[0] if said else (str(err).strip().splitlines() or [""])[0]
+                raise SweepError(
+                    f"a point of chunk {i} ({where}) failed inside a jax.jit, lax.scan, lax.cond, custom_jvp or "
+                    f"checkpoint of fn, where the sweep cannot mark one point failed: {first.strip()[:300]}. Call "
+                    "attnflow's verbs outside such a transformation within fn to get NaN and a status per point"
+                ) from err
             out_leaves = jax.tree_util.tree_leaves(out)
             if out_leaves:
                 devices_used = max(devices_used, len(out_leaves[0].sharding.device_set))

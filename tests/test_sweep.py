@@ -218,6 +218,11 @@ def test_a_diverging_point_under_jvp_vmap_or_grad_fails_alone():
             assert np.all(np.isnan(np.asarray(got)[~good])), name
     with pytest.raises(RuntimeError, match="integrate: solver failed"):  # called directly, it still raises
         jax.block_until_ready(jax.jvp(end, (2.0,), (1.0,)))
+    # inside the user's own jit (or scan, cond, custom_jvp, checkpoint) the failure cannot be kept
+    # to its point: a SweepError names the chunk's points and the run's own message
+    inside = r"chunk 0 \(k in \[0.25, 0.5, 2.0\]\) failed inside a jax.jit.*max_steps=500"
+    with pytest.raises(af.SweepError, match=inside):
+        af.sweep(jax.jit(end), {"k": ks}, progress=False)
 
 
 def test_sweep_bad_input():
