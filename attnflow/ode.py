@@ -396,8 +396,12 @@ def integrate(
     ts = jnp.asarray(save.times(t0, t1), dtype=dtype)
     if isinstance(save, TimeGrid) and not V.any_traced((ts, t0, t1)):
         lo, hi = float(ts[0]), float(ts[-1])
-        if lo < float(t0) or hi > float(t1):
-            raise ValueError(f"save times must lie in [t0, t1] = [{float(t0):g}, {float(t1):g}], got {lo:g} .. {hi:g}")
+        # to the times' own resolution (float32 times of 0.3 are 0.30000001), as train reads them
+        raw = np.asarray(save.ts)
+        tol = (8 * float(np.finfo(raw.dtype).eps) if raw.dtype.kind == "f" else 0.0) * max(abs(float(t1)), 1.0)
+        if lo < float(t0) - tol or hi > float(t1) + tol:
+            raise ValueError(f"save times must lie in [t0, t1] = [{float(t0)!r}, {float(t1)!r}], got {lo!r} .. {hi!r}")
+        ts = jnp.clip(ts, t0, t1)
     elif V.any_traced((ts, t0, t1)):
         bad_ts = ~(jnp.all(jnp.isfinite(ts)) & (ts[0] >= t0) & (ts[-1] <= t1) & jnp.all(jnp.diff(ts) >= 0))
         input_failures.append(

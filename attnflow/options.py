@@ -232,7 +232,7 @@ class TimeGrid(SaveGrid):
         # to the times' own resolution too (float32 times of a step of 0.1 are off by 1e-9)
         eps = np.finfo(np.asarray(self.ts).dtype).eps if np.asarray(self.ts).dtype.kind == "f" else 0.0
         if s[0] < 0 or s[-1] > t1 + max(1e-9, 8 * eps) * max(t1, dt):
-            raise ValueError(f"save times must lie in [0, t1 = {t1:g}], got {s[0]:g} .. {s[-1]:g}")
+            raise ValueError(f"save times must lie in [0, t1 = {t1!r}], got {float(s[0])!r} .. {float(s[-1])!r}")
         steps = np.minimum(np.round(s / dt), total).astype(np.int64)
         same = np.flatnonzero(np.diff(steps) == 0)
         if same.size:

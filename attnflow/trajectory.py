@@ -543,12 +543,25 @@ def _check_within(reference: Trajectory, other: Trajectory) -> None:
     r, o = np.asarray(reference.ts, dtype=float), np.asarray(other.ts, dtype=float)
     if not (np.isfinite(r).any() and np.isfinite(o).any()):
         return
-    lo, hi = np.nanmax(r[..., 0]), np.nanmin(r[..., -1])
-    o_lo, o_hi = np.nanmin(o[..., 0]), np.nanmax(o[..., -1])
+    # curve by curve: a batched reference's axes lead other's (theory over eta, runs over (eta,
+    # seed)), and each run must lie within its own reference curve's span
+    lo_r, hi_r = r[..., 0], r[..., -1]
+    extra = max(o.ndim - 1 - lo_r.ndim, 0)
+    lo_r, hi_r = lo_r.reshape(lo_r.shape + (1,) * extra), hi_r.reshape(hi_r.shape + (1,) * extra)
+    o_first, o_last = o[..., 0], o[..., -1]
     # rounding of the two time grids (dt * steps against linspace), float32 ones included
     eps = max(np.finfo(np.asarray(reference.ts).dtype).eps, np.finfo(np.asarray(other.ts).dtype).eps)
-    slack = 16 * eps * (1.0 + max(abs(lo), abs(hi)))
-    if o_lo < lo - slack or o_hi > hi + slack:
+    try:
+        slack = 16 * eps * (1.0 + np.maximum(np.abs(lo_r), np.abs(hi_r)))
+        with np.errstate(invalid="ignore"):
+            out = (o_first < lo_r - slack) | (o_last > hi_r + slack)
+    except ValueError:  # shapes compare refuses itself, naming them
+        return
+    if np.any(out):
+        k = np.unravel_index(int(np.flatnonzero(out)[0]), out.shape)
+        lo_b, hi_b = np.broadcast_to(lo_r, out.shape), np.broadcast_to(hi_r, out.shape)
+        lo, hi = float(lo_b[k]), float(hi_b[k])
+        o_lo, o_hi = float(np.broadcast_to(o_first, out.shape)[k]), float(np.broadcast_to(o_last, out.shape)[k])
         stopped = reference.t_event is not None and bool(np.isfinite(np.asarray(reference.t_event)).any())
         advice = (
             f"the reference stopped at its event (t_event = {float(np.nanmax(np.asarray(reference.t_event))):.6g}): "

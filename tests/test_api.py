@@ -54,11 +54,18 @@ def test_save_grids():
     total, s = af.LogGrid(10, t_min=0.5).steps_for(8.0, 0.01)
     assert total == 800 and s[1] == 50 and s[-1] == 800
     # save times past t1 are refused, as solve refuses them; a t1 between steps saves at its last step
-    with pytest.raises(ValueError, match=r"save times must lie in \[0, t1 = 1\], got 0 .. 1.09"):
+    with pytest.raises(ValueError, match=r"save times must lie in \[0, t1 = 1.0\], got 0.0 .. 1.09"):
         af.TimeGrid([0.0, 0.5, 1.09]).steps_for(1.0, 0.1)
     with pytest.warns(UserWarning, match="t1 = 1.05 is not a multiple of dt = 0.1"):
         total, s = af.TimeGrid([0.0, 0.5, 1.05]).steps_for(1.05, 0.1)
     assert total == 10 and list(s) == [0, 5, 10]
+    # the offending time is named in full, and float32 times of t1 (0.30000001) are t1, in train as in solve
+    with pytest.raises(ValueError, match=r"got 0.0 .. 1.0000001"):
+        af.TimeGrid([0.0, 1.0000001]).steps_for(1.0, 0.1)
+    f32 = af.TimeGrid(np.float32([0.0, 0.3]))
+    assert list(f32.steps_for(0.3, 0.1)[1]) == [0, 3]
+    ode = af.integrate(lambda t, y, a: -y, jnp.array(1.0), 0.3, save=f32)
+    assert float(ode.ts[-1]) == 0.3
     for bad, match in (
         (lambda: af.LinearGrid(1), "n .save points. must be an integer >= 2"),
         (lambda: af.LogGrid(10, t_min=-1.0), "t_min must be positive"),

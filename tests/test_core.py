@@ -969,3 +969,24 @@ def test_rk4_fixed_steps_are_fourth_order():
         af.SolverOptions(solver=af.RK4())
     with pytest.raises(ValueError, match=r"fixed_step sets \['dt0'\] itself"):
         af.SolverOptions.fixed_step(0.1, dt0=0.2)
+
+
+def test_compare_checks_each_reference_curve_against_its_own_runs():
+    """A theory swept over a rate, each curve solved to its own horizon, against runs over (rate,
+    seed): each run must lie within its own curve's span (as `trajectory_gap` checks), not within
+    the shortest curve's."""
+    tref = np.stack([np.linspace(0, 5, 11), np.linspace(0, 10, 11)])  # curve 0 to t = 5, curve 1 to t = 10
+    ref = af.Trajectory(tref, {"a": np.sin(tref)})
+    tos = np.stack([np.stack([np.linspace(0, 5, 6)] * 2), np.stack([np.linspace(0, 10, 6)] * 2)])
+    runs = af.Trajectory(tos, {"a": np.sin(tos) + 0.01})
+    gap = af.compare(ref, runs, per_run=True)["a"]
+    np.testing.assert_allclose(gap, np.asarray(af.trajectory_gap(ref, runs)), atol=0.02)
+    late = af.Trajectory(_late(tos), {"a": np.sin(tos)})
+    with pytest.raises(ValueError, match=r"other is saved on \[0, 6\] but reference covers only \[0, 5\]"):
+        af.compare(ref, late)
+
+
+def _late(tos):
+    t = np.array(tos)
+    t[0, 1] = np.linspace(0, 6, 6)
+    return t
