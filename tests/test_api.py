@@ -1014,10 +1014,12 @@ def test_every_train_records_its_clock_step_and_batch():
         "deeplinear": deeplinear.train(deeplinear.Setup(), 0.1, dt=0.05, save=af.LinearGrid(2)),
         "derive": derive.train(committee, 0.02, D=100, save=af.LinearGrid(2)),
     }
+    runs["qkov generator"] = qkov.train_on_generator("CACO", 0.1, 0.1, 4, batch=2, save=af.LinearGrid(2))[0]
     want = {"qkov": (0.5, 4), "focus": (0.05, 64), "heads": (0.01, 1), "deeplinear": (0.05, None), "derive": (0.01, 1)}
+    want["qkov generator"] = (1.0, 2)
     for name, tr in runs.items():
         meta = tr.meta
-        assert meta["theory"] == name and isinstance(meta["clock"], str) and meta["clock"], name
+        assert meta["theory"] == name.split()[0] and meta["clock"].startswith("t = steps"), (name, meta["clock"])
         assert meta["dt"] == pytest.approx(want[name][0]) and meta["batch"] == want[name][1], (name, meta)
 
 

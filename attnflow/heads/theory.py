@@ -507,7 +507,9 @@ def ode(setup: Setup, *, bank: BankOptions | None = None, form: DriftForm | None
         meta=(
             ("theory", "heads"),
             ("clock", "t = steps / D"),
-            ("bank", dyn.bank.size),
+            # what rebuilds it (BankOptions.n), and the draws averaged with their copies
+            ("bank n", int((BankOptions() if bank is None else bank).n)),
+            ("bank draws", dyn.bank.size),
             ("form", type(dyn.form).__name__),
         ),
     )

@@ -247,7 +247,11 @@ def train(
         conserved,
         bool(return_model),
         progress,
-        {**meta, "method": "gradient descent" if batch is None else "online SGD"},
+        {
+            **meta,
+            "method": "gradient descent" if batch is None else "online SGD",
+            "clock": "t = steps * dt; gradient flow dW/dt = -eta grad L per circuit",
+        },
         eval_samples,
         readouts,
     )
@@ -443,7 +447,13 @@ def _generator_run(
         progress=progress,
         return_model=True,
         throw=False,
-        meta={"parametrisation": parametrisation, "batch": batch},
+        meta={
+            "theory": "qkov",
+            "clock": "t = steps (the authors' generator: the rates are per step)",
+            "dt": 1.0,
+            "parametrisation": parametrisation,
+            "batch": batch,
+        },
     )
 
 
