@@ -19,7 +19,6 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.extend.core import get_opaque_trace_state
 
 __all__ = ["fail_if", "warn_traced", "collecting", "status_code", "check_traced", "blank_failed"]
@@ -205,25 +204,6 @@ def nan_where(bad: Any, x: Any) -> Any:
     keeps must not be a finite number from a failed solve. No cotangent enters ``x``'s own
     computation where ``bad`` (a NaN sent back through a solver's adjoint fails its linear solve)."""
     return _nan_where(bad, jnp.where(bad, jax.lax.stop_gradient(x), x))
-
-
-def event_time(t_event: Any, params: Any) -> Any:
-    """``t_event`` of a solve stopped by an event, with a NaN derivative where the event never
-    fired (``t_event`` NaN), in both modes: a solve's adjoint would give 0 there, which reads as
-    a real derivative in a sweep of sensitivities. The NaN enters through a separate term,
-    ``where(no event, NaN, 0) * sum(params' inexact leaves)`` (0 when the event fired), never
-    through the solve's own adjoint; ``params``: what the time is differentiated in (the setup,
-    the threshold)."""
-    missed = jnp.isnan(t_event)
-    leaves = [
-        x
-        for x in jax.tree_util.tree_leaves(params)
-        if isinstance(x, (jax.Array, np.ndarray, float)) and jnp.issubdtype(jnp.result_type(x), jnp.inexact)
-    ]
-    if not leaves:
-        return t_event
-    total = sum(jnp.sum(jnp.where(jnp.isfinite(x), x, 0.0)) for x in leaves)
-    return t_event + jnp.where(missed, jnp.nan, 0.0) * total
 
 
 @jax.custom_jvp

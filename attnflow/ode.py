@@ -24,7 +24,7 @@ import numpy as np
 import optimistix as optx
 
 from . import _validate as V
-from ._errors import event_time, fail_if
+from ._errors import fail_if
 from ._io import LOG_INTERVAL
 from ._jit import filter_jit
 from .options import LinearGrid, SaveGrid, SolverOptions, TimeGrid
@@ -426,6 +426,18 @@ def integrate(
         floor = _DTMIN_FRACTION * jnp.abs(t1 - t0) if solver.dtmin is None else jnp.asarray(solver.dtmin, dtype)
         controller = diffrax.PIDController(rtol=rtol, atol=atol, dtmin=floor, force_dtmin=False)
     dt0 = None if solver.dt0 is None else jnp.asarray(solver.dt0, dtype)
+    if isinstance(controller, diffrax.ConstantStepSize) and not V.any_traced((solver.dt0, t0, t1)):
+        if solver.dt0 is None:
+            raise ValueError("a constant step size needs dt0: SolverOptions.fixed_step(dt) sets both")
+        # known before solving: a fixed-step run that cannot reach t1 would fail only at the end,
+        # with the adaptive solver's advice (tolerances play no part here)
+        need = int(np.ceil(abs(float(t1) - float(t0)) / float(solver.dt0) - 1e-9))
+        if need > solver.max_steps:
+            raise ValueError(
+                f"fixed steps of dt0 = {float(solver.dt0):g} need {need} steps to t1 = {float(t1):g}, more than "
+                f"max_steps = {solver.max_steps}: raise max_steps (SolverOptions.fixed_step(dt, max_steps={need})) "
+                "or the step"
+            )
     if isinstance(event, diffrax.Event) or event is None:
         ev = event
     elif callable(event):
@@ -489,7 +501,9 @@ def integrate(
         t_event = jnp.where(result == diffrax.RESULTS.event_occurred, t_end, jnp.nan)
     m = {"integrator": type(method).__name__, "max_steps": solver.max_steps}
     if isinstance(solver.stepsize_controller, diffrax.ConstantStepSize):
-        m.update(controller="ConstantStepSize")  # rtol and atol play no part
+        m.update(controller="ConstantStepSize")  # rtol and atol play no part; the step does
+        if not V.any_traced(solver.dt0) and np.ndim(solver.dt0) == 0:
+            m.update(dt0=float(solver.dt0))
     elif not V.any_traced((rtol, atol)) and np.ndim(rtol) == 0 and np.ndim(atol) == 0:
         m.update(rtol=float(rtol), atol=float(atol))
     m.update(meta or {})
@@ -605,19 +619,22 @@ def crossing_time(
     threshold: Any,
     t1: Any,
     *,
+    rising: bool = False,
     solver: SolverOptions | None = None,
     progress: bool | None = None,
 ) -> jax.Array:
     """The first time the scalar observable ``name`` of ``ode``'s solution from ``ode.y0`` falls
-    to ``threshold``: the event time of ``ode.solve(t1, event=lambda t, o: o[name] - threshold)``,
-    NaN if it has not by ``t1``. What each package's ``escape_time`` is built on (a loss or an
+    to ``threshold`` (``rising=True``: rises to it, e.g. an overlap or a specialisation): the
+    event time of ``ode.solve(t1, event=lambda t, o: o[name] - threshold)``, NaN if it has not
+    by ``t1``. What each package's ``escape_time`` is built on (a loss or an
     error leaving its plateau). A JAX function of ``threshold`` and of the arrays in ``ode``: it
     goes through ``jax.jit``, ``jax.vmap``, `attnflow.sweep` and `attnflow.sensitivity` (the
     event time's derivative is eq. (S1) there).
 
     Raises ``ValueError`` before solving for an observable ``ode`` does not have, one that is
     not a scalar (pass its entry as an observable of your own ``ODE``), or a concrete
-    ``threshold`` that is not finite or not below the observable's value at ``ode.y0``."""
+    ``threshold`` that is not finite or not below (``rising``: above) the observable's value at
+    ``ode.y0``."""
     if not isinstance(ode, ODE):
         raise ValueError(f"ode must be an attnflow.ODE (a package's P.ode(setup)), got {ode!r:.80}")
     start = ode.observables(ode.y0)
@@ -629,10 +646,12 @@ def crossing_time(
         V.positive("t1 (horizon)", t1)
     if not V.any_traced(threshold):
         V.finite_scalar("threshold", threshold)
-        if not V.any_traced(start[name]) and not float(threshold) < float(start[name]):
+        s0 = None if V.any_traced(start[name]) else float(start[name])
+        if s0 is not None and not (float(threshold) > s0 if rising else float(threshold) < s0):
             raise ValueError(
-                f"threshold = {V.show(threshold)} must lie below the start value of {name!r}, "
-                f"{float(start[name]):.6g}: the solve would stop at once"
+                f"threshold = {V.show(threshold)} must lie {'above' if rising else 'below'} the start value of "
+                f"{name!r}, {s0:.6g}: the solve would stop at once"
+                + ("" if rising else " (rising=True for an observable that grows)")
             )
     theory = dict(ode.meta).get("theory")
     if theory is not None:
@@ -651,7 +670,7 @@ def crossing_time(
         event=_Crossing(name),
         meta=dict(ode.meta),
     )
-    return event_time(traj.t_event, (ode, threshold))
+    return traj.t_event
 
 
 def _ode_field(t: Any, y: Any, args: tuple) -> Any:

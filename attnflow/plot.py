@@ -27,6 +27,14 @@ _COLORS = ["C0", "C1", "C2", "C3", "C4", "C5", "C6", "C7", "C8", "C9"]
 def _as_runs(simulations: Trajectory | Sequence[Trajectory] | None) -> list[Trajectory]:
     if simulations is None:
         return []
+    from .sweep import SweepResult
+
+    if isinstance(simulations, SweepResult):  # a sweep over seeds: its runs, as family takes it
+        if not isinstance(simulations.values, Trajectory):
+            raise ValueError(
+                f"overlay: a SweepResult of runs must have Trajectory values, got {type(simulations.values).__name__}"
+            )
+        simulations = simulations.values
     if isinstance(simulations, Trajectory):
         if simulations.ts.ndim == 1:
             return [simulations]
@@ -104,7 +112,8 @@ def overlay(
 ) -> Figure:
     """Theory (lines) against simulations (markers or seed band), one panel per observable.
 
-    ``simulations`` may be one `Trajectory`, a batched one (leading seed axes) or a list. Several
+    ``simulations`` may be one `Trajectory`, a batched one (leading seed axes), an
+    `attnflow.SweepResult` of runs (a sweep over seeds) or a list. Several
     runs saved at the same times are drawn as their mean ``m`` (markers) and a shaded band, per
     save time over the ``n`` runs: ``band="minmax"`` (the default) from the smallest to the largest
     run, ``"std"`` ``m +- sd`` with ``sd`` the sample standard deviation (``ddof = 1``, as
@@ -412,7 +421,7 @@ def heatmap(
     title: str | None = None,
     colorbar_label: str | None = None,
     annotate: bool = True,
-    fmt: str = "{:.1f}",
+    fmt: str = "{:.3g}",
     cmap: str = "viridis",
 ) -> Figure:
     """A labelled heatmap of ``values[i_y, i_x]`` with tick labels ``x`` and ``y``.

@@ -114,7 +114,10 @@ def sensitivity(fn: Callable[..., Any], /, mode: str = "reverse", **params: Any)
     whole solve: ``grad[name]`` is then a `Trajectory` holding ``d y(t) / d name`` of every
     observable at every save time). Floating leaves are differentiated; integer and boolean
     leaves (a solve's ``stats`` counts, flags) are returned as they are in ``value`` and get a zero
-    derivative (float, of shape leaf + parameter) in ``grad``.
+    derivative (float, of shape leaf + parameter) in ``grad``. Where the outcome is NaN (an event
+    that never fired by ``t1``), its derivatives are NaN too: differentiation itself gives the 0
+    of the ``where`` that made it NaN (which a ``jax.grad`` of your own keeps, so that
+    ``jnp.nanmean`` masks work), and a 0 would read as a real derivative.
 
     Parameters are real numbers or arrays (floats become float arrays, so new values reuse the
     compilation); they may be traced, so `sensitivity` works inside ``jax.jit``, ``jax.vmap`` and
@@ -169,11 +172,20 @@ def sensitivity(fn: Callable[..., Any], /, mode: str = "reverse", **params: Any)
         rows = iter(jac)
         grad[name] = structure["tree"].unflatten(
             [
-                next(rows)[name] if f else jnp.zeros(v.shape + x.shape, x.dtype)
+                _undefined_as_nan(v, next(rows)[name]) if f else jnp.zeros(v.shape + x.shape, x.dtype)
                 for v, f in zip(leaves, structure["floating"])
             ]
         )
     return Sensitivity(structure["tree"].unflatten(leaves), grad)
+
+
+def _undefined_as_nan(value: jax.Array, d: jax.Array) -> jax.Array:
+    """``d`` (shape value + parameter), NaN where ``value`` is NaN: an outcome that is not defined
+    (an event that never fired) has no derivative, where differentiation gives the 0 of the
+    ``where`` that made it NaN. Applied after differentiating, so that a user's own ``jax.grad``
+    keeps that 0, which masks (``jnp.nanmean``) rely on."""
+    bad = jnp.isnan(value).reshape(value.shape + (1,) * (d.ndim - value.ndim))
+    return jnp.where(bad, jnp.nan, d)
 
 
 def solver_for_mode(mode: str, solver: SolverOptions) -> SolverOptions:

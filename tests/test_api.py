@@ -1057,9 +1057,9 @@ def test_escape_time_is_one_verb_in_every_package():
 
 def test_escape_time_threshold_is_data_and_a_missed_event_has_nan_derivatives():
     """The threshold of `af.crossing_time` travels as data: a new one reuses the compiled solve,
-    and it can be traced (jit, grad, two sweeps in one process). Its derivative is -1 / (dL/dt)
-    at the crossing. An event that never fires gives NaN, and NaN derivatives in both modes (not
-    the 0 a solve's adjoint gives), as focus and heads do."""
+    and it can be traced (jit, grad, two sweeps in one process). Its derivative is 1 / (dL/dt)
+    at the crossing. An event that never fires gives NaN, and `af.sensitivity` NaN derivatives
+    in both modes, while a user's own ``jax.grad`` keeps the 0 that ``nanmean`` masks rely on."""
     from attnflow import deeplinear, focus
 
     s = deeplinear.Setup()
@@ -1081,5 +1081,18 @@ def test_escape_time_threshold_is_data_and_a_missed_event_has_nan_derivatives():
     )
     assert np.isnan(float(missed.grad["eta"]))
     far = focus.Setup()
-    g = jax.grad(lambda tau: focus.escape_time(far.replace(tau=tau), t1=1.0))(far.tau)
-    assert np.isnan(float(g))
+    assert float(jax.grad(lambda tau: focus.escape_time(far.replace(tau=tau), t1=1.0))(far.tau)) == 0.0
+    missed = af.sensitivity(lambda tau: focus.escape_time(far.replace(tau=tau), t1=1.0), tau=far.tau)
+    assert np.isnan(float(missed.value)) and np.isnan(float(missed.grad["tau"]))
+
+
+def test_crossing_time_of_a_rising_observable():
+    """``rising=True``: the first time an observable rises to the threshold; heads' specialisation
+    S(M) so gives `heads.escape_time`, and a falling threshold for it names the option."""
+    from attnflow import heads
+
+    s, bank = heads.Setup(), heads.BankOptions(n=256)
+    t = af.crossing_time(heads.ode(s, bank=bank), "specialisation", 0.5, 60.0, rising=True)
+    assert float(t) == pytest.approx(float(heads.escape_time(s, 0.5, bank=bank)), rel=1e-9)
+    with pytest.raises(ValueError, match=r"must lie below the start value of 'specialisation'.*rising=True"):
+        af.crossing_time(heads.ode(s, bank=bank), "specialisation", 0.5, 60.0)

@@ -960,7 +960,7 @@ def test_rk4_fixed_steps_are_fourth_order():
             save=af.LinearGrid(2),
         )
         errors.append(abs(float(traj["y"][-1]) - np.exp(-1.0)))
-        assert int(traj.stats["num_steps"]) == round(1.0 / dt)
+        assert int(traj.stats["num_steps"]) == round(1.0 / dt) and traj.meta["dt0"] == dt
     assert errors[0] / errors[1] == pytest.approx(16.0, rel=0.05)
     with pytest.raises(ValueError, match="dt must be finite and positive"):
         af.SolverOptions.fixed_step(0.0)
@@ -969,6 +969,9 @@ def test_rk4_fixed_steps_are_fourth_order():
         af.SolverOptions(solver=af.RK4())
     with pytest.raises(ValueError, match=r"fixed_step sets \['dt0'\] itself"):
         af.SolverOptions.fixed_step(0.1, dt0=0.2)
+    # a run that cannot reach t1 in max_steps is refused before it starts, with the number to give
+    with pytest.raises(ValueError, match=r"need 1000 steps to t1 = 1, more than max_steps = 10: .*max_steps=1000"):
+        af.integrate(lambda t, y, a: -y, jnp.array(1.0), 1.0, solver=af.SolverOptions.fixed_step(1e-3, max_steps=10))
 
 
 def test_compare_checks_each_reference_curve_against_its_own_runs():
@@ -990,3 +993,21 @@ def _late(tos):
     t = np.array(tos)
     t[0, 1] = np.linspace(0, 6, 6)
     return t
+
+
+def test_overlay_takes_a_sweep_over_seeds_as_family_does():
+    """A SweepResult of runs (a sweep over seeds) is its runs: the same band as its values."""
+    ts = np.linspace(0.0, 1.0, 5)
+    theory = af.Trajectory(ts, {"y": ts})
+    res = af.sweep(
+        lambda seed: af.Trajectory(jnp.asarray(ts), {"y": jnp.asarray(ts) + 0.1 * seed}), {"seed": np.arange(3)}
+    )
+    paths = [
+        [p.vertices for c in af.overlay(theory, runs, band="std").axes[0].collections for p in c.get_paths()]
+        for runs in (res, res.values)
+    ]
+    assert len(paths[0]) == len(paths[1]) > 0
+    for a, b in zip(*paths, strict=True):
+        np.testing.assert_allclose(a, b)
+    with pytest.raises(ValueError, match="overlay: a SweepResult of runs must have Trajectory values"):
+        af.overlay(theory, af.sweep(lambda a: a, {"a": np.arange(2.0)}, progress=False))

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _validate as V
-from .._errors import event_time, fail_if
+from .._errors import fail_if
 from ..ode import integrate, require_x64, with_progress
 from ..options import LinearGrid, SolverOptions
 from ..sensitivity import Sensitivity, sensitivity, solver_for_mode
@@ -165,7 +165,7 @@ def _t_event(setup: Setup, threshold: jax.Array, t1: Any, solver: SolverOptions)
         solver=solver,
         meta={"theory": "focus", "equation": "escape of the H(pi) plateau, flow (P6)"},
     )
-    return event_time(traj.t_event, (setup, threshold))
+    return traj.t_event
 
 
 def escape_time(

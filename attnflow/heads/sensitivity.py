@@ -22,7 +22,6 @@ import equinox as eqx
 import jax
 
 from .. import _validate as V
-from .._errors import event_time
 from ..ode import require_x64, with_progress
 from ..options import LinearGrid, SolverOptions
 from ..sensitivity import Sensitivity, sensitivity, solver_for_mode
@@ -89,7 +88,7 @@ def specialisation_time(
     solver = with_progress(solver, None, progress)
     check_escape_start(setup, threshold, "threshold")
     traj = solve(setup, t1, escape=threshold, save=LinearGrid(2), bank=bank, form=form, solver=solver)
-    return event_time(traj.t_event, (setup, threshold))
+    return traj.t_event
 
 
 def specialisation_time_sensitivity(
@@ -139,7 +138,7 @@ def specialisation_time_sensitivity(
     def outcome(eta, s):
         st = setup.replace(eta=eta, prior=eqx.tree_at(lambda p: p.s, setup.prior, s))
         traj = solve(st, t1, escape=threshold, save=LinearGrid(2), bank=bank, form=form, solver=solver)
-        return event_time(traj.t_event, (st, threshold))
+        return traj.t_event
 
     return sensitivity(outcome, mode=mode, **{"eta": setup.eta, "s": setup.prior.s})
 

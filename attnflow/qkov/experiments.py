@@ -529,6 +529,7 @@ def qkov_parametrisations(cfg: ParametrisationsConfig, quiet: bool) -> Report:
             xlabel="distinct-token attention mass A_rel",
             ylabel="true-class probability",
             colorbar_label="% of examples",
+            fmt="{:.1f}",  # the spec's cells: percentages rounded to 0.1
             title=f"DTAP {name} ({steps} steps, {len(seeds)} seed(s))",
         )
         cs = jax.vmap(lambda m: comprehensiveness_sufficiency(m, ev_big[0][:2000]))(models)

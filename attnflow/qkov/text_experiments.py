@@ -196,6 +196,7 @@ def run_real(
             xlabel="relevant attention mass A_rel",
             ylabel="p(true answer)",
             colorbar_label="% of examples (with relevant tokens)",
+            fmt="{:.1f}",  # the spec's cells: percentages rounded to 0.1
             title=f"DTAP, QK x {r:g}, {cfg.seeds} seeds",
         )
     rep.figures["examples"] = examples_figure(ev, vocab, lanes, out, cfg, has_rel)
