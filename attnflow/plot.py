@@ -434,7 +434,8 @@ def heatmap(
     of a mapping (``name`` may be left out when it has one entry); or, for `Trajectory` values,
     the observable ``name`` at the last save time (``final()[name]``, e.g. the loss at the end of
     each run). The colour bar is labelled ``name`` unless ``colorbar_label`` is given. Failed
-    points (NaN) are left blank. Anything else raises ``ValueError`` naming it.
+    points (NaN) are left blank. A ``name`` the values lack raises ``KeyError`` (as indexing a
+    `Trajectory` does); anything else ``ValueError`` naming it.
     """
     from .sweep import SweepResult
 
