@@ -237,6 +237,10 @@ def test_per_layer_rates_move_the_product_at_their_geometric_mean():
         sim = dl.train(s, 8.0, dt=dt, save=grid)
         gaps.append(float(jnp.max(jnp.abs(sim["u"] - theory["u"]))))
     assert gaps[1] < 0.02 and gaps[0] / gaps[1] == pytest.approx(2.0, rel=0.15), gaps  # O(dt)
+    recorded = dl.train(s, 8.0, dt=0.004, save=grid, conserved=True)["conserved"]
+    # on the aligned modes descent keeps the weighted balance exactly: its O(dt^2) change per step,
+    # dt^2 r^2 (eta_1 b^2 - eta_2 a^2), vanishes where a^2 / eta_1 = b^2 / eta_2
+    assert recorded.shape == (9, 4, 4) and float(jnp.max(jnp.abs(recorded))) < 1e-13
     plain = dl.train(s, 8.0, dt=0.002, save=grid, model=TwoLayerLinear.aligned(s.teacher, s.u0))
     assert float(jnp.max(jnp.abs(plain["u"] - theory["u"]))) > 10 * gaps[1]
     with pytest.raises(ValueError, match=r"layer_ratio \(eta_1 / eta_2\) must be finite and positive"):

@@ -20,7 +20,7 @@ from ..simulate import FullBatch, OnlineSGD, run_training, simulate
 from .model import TwoLayerLinear
 from .observe import model_observables
 from .setup import Setup
-from .theory import population_loss
+from .theory import conserved, population_loss
 
 __all__ = ["train", "DEFAULT_TRAIN_SAVE", "REFERENCE_T", "TRAIN_TOLERANCE"]
 
@@ -51,6 +51,7 @@ def train(
     event: Callable[[Any, Mapping[str, Any]], Any] | None = None,
     return_model: bool = False,
     progress: bool = False,
+    conserved: bool = False,
 ) -> Any:
     """The network ``W2 W1`` of ``setup`` trained to time ``t1`` from the balanced, aligned start
     (``W2 W1 = u0 U V^T``, the start of the mode ODE).
@@ -62,7 +63,10 @@ def train(
     `TwoLayerLinear` of the teacher's sizes, any width, e.g. one returned by
     ``return_model=True``) is trained on from instead, the clock starting at 0 again. Records
     `attnflow.deeplinear.OBSERVABLES` at the save grid (default `DEFAULT_TRAIN_SAVE`, in time
-    units). A diverging run raises `attnflow.DivergenceError` naming the step.
+    units); ``conserved=True`` also records ``conserved``, eq. (4) weighted by the per-layer
+    rates (`conserved` with ``setup.layer_ratio``: 0 along gradient descent from the aligned
+    start, to rounding; from another ``model`` it drifts by ``O(dt^2)`` a step). A diverging run raises
+    `attnflow.DivergenceError` naming the step.
     ``event(t, obs) -> scalar`` (as in `solve`) sets ``t_event``: the first time it changes sign
     on the saved points, placed linearly between them (`attnflow.event_time`); the run goes on
     to ``t1``.
@@ -109,12 +113,13 @@ def train(
         batch,
         bool(return_model),
         progress,
+        bool(conserved),
     )
     return run_training(_train, args, clock=dt, total=total, event=event)
 
 
 @filter_jit
-def _train(setup, model, key, steps, total, dt, batch, return_model, progress):
+def _train(setup, model, key, steps, total, dt, batch, return_model, progress, record_conserved):
     teacher = setup.teacher
     model = TwoLayerLinear.aligned(teacher, setup.u0, layer_ratio=setup.layer_ratio) if model is None else model
     if batch is None:
@@ -138,7 +143,10 @@ def _train(setup, model, key, steps, total, dt, batch, return_model, progress):
         total,
         mode=mode,
         key=key,
-        observe=lambda m: model_observables(m, teacher),
+        observe=lambda m: {
+            **model_observables(m, teacher),
+            **({"conserved": conserved(m.W1, m.W2, setup.layer_ratio)} if record_conserved else {}),
+        },
         save=TimeGrid(steps),
         clock=dt,
         progress=progress,
