@@ -1034,7 +1034,7 @@ def test_escape_time_is_one_verb_in_every_package():
         derive.soft_committee, derive.soft_committee, 0.1 * jnp.ones((2, 2)) + 0.01 * jnp.eye(2), 0.5 * jnp.eye(2)
     )
     cases = ((qkov, qkov.Setup(), "loss", 1.0, 1e4), (deeplinear, deeplinear.Setup(), "loss", 3.5, 50.0))
-    cases += ((derive, committee, "error", 0.01, 2000.0),)
+    cases += ((derive, committee, "error", 0.1, 200.0),)
     for P, setup, name, threshold, t1 in cases:
         t_esc = float(P.escape_time(setup, threshold, t1=t1))
         stopped = P.solve(setup, t1, event=lambda t, o, n=name, x=threshold: o[n] - x)
@@ -1060,7 +1060,7 @@ def test_escape_time_threshold_is_data_and_a_missed_event_has_nan_derivatives():
     and it can be traced (jit, grad, two sweeps in one process). Its derivative is 1 / (dL/dt)
     at the crossing. An event that never fires gives NaN, and `af.sensitivity` NaN derivatives
     in both modes, while a user's own ``jax.grad`` keeps the 0 that ``nanmean`` masks rely on."""
-    from attnflow import deeplinear, focus
+    from attnflow import deeplinear
 
     s = deeplinear.Setup()
     t_star = float(deeplinear.escape_time(s, 1.0, t1=10.0))
@@ -1080,10 +1080,8 @@ def test_escape_time_threshold_is_data_and_a_missed_event_has_nan_derivatives():
         lambda eta: deeplinear.escape_time(s.replace(eta=eta), 0.25, t1=2.0, solver=fw), mode="forward", eta=1.0
     )
     assert np.isnan(float(missed.grad["eta"]))
-    far = focus.Setup()
-    assert float(jax.grad(lambda tau: focus.escape_time(far.replace(tau=tau), t1=1.0))(far.tau)) == 0.0
-    missed = af.sensitivity(lambda tau: focus.escape_time(far.replace(tau=tau), t1=1.0), tau=far.tau)
-    assert np.isnan(float(missed.value)) and np.isnan(float(missed.grad["tau"]))
+    own = jax.grad(lambda eta: deeplinear.escape_time(s.replace(eta=eta), 0.25, t1=2.0))(1.0)
+    assert float(own) == 0.0  # a user's own jax.grad keeps the 0 that nanmean masks rely on
 
 
 def test_crossing_time_of_a_rising_observable():
