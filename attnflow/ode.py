@@ -24,7 +24,7 @@ import numpy as np
 import optimistix as optx
 
 from . import _validate as V
-from ._errors import fail_if
+from ._errors import check_traced, fail_if
 from ._io import LOG_INTERVAL
 from ._jit import filter_jit
 from .options import LinearGrid, SaveGrid, SolverOptions, TimeGrid
@@ -426,7 +426,7 @@ def integrate(
         floor = _DTMIN_FRACTION * jnp.abs(t1 - t0) if solver.dtmin is None else jnp.asarray(solver.dtmin, dtype)
         controller = diffrax.PIDController(rtol=rtol, atol=atol, dtmin=floor, force_dtmin=False)
     dt0 = None if solver.dt0 is None else jnp.asarray(solver.dt0, dtype)
-    if isinstance(controller, diffrax.ConstantStepSize) and not V.any_traced((solver.dt0, t0, t1)):
+    if isinstance(controller, diffrax.ConstantStepSize) and event is None and not V.any_traced((solver.dt0, t0, t1)):
         if solver.dt0 is None:
             raise ValueError("a constant step size needs dt0: SolverOptions.fixed_step(dt) sets both")
         # known before solving: a fixed-step run that cannot reach t1 would fail only at the end,
@@ -653,6 +653,14 @@ def crossing_time(
                 f"{name!r}, {s0:.6g}: the solve would stop at once"
                 + ("" if rising else " (rising=True for an observable that grows)")
             )
+    if V.any_traced((threshold, start[name])):
+        # a sweep over the threshold or the start: the point fails with the reason, not left to
+        # read as "not reached by t1" (heads.check_escape_start does the same)
+        side = "above" if rising else "below"
+        check_traced(
+            lambda: ~(threshold > start[name]) if rising else ~(threshold < start[name]),
+            f"crossing_time: the threshold must lie {side} the start value of {name!r}: the solve would stop at once",
+        )
     theory = dict(ode.meta).get("theory")
     if theory is not None:
         require_x64(f"{theory}.escape_time")

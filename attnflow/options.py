@@ -131,9 +131,11 @@ class LogGrid(SaveGrid):
     from ``t_min`` as usual). On the step axis of a simulation (`steps`) ``t_min=None`` is one
     step. In the time units of a run with step ``dt`` (`steps_for`, what the theory packages'
     ``train`` use) the grid is the times a solve to ``t1`` saves, rounded to the nearest steps:
-    theory and simulation are saved at the same times, to ``dt / 2``. Times before the first
-    step merge into steps 0 and 1 (nothing is saved between steps), so fewer than ``n`` may
-    remain."""
+    theory and simulation are saved at the same times, to ``dt / 2`` when ``t1`` is a multiple
+    of ``dt``. Times before the first step merge into steps 0 and 1 (nothing is saved between
+    steps), so fewer than ``n`` remain: ``t_min=None`` spreads the grid over six decades below
+    ``t1``, and a run of 1000 steps, three decades, keeps about half (``LogGrid(50)``: 24); give
+    ``t_min`` (one step or more) to keep all ``n``."""
 
     n: int = eqx.field(static=True, default=200)
     t_min: float | None = eqx.field(static=True, default=None)
@@ -182,8 +184,9 @@ class LogGrid(SaveGrid):
         if lo >= total and total > 1:
             raise ValueError(f"LogGrid: t_min = {lo:g} steps must be below the run's {total} steps")
         lo = min(lo, float(total))
-        s = np.concatenate([[0], np.round(np.geomspace(lo, total, self.n - 1))])
-        return np.unique(s.astype(np.int64))
+        rest = np.round(np.geomspace(lo, total, self.n - 1))
+        rest[-1] = total  # the run's end, also with one point after 0 (geomspace gives lo alone)
+        return np.unique(np.concatenate([[0], rest]).astype(np.int64))
 
 
 class TimeGrid(SaveGrid):

@@ -30,6 +30,15 @@ def _as_runs(simulations: Trajectory | Sequence[Trajectory] | None) -> list[Traj
     from .sweep import SweepResult
 
     if isinstance(simulations, SweepResult):  # a sweep over seeds: its runs, as family takes it
+        from .sweep import _SEED_AXES
+
+        other = [d for d in simulations.dims if d not in _SEED_AXES]
+        if other:
+            # pooling runs of different parameters into one band would draw them as seeds
+            raise ValueError(
+                f"overlay: a SweepResult of runs must be over seeds only (axes {_SEED_AXES}); this one is over "
+                f"{simulations.dims}: pick a point (res.sel({other[0]}=...)) or draw them side by side with af.family"
+            )
         if not isinstance(simulations.values, Trajectory):
             raise ValueError(
                 f"overlay: a SweepResult of runs must have Trajectory values, got {type(simulations.values).__name__}"
@@ -469,6 +478,8 @@ def heatmap(
         vmax = np.nanmax(v) if np.isfinite(v).any() else 1.0
         for i in range(v.shape[0]):
             for j in range(v.shape[1]):
+                if not np.isfinite(v[i, j]):
+                    continue  # a failed point stays blank
                 ax.text(
                     j,
                     i,

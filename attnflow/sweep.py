@@ -1232,7 +1232,9 @@ def sweep(
             # in_shardings (about 15 us; a device_put first costs about 100 us)
             try:
                 out = compiled(chunk_points(i))
-            except jax.errors.JaxRuntimeError as err:
+            except (jax.errors.JaxRuntimeError, ValueError) as err:
+                if "CpuCallback error" not in str(err) and not isinstance(err, jax.errors.JaxRuntimeError):
+                    raise  # (a cached program raises the same failure as a ValueError)
                 # an attnflow check inside the user's own jit, loop, cond, custom_jvp or
                 # checkpoint cannot hand its failure to the sweep (its values cannot leave that
                 # program): it raises at run time, and the chunk's points are named here

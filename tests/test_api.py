@@ -1073,6 +1073,10 @@ def test_escape_time_threshold_is_data_and_a_missed_event_has_nan_derivatives():
     for grid in (np.array([1.0, 0.5]), np.array([0.25, 0.5])):
         res = af.sweep(lambda th: {"t": deeplinear.escape_time(s, th, t1=10.0)}, {"th": grid}, progress=False)
         assert np.all(np.isfinite(np.asarray(res["t"])))
+    # a threshold on the wrong side of the start fails its point, not read as "not reached"
+    with pytest.warns(RuntimeWarning, match="threshold must lie below the start value of 'loss'"):
+        res = af.sweep(lambda th: deeplinear.escape_time(s, th, t1=10.0), {"th": np.array([1.0, 9.0])}, progress=False)
+    assert res.status.tolist()[0] == 0 and res.status.tolist()[1] != 0
     missed = af.sensitivity(lambda eta: deeplinear.escape_time(s.replace(eta=eta), 0.25, t1=2.0), eta=1.0)
     assert np.isnan(float(missed.value)) and np.isnan(float(missed.grad["eta"]))
     fw = af.solver_for_mode("forward", deeplinear.DEFAULT_SOLVER)

@@ -884,6 +884,8 @@ def test_save_grids_and_horizons_refuse_what_they_cannot_honour():
     np.testing.assert_allclose(jax.jit(fit.times)(0.0, 1.0), fit.times(0.0, 1.0), rtol=1e-12)
     # in a run's time units: the solve's times (1e-3, 1e-2, 1e-1, 1) rounded to steps of 0.01
     np.testing.assert_array_equal(fit.steps_for(1.0, 0.01)[1], [0, 1, 10, 100])
+    np.testing.assert_array_equal(af.LogGrid(2).steps_for(5.0, 0.01)[1], [0, 500])  # the end, as solve saves
+    np.testing.assert_array_equal(af.LogGrid(2).steps(500), [0, 500])
     np.testing.assert_allclose(
         af.LogGrid(150).steps_for(300.0, 1 / 32)[1][-40:] / 32, af.LogGrid(150).times(0.0, 300.0)[-40:], atol=1 / 64
     )
@@ -1010,4 +1012,7 @@ def test_overlay_takes_a_sweep_over_seeds_as_family_does():
     for a, b in zip(*paths, strict=True):
         np.testing.assert_allclose(a, b)
     with pytest.raises(ValueError, match="overlay: a SweepResult of runs must have Trajectory values"):
-        af.overlay(theory, af.sweep(lambda a: a, {"a": np.arange(2.0)}, progress=False))
+        af.overlay(theory, af.sweep(lambda seed: seed * 1.0, {"seed": np.arange(2)}, progress=False))
+    other = af.sweep(lambda eta: af.Trajectory(jnp.asarray(ts), {"y": eta * jnp.asarray(ts)}), {"eta": np.arange(2.0)})
+    with pytest.raises(ValueError, match=r"over seeds only .* this one is over \('eta',\).*af.family"):
+        af.overlay(theory, other)  # runs of different parameters are not seeds of one band

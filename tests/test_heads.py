@@ -364,6 +364,7 @@ def test_drifting_plateau_escape_time_follows_the_integrated_rate():
     assert measured[1] - measured[0] == pytest.approx(14.33, abs=0.02)
     assert predicted[1] - predicted[0] == pytest.approx(measured[1] - measured[0], rel=0.01)
     assert np.isnan(float(drifting_escape_time(rates, 1e30)))  # past the saved span
+    np.testing.assert_allclose(drifting_escape_time(rates, jnp.array([1e3, 1e6])), predicted, rtol=1e-12)
     with pytest.raises(ValueError, match=r"D must be > 1"):
         drifting_escape_time(rates, 0.5)
 

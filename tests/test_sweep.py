@@ -223,6 +223,9 @@ def test_a_diverging_point_under_jvp_vmap_or_grad_fails_alone():
     inside = r"chunk 0 \(k in \[0.25, 0.5, 2.0\]\) failed inside a jax.jit.*max_steps=500"
     with pytest.raises(af.SweepError, match=inside):
         af.sweep(jax.jit(end), {"k": ks}, progress=False)
+    # the same from a later chunk, whose program is already compiled (it raises another type)
+    with pytest.raises(af.SweepError, match=r"chunk 1 \(k in \[2.0\]\) failed inside a jax.jit"):
+        af.sweep(jax.jit(end), {"k": ks}, progress=False, chunk_size=1)
 
 
 def test_sweep_bad_input():

@@ -907,7 +907,9 @@ def drifting_escape_time(rates: Trajectory, D: Any, t0: Any = 0.0) -> jax.Array:
     if not V.any_traced(D) and np.any(np.asarray(D) <= 1):
         raise ValueError(f"D must be > 1 (the escape starts at D^(-1/2) < 1), got {V.show(D)}")
     target = 0.5 * jnp.log(jnp.asarray(D, dtype=float))
-    return t0 + first_crossing(rates.ts, rates["exponent"], target, interpolate=True)
+    # one D or an array of them (each read off the one curve)
+    cross = jnp.vectorize(lambda x: first_crossing(rates.ts, rates["exponent"], x, interpolate=True))
+    return t0 + cross(target)
 
 
 def predicted_escape_time(lam: Any, D: Any, t0: Any = 0.0) -> Any:
