@@ -334,7 +334,7 @@ class FiniteConfig:
 def focus_finite(cfg: FiniteConfig, quiet: bool) -> Report:
     rep = Report("focus-finite", cfg)
     setup = Setup(chain=MarkovChain.lazy(cfg.pi, cfg.lam), tau=cfg.tau, eps=cfg.eps, m=cfg.m, mk=cfg.mk)
-    grid = LogGrid(cfg.n_save)
+    grid = LogGrid(cfg.n_save, t_min=cfg.dt)  # from the first step: all n_save points
     _, steps = grid.steps_for(cfg.t_end, cfg.dt)
     with Timer() as tm:
         flow = solve(setup, float(cfg.dt * steps[-1]), save=TimeGrid(cfg.dt * steps))
@@ -593,7 +593,7 @@ def focus_corpus(cfg: CorpusConfig, quiet: bool) -> Report:
             pred[k] for k in ("log_d", "H_pi", "L_star", "sigma", "c")
         ]
         rep.summary[f"{name}: top tokens"] = [repr(t) for t in cc.vocab[:8]]
-        grid = LogGrid(cfg.n_save)
+        grid = LogGrid(cfg.n_save, t_min=cfg.dt)  # from the first step: all n_save points
         _, steps = grid.steps_for(cfg.t_end, cfg.dt)
         with Timer() as tm:
             flow = solve(setup, float(cfg.dt * steps[-1]), save=TimeGrid(cfg.dt * steps))

@@ -31,7 +31,7 @@ __all__ = [
     "train",
 ]
 
-DEFAULT_TRAIN_SAVE = LogGrid(60)
+DEFAULT_TRAIN_SAVE = LogGrid(60, t_min=0.02, fit_span=True)
 """`train`'s save grid when none is given (read in time units, laid on the step axis)."""
 
 DEFAULT_DT = 0.02

@@ -426,7 +426,7 @@ def qkov_flow(cfg: FlowConfig, quiet: bool) -> Report:
     gd_err = []
     for h in (cfg.gd_step, cfg.gd_step / 2):
         with Timer() as tm:
-            gd = train(s, cfg.gd_t_end, dt=h, save=LogGrid(40))
+            gd = train(s, cfg.gd_t_end, dt=h, save=LogGrid(40, t_min=h))  # from the first step
         rep.timings[f"CACO GD (step {h:g})"] = tm.seconds
         red = solve(s, cfg.gd_t_end, save=TimeGrid(gd.ts))
         abs_err = compare(red, gd, ["mu_ov", "mu_qk"])
