@@ -7,6 +7,7 @@ Real-data tests read the corpora beside the checkout, in ``../shared/data``: thi
 does not).
 """
 
+import gc
 import os
 from pathlib import Path
 
@@ -33,6 +34,31 @@ with install_import_hook(["attnflow.analysis"], "beartype.beartype"):
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 if SHARED_DATA.is_dir():
     os.environ.setdefault("ATTNFLOW_DATA", str(SHARED_DATA))
+
+
+# A test process keeps every program it compiled (JAX's and Equinox's in-memory caches): over
+# the suite a worker grew past 7 GB. Past this resident size the caches are dropped after a
+# test; programs needed again load from the persistent cache (or compile again without it).
+MAX_RESIDENT_BYTES = int(float(os.environ.get("ATTNFLOW_TEST_MAX_RSS_GB", "3")) * 2**30)
+
+
+def _resident_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0  # no /proc (macOS): caches are kept
+
+
+_clear_above = [MAX_RESIDENT_BYTES]
+
+
+def pytest_runtest_teardown(item, nextitem):
+    if _resident_bytes() > _clear_above[0]:
+        jax.clear_caches()
+        gc.collect()
+        # memory the allocator keeps after the clearing must not make every later test clear
+        _clear_above[0] = max(MAX_RESIDENT_BYTES, _resident_bytes() + 2**30)
 
 
 @pytest.fixture
