@@ -7,6 +7,7 @@ Real-data tests read the corpora beside the checkout, in ``../shared/data``: thi
 does not).
 """
 
+import ctypes
 import gc
 import os
 from pathlib import Path
@@ -36,10 +37,11 @@ if SHARED_DATA.is_dir():
     os.environ.setdefault("ATTNFLOW_DATA", str(SHARED_DATA))
 
 
-# A test process keeps every program it compiled (JAX's and Equinox's in-memory caches): over
-# the suite a worker grew past 7 GB. Past this resident size the caches are dropped after a
-# test; programs needed again load from the persistent cache (or compile again without it).
-MAX_RESIDENT_BYTES = int(float(os.environ.get("ATTNFLOW_TEST_MAX_RSS_GB", "3")) * 2**30)
+# A test process keeps every program it compiled (JAX's and Equinox's in-memory caches), and
+# glibc keeps the memory that compiling freed: over the suite a worker grew past 7 GB. After
+# each test the freed memory goes back to the system, and past this resident size the caches
+# are dropped too (programs needed again load from the persistent cache, or compile again).
+MAX_RESIDENT_BYTES = int(float(os.environ.get("ATTNFLOW_TEST_MAX_RSS_GB", "5")) * 2**30)
 
 
 def _resident_bytes() -> int:
@@ -50,15 +52,24 @@ def _resident_bytes() -> int:
         return 0  # no /proc (macOS): caches are kept
 
 
-_clear_above = [MAX_RESIDENT_BYTES]
+try:
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6")
+except OSError:  # not glibc
+    _LIBC = None
+
+
+def _return_freed_memory() -> None:
+    """glibc keeps freed memory in its heaps; ``malloc_trim`` hands it back to the system."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
 
 
 def pytest_runtest_teardown(item, nextitem):
-    if _resident_bytes() > _clear_above[0]:
+    _return_freed_memory()
+    if _resident_bytes() > MAX_RESIDENT_BYTES:
         jax.clear_caches()
         gc.collect()
-        # memory the allocator keeps after the clearing must not make every later test clear
-        _clear_above[0] = max(MAX_RESIDENT_BYTES, _resident_bytes() + 2**30)
+        _return_freed_memory()
 
 
 @pytest.fixture
