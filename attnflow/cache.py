@@ -14,12 +14,19 @@ Where: ``$ATTNFLOW_CACHE`` if set, else ``$XDG_CACHE_HOME/attnflow/jax``, else
 ``~/.cache/attnflow/jax``. ``ATTNFLOW_CACHE=off`` (or ``0``, ``none``) turns it off for the
 command and the tests. Clear it with ``attnflow cache --clear`` or `clear_compilation_cache`
 (or delete the folder).
+
+Several processes may share the folder (the test suite's workers, the shards of a sweep on a
+cluster). JAX writes an entry in place, so a process could load another's half-written entry
+and abort inside XLA; `use_compilation_cache` makes this process write each entry to a
+temporary file and rename it into place (an atomic step on a local file system), so a reader
+sees a whole entry or none.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import jax
@@ -66,7 +73,52 @@ def use_compilation_cache(path: str | os.PathLike | None = None) -> Path | None:
         return None
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
+    _write_entries_atomically()
     return folder
+
+
+def _write_entries_atomically() -> bool:
+    """Make JAX's file cache write each entry to a temporary file and rename it into place.
+
+    JAX's ``LRUCache.put`` writes ``<key>-cache`` in place (without its eviction lock when the
+    size is unbounded, the default): a process that reads the entry meanwhile, or after the
+    writer crashed, gets a truncated executable, which XLA aborts on instead of compiling
+    again. Local folders with unbounded size only; any other case (eviction on, which takes
+    JAX's file lock; a remote path; a JAX without this class) keeps JAX's own ``put``.
+    Returns whether the atomic writer is installed.
+    """
+    try:
+        from jax._src import lru_cache
+    except ImportError:
+        return False
+    cls = getattr(lru_cache, "LRUCache", None)
+    put = getattr(cls, "put", None)
+    suffix = getattr(lru_cache, "_CACHE_SUFFIX", None)
+    if cls is None or put is None or not isinstance(suffix, str):
+        return False
+    if getattr(put, "_attnflow_atomic", False):
+        return True
+
+    def atomic_put(self, key: str, value: bytes) -> None:
+        folder = os.fspath(getattr(self, "path", ""))
+        if not key or getattr(self, "eviction_enabled", True) or "://" in folder or not folder:
+            return put(self, key, value)
+        target = os.path.join(folder, f"{key}{suffix}")
+        if os.path.exists(target):
+            return
+        partial = os.path.join(folder, f".{key}{suffix}.{os.getpid()}.{threading.get_ident()}.partial")
+        try:
+            with open(partial, "wb") as fh:
+                fh.write(value)
+            os.replace(partial, target)
+        finally:
+            if os.path.exists(partial):
+                os.remove(partial)
+
+    atomic_put._attnflow_atomic = True  # type: ignore[attr-defined]
+    atomic_put.__wrapped__ = put  # type: ignore[attr-defined]
+    cls.put = atomic_put
+    return True
 
 
 def clear_compilation_cache(path: str | os.PathLike | None = None) -> int:

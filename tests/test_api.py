@@ -443,6 +443,50 @@ def test_compilation_cache_folder_and_switch(tmp_path, monkeypatch):
     assert cache.cache_dir() == tmp_path / "xdg" / "attnflow" / "jax"
 
 
+def test_cache_entries_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """After `use_compilation_cache` (the conftest's call), JAX's file cache writes an entry to a
+    temporary file and renames it into place: a write that fails half-way leaves no entry under
+    the key a reader looks up, and no temporary file; an existing entry is kept."""
+    import builtins
+
+    from jax._src import lru_cache
+
+    from attnflow import cache
+
+    assert cache._write_entries_atomically() and lru_cache.LRUCache.put._attnflow_atomic
+    store = lru_cache.LRUCache(str(tmp_path), max_size=-1)
+    store.put("k", b"whole")
+    assert store.get("k") == b"whole" and sorted(p.name for p in tmp_path.iterdir()) == ["k-cache"]
+    store.put("k", b"other")
+    assert store.get("k") == b"whole"
+
+    real_open = builtins.open
+
+    class HalfWritten:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def write(self, data):
+            self.fh.write(data[: len(data) // 2])
+            raise OSError("disk full")
+
+    def failing_open(path, mode="r", *args, **kwargs):
+        fh = real_open(path, mode, *args, **kwargs)
+        return HalfWritten(fh) if "w" in mode and str(path).endswith(".partial") else fh
+
+    monkeypatch.setattr(builtins, "open", failing_open)
+    with pytest.raises(OSError, match="disk full"):
+        store.put("j", b"0123456789")
+    monkeypatch.undo()
+    assert store.get("j") is None and sorted(p.name for p in tmp_path.iterdir()) == ["k-cache"]
+
+
 def test_solves_and_training_compile_without_host_callbacks():
     """Under the command's and the tests' EQX_ON_ERROR=nan no solve or training program holds a
     host callback, so JAX's persistent cache can store them (it refuses programs with one); an

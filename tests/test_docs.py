@@ -19,9 +19,20 @@ def _markdown_with_code() -> list[Path]:
     return [f for f in files if BLOCK.search(f.read_text())]
 
 
+# The suite's compilation cache (conftest.py) with attnflow's atomic entry writes, in a
+# subprocess that shares the folder with the workers
+_PRELUDE = r"""
+import os
+if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    from attnflow.cache import use_compilation_cache
+    use_compilation_cache(os.environ["JAX_COMPILATION_CACHE_DIR"])
+"""
+
 # Runs the Python blocks of one markdown file in order, in one namespace; a failure names the
 # block and its first line in the file.
-_RUNNER = r"""
+_RUNNER = (
+    _PRELUDE
+    + r"""
 import re, sys, traceback
 path = sys.argv[1]
 text = open(path).read()
@@ -35,6 +46,17 @@ for i, m in enumerate(pattern.finditer(text)):
         traceback.print_exc()
         sys.exit(f"block {i + 1} (line {line}) of {path} failed")
 """
+)
+
+# Runs one script as ``python script.py`` would (``__main__``, its path as ``sys.argv[0]``).
+_SCRIPT_RUNNER = (
+    _PRELUDE
+    + r"""
+import runpy, sys
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+)
 
 
 def _env() -> dict:
@@ -60,7 +82,12 @@ def test_markdown_python_blocks_run(path, tmp_path):
 @pytest.mark.parametrize("script", sorted((ROOT / "examples").glob("*.py")), ids=lambda p: p.name)
 def test_examples_run(script, tmp_path):
     out = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=900
+        [sys.executable, "-c", _SCRIPT_RUNNER, str(script)],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
     assert out.stdout.strip(), f"{script.name} printed nothing"
