@@ -603,6 +603,22 @@ def test_train_runs_in_the_dimension_of_the_initial_draw():
     M0, Q0 = s.initial_overlaps()
     np.testing.assert_allclose(big["M"][0], M0, atol=1e-12)
     np.testing.assert_allclose(big["Q"][0], Q0, atol=1e-12)
+    # a setup built inside a swept function holds a traced D: refused, not trained at another D
+    with pytest.raises(ValueError, match=r"the D of setup.init \(FiniteDDraw\) is traced here.*D=400"):
+        af.sweep(
+            lambda seed: train(Setup(prior=FlippedSpike(2.0), init=FiniteDDraw(D=300.0, seed=seed)), 0.02, save=grid),
+            {"seed": np.arange(2)},
+            progress=False,
+        )
+    swept = af.sweep(
+        lambda seed: train(
+            Setup(prior=FlippedSpike(2.0), init=FiniteDDraw(D=300.0, seed=seed)), 0.02, D=300, save=grid, eval_samples=0
+        ),
+        {"seed": np.array([4, 5])},
+        progress=False,
+    )
+    assert swept.values.meta["D"] == 300
+    np.testing.assert_allclose(swept.values["M"][0], tr["M"], atol=1e-12)
 
 
 def test_sgd_learns_only_learned_parameters():

@@ -83,11 +83,19 @@ def keys_from_overlaps(M: Any, Q: Any, spikes: Any, key: Any = 0) -> jax.Array:
 
 
 def _default_D(setup: Setup) -> int:
-    """The dimension `train` uses when given none: the ``D`` of ``setup.init`` when it has a
-    concrete one (`FiniteDDraw`, `SymmetricSeed`), else `attnflow.heads.REFERENCE_D`."""
+    """The dimension `train` uses when given none: the ``D`` of ``setup.init`` when it has one
+    (`FiniteDDraw`, `SymmetricSeed`), else `attnflow.heads.REFERENCE_D`. A traced one (a setup
+    built inside a sweep or a jit, whose numbers are tracers there) is refused: the weights'
+    size must be concrete, and another D would train another network than ``solve`` starts."""
     D = getattr(setup.init, "D", None)
-    if D is None or V.any_traced(D):
+    if D is None:
         return REFERENCE_D
+    if V.any_traced(D):
+        raise ValueError(
+            f"heads.train: the D of setup.init ({type(setup.init).__name__}) is traced here (a setup "
+            "built inside a sweep or jit holds tracers), and the network's size must be concrete: "
+            "pass it, train(setup, t1, D=400), or build the setup outside the swept function"
+        )
     return int(round(float(D)))
 
 
