@@ -415,6 +415,26 @@ def test_focus_escape_time_sensitivity_matches_central_differences(focus_batch):
     assert abs(float(focus_batch.grad["lam"][0]) + 216.33) < 1e-2
 
 
+def test_focus_sensitivity_follows_the_default_threshold_where_it_moves_with_lam():
+    """At lam = 0.2, H(pi) - L* = 0.034 < 1/6: the default threshold follows L*, so d t_esc / d lam
+    of ``escape_time(setup)`` includes its move (-948 against -1661 at that threshold held fixed);
+    escape_time_sensitivity gives each, by the threshold it is given, to 1e-5 of central
+    differences."""
+
+    def setup(lam):
+        return focus.Setup(chain=focus.MarkovChain.lazy(focus.SYNTHETIC_PI, lam), m=4, mk=4)
+
+    s = setup(0.2)
+    thr = float(focus.escape_threshold(s))
+    moving = af.central_difference(lambda lam: focus.escape_time(setup(lam), t1=2000.0), lam=0.2)["lam"]
+    fixed = af.central_difference(lambda lam: focus.escape_time(setup(lam), thr, t1=2000.0), lam=0.2)["lam"]
+    assert float(moving) == pytest.approx(-948.1, rel=1e-3) and float(fixed) == pytest.approx(-1660.9, rel=1e-3)
+    by_default = focus.escape_time_sensitivity(s, t1=2000.0).grad["lam"]
+    held = focus.escape_time_sensitivity(s, thr, t1=2000.0).grad["lam"]
+    assert float(by_default) == pytest.approx(float(moving), rel=1e-5)
+    assert float(held) == pytest.approx(float(fixed), rel=1e-5)
+
+
 @pytest.mark.slow  # a second compilation (the eager solve), about 20 s
 def test_focus_sensitivity_vmap_and_jit_match_eager_single_calls(focus_batch):
     """jit(vmap) over two values of lam gives what two eager single calls give."""

@@ -217,9 +217,9 @@ def escape_time_sensitivity(
 
     ``setup.chain`` must be a lazy chain (`MarkovChain.lazy`); its ``lam`` is read off ``P`` as
     ``(tr P - 1) / (d - 1)`` and ``P`` rebuilt from it at fixed ``pi`` (``pi`` is stationary for every
-    ``lam``). ``threshold`` stays fixed at its value for ``setup`` (the default `escape_threshold`
-    depends on ``pi`` only, unless ``H(pi) - L* < 1/6``, where it follows ``L*`` and so ``lam``:
-    there central differences of ``escape_time(setup)`` move it, and differ).
+    ``lam``). The derivatives are those of ``escape_time(setup, threshold)`` as a function: a
+    given ``threshold`` stays fixed, the default `escape_threshold` moves with the chain (it
+    depends on ``pi`` only unless ``H(pi) - L* < 1/6``, where it follows ``L*`` and so ``lam``).
     Returns a `attnflow.Sensitivity`: ``.value`` is ``t_esc`` (NaN, with NaN derivatives, if not
     reached by ``t1``), ``.grad["lam"]`` and ``.grad["tau"]`` its derivatives. Both are negative at
     the reference (``c`` grows with ``tau lam`` by (R4), so the plateau is shorter): about -216.3
@@ -239,13 +239,15 @@ def escape_time_sensitivity(
     if not isinstance(setup, Setup):
         raise ValueError(f"focus.escape_time_sensitivity: setup must be an attnflow.focus.Setup, got {setup!r}")
     lam0 = _lazy_lam(setup.chain)
+    default_threshold = threshold is None
     threshold, solver = _check(setup, threshold, t1, solver, "focus.escape_time_sensitivity")
     solver = solver_for_mode(mode, with_progress(solver, None, progress))
     pi = setup.chain.pi
 
     def outcome(lam, tau):
-        chain = MarkovChain.lazy(pi, lam)
-        return _t_event(setup.replace(chain=chain, tau=tau), threshold, t1, solver)
+        moved = setup.replace(chain=MarkovChain.lazy(pi, lam), tau=tau)
+        # the default threshold moves with the chain (through L*), as in escape_time(setup)
+        return _t_event(moved, escape_threshold(moved) if default_threshold else threshold, t1, solver)
 
     res = sensitivity(outcome, mode=mode, **{"lam": lam0, "tau": setup.tau})
     return _checked(res, setup, threshold, "focus.escape_time_sensitivity")
