@@ -1,6 +1,8 @@
 """attnflow.qkov: protocol (Setup/solve/train), reduced ODEs, first integrals, reference values, full-matrix
 flow, metrics, bad input."""
 
+import warnings
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -702,6 +704,19 @@ def test_optimal_ratio_result_prints_its_numbers_and_certifies_itself():
     assert bool(result(0.01, 0.0, 0.05).converged(tol=0.02))
     with pytest.raises(ValueError, match="tol"):
         ok.converged(tol=0.0)
+
+
+def test_optimal_ratio_warns_when_no_ratio_meets_the_budget():
+    """A budget shorter than the fastest time to the loss (at r = 1) is unreachable: the
+    result is returned with a RuntimeWarning naming the time it takes and the budget."""
+    s = Setup()
+    fastest = float(qkov.reach_loss(s, 1e-2)["t"])
+    with pytest.warns(RuntimeWarning, match=r"reached at t = .* > time_budget = 10(\.0)?\b.*raise it or eta_max"):
+        res = qkov.optimal_ratio(s, 1e-2, 10.0, outer=2, inner=3)
+    assert float(res.violation) > np.log(fastest / 10.0) - 1e-6 and not bool(res.converged())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a budget met: no warning
+        qkov.optimal_ratio(s, 1e-2, 10 * fastest, outer=2, inner=3)
 
 
 def test_factorised_qk_rate_in_both_query_modes_matches_the_full_matrices():

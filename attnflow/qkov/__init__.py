@@ -67,6 +67,7 @@ from .observe import mu_qk_distinct as mu_qk_distinct
 from .observe import mu_qk_from_attention as mu_qk_from_attention
 from .observe import mu_qk_gap as mu_qk_gap
 from .observe import state_observables as state_observables
+from .optimal import INFEASIBLE_TOL as INFEASIBLE_TOL
 from .optimal import OptimalRatio as OptimalRatio
 from .optimal import capped_rates as capped_rates
 from .optimal import default_horizon as default_horizon
@@ -199,6 +200,7 @@ __all__ = [
     "EpsIdentity",
     "Init",
     "Lanes",
+    "INFEASIBLE_TOL",
     "OptimalRatio",
     "QKOVModel",
     "Setup",

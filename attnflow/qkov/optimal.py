@@ -17,6 +17,7 @@ subject to reaching ``L*`` within a time budget, by an augmented-Lagrangian Opta
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import equinox as eqx
@@ -26,6 +27,7 @@ import numpy as np
 import optax
 
 from .. import _validate as V
+from .._errors import warn_traced
 from .._jit import filter_jit
 from ..ode import require_x64
 from ..options import LinearGrid, SolverOptions
@@ -248,6 +250,10 @@ class OptimalRatio(eqx.Module):
         )
 
 
+INFEASIBLE_TOL = 1e-3
+"""`optimal_ratio` warns when its result misses the budget by more than this (``log(t / budget)``)."""
+
+
 def optimal_ratio(
     setup: Setup,
     loss_target: Any,
@@ -274,7 +280,9 @@ def optimal_ratio(
     ``r = 1``, the fastest ratio under the cap). Since ``alpha`` at fixed loss rises with ``r``
     (eq. (5)), the budget binds at the optimum when it is shorter than the time of the largest
     ratio considered. Returns `OptimalRatio` (check ``violation`` and ``stationarity``, or
-    ``OptimalRatio.converged()``).
+    ``OptimalRatio.converged()``). Warns (``RuntimeWarning``) when the result misses the budget
+    (``violation > INFEASIBLE_TOL``): no ratio the search reached meets it; in a sweep the point
+    is named with the warning.
     """
     _check_setup(setup, "qkov.optimal_ratio")
     _check_loss(loss_target)
@@ -286,7 +294,7 @@ def optimal_ratio(
     V.positive("penalty", penalty)
     log_r0 = V.finite_scalar("log_r0", log_r0)
     dtype = jnp.result_type(float)
-    return _optimal_ratio(
+    res = _optimal_ratio(
         setup,
         jnp.asarray(loss_target, dtype),
         jnp.asarray(time_budget, dtype),
@@ -299,6 +307,18 @@ def optimal_ratio(
         inner,
         float(learning_rate),
     )
+    missed = "qkov.optimal_ratio: the result does not reach loss_target within time_budget"
+    if V.any_traced(res.violation):  # in a sweep: the point is named with the warning
+        warn_traced(lambda: res.violation > INFEASIBLE_TOL, f"{missed} (violation log(t / budget) > {INFEASIBLE_TOL})")
+    elif float(res.violation) > INFEASIBLE_TOL:
+        warnings.warn(
+            f"{missed}: loss {V.show(loss_target)} is reached at t = {float(res.t):.6g} > time_budget = "
+            f"{V.show(time_budget)} (ratio {float(res.ratio):.4g}); no ratio the search reached meets the "
+            "budget: raise it or eta_max, or see OptimalRatio.converged()",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return res
 
 
 @filter_jit
