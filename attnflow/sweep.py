@@ -272,9 +272,10 @@ class SweepResult:
         return tuple(idx)
 
     def sel(self, **point: Any) -> Any:
-        """The values at (the nearest) given coordinates; unnamed axes are kept, and an axis given
-        a list of values keeps those points (``res.sel(eta=[0.5, 1.0])``). A value outside an
-        axis's range raises ``ValueError``."""
+        """The values (a pytree like `values`, not a `SweepResult`) at (the nearest) given
+        coordinates; unnamed axes are kept as the leading axes of each leaf, in the sweep's
+        order, and an axis given a list of values keeps those points (``res.sel(eta=[0.5,
+        1.0])``). A value outside an axis's range raises ``ValueError``."""
         idx = self.index(**point)
 
         def pick(x: Any) -> Any:
