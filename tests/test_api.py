@@ -2,6 +2,7 @@
 
 import dataclasses
 import functools
+import inspect
 import os
 from typing import Literal
 
@@ -1142,3 +1143,31 @@ def test_crossing_time_of_a_rising_observable():
     assert float(t) == pytest.approx(float(heads.escape_time(s, 0.5, bank=bank)), rel=1e-9)
     with pytest.raises(ValueError, match=r"must lie below the start value of 'specialisation'.*rising=True"):
         af.crossing_time(heads.ode(s, bank=bank), "specialisation", 0.5, 60.0)
+
+
+@pytest.mark.parametrize(
+    "verb, key, says",
+    [
+        ("heads.train", "batch", r"heads.Setup\(minibatch=\.\.\.\)"),
+        ("heads.train", "dt", r"t = steps / D"),
+        ("heads.solve", "initial", r"heads.Setup\(init=heads.Overlaps\(M, Q\)\)"),
+        ("derive.train", "batch", r"derive.Setup\(\.\.\., minibatch=\.\.\.\)"),
+        ("deeplinear.solve", "loss_target", r"deeplinear.escape_time\(setup, L, t1=\.\.\.\)"),
+        ("focus.solve", "loss_target", r"obs\['loss'\] - L"),
+        ("qkov.train", "D", r"qkov.Setup\(m=\.\.\., n=\.\.\., b=\.\.\., M=\.\.\.\)"),
+        ("qkov.solve", "evnt", r"did you mean 'event'\?"),
+        ("focus.train", "bach", r"did you mean 'batch'\?"),
+    ],
+)
+def test_a_keyword_of_another_package_is_answered_with_this_ones_way(verb, key, says):
+    """A keyword a verb does not take (one another package's verb takes, or a misspelling) raises
+    TypeError before anything runs, naming the keyword, where this package has it (or the
+    closest spelling), and the keywords the verb takes."""
+    import importlib
+
+    pkg, name = verb.split(".")
+    fn = getattr(importlib.import_module(f"attnflow.{pkg}"), name)
+    message = rf"{verb}\(\) got an unexpected keyword argument '{key}': .*{says}.*takes: setup, t1"
+    with pytest.raises(TypeError, match=message):
+        fn(None, 1.0, **{key: 1})
+    assert list(inspect.signature(fn).parameters)[:2] == ["setup", "t1"]  # the verb's own signature

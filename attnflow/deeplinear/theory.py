@@ -22,6 +22,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .._keywords import keyword_hints
 from ..ode import ODE, crossing_time
 from ..options import LinearGrid, SaveGrid, SolverOptions
 from ..trajectory import Trajectory
@@ -124,6 +125,12 @@ def ode(setup: Any) -> ODE:
     )
 
 
+@keyword_hints(
+    "deeplinear.solve",
+    initial="the start is a field of the setup, deeplinear.Setup(u0=...)",
+    loss_target="event=lambda t, obs: obs['loss'] - L stops there; "
+    "deeplinear.escape_time(setup, L, t1=...) is its time",
+)
 def solve(
     setup: Any,
     t1: Any,

@@ -14,6 +14,7 @@ import numpy as np
 from .. import _validate as V
 from .._errors import warn_traced
 from .._jit import filter_jit
+from .._keywords import keyword_hints
 from ..optim import label_by_path, per_circuit
 from ..options import LinearGrid, SaveGrid, TimeGrid, train_steps
 from ..simulate import FullBatch, OnlineSGD, run_training, simulate
@@ -39,6 +40,9 @@ scheme of the mode ODE, so it lags the flow by ``O(dt)``; measured 0.066 (``u``)
 (``loss``), out of a largest mode strength of 3 and an initial loss of 7.1."""
 
 
+@keyword_hints(
+    "deeplinear.train", initial="the start is a field of the setup, deeplinear.Setup(u0=...), or model= a network"
+)
 def train(
     setup: Setup,
     t1: float,

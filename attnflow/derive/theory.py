@@ -34,6 +34,7 @@ import numpy as np
 
 from .. import _validate as V
 from .._jit import filter_jit
+from .._keywords import keyword_hints
 from ..ode import ODE, crossing_time, require_x64
 from ..options import LogGrid, SaveGrid, SolverOptions
 from ..trajectory import Trajectory
@@ -266,6 +267,11 @@ def ode(setup: Setup, *, rule: Rule | None = None) -> ODE:
     )
 
 
+@keyword_hints(
+    "derive.solve",
+    initial="the start is the setup's R0, Q0 (and v0): derive.Setup(..., R0=..., Q0=...)",
+    loss_target="event=lambda t, obs: obs['error'] - L stops there; derive.escape_time(setup, L, t1=...) is its time",
+)
 def solve(
     setup: Setup,
     t1: Any,

@@ -13,6 +13,7 @@ import optax
 
 from .. import _validate as V
 from .._jit import filter_jit
+from .._keywords import keyword_hints
 from ..expect import psd_sqrt
 from ..optim import per_circuit
 from ..options import LinearGrid, SaveGrid, TimeGrid, train_steps
@@ -52,6 +53,12 @@ def weights_from_overlaps(R: Any, Q: Any, T: Any, D: int, key: Any = 0) -> tuple
     return W_star, W
 
 
+@keyword_hints(
+    "derive.train",
+    batch="the minibatch is a field of the setup, derive.Setup(..., minibatch=...): it enters the theory's eta^2 term",
+    dt="one SGD step advances t by 1/D (t = steps / D): choose D",
+    initial="the start is the setup's R0, Q0 (and v0), or model= a network",
+)
 def train(
     setup: Setup,
     t1: float,

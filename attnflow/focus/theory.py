@@ -28,6 +28,7 @@ import optimistix as optx
 
 from .. import _validate as V
 from .._jit import filter_jit
+from .._keywords import keyword_hints
 from ..ode import ODE, require_x64
 from ..options import LogGrid, SaveGrid, SolverOptions
 from ..saddle import fixed_point, jacobian
@@ -177,6 +178,10 @@ def ode(setup: Setup, *, initial: dict | None = None, observe: Callable[[dict, S
     )
 
 
+@keyword_hints(
+    "focus.solve",
+    loss_target="event=lambda t, obs: obs['loss'] - L stops there, and focus.escape_time(setup, L) is its time",
+)
 def solve(
     setup: Setup,
     t1: Any,

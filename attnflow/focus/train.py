@@ -14,6 +14,7 @@ import optax
 
 from .. import _validate as V
 from .._jit import filter_jit
+from .._keywords import keyword_hints
 from ..options import LogGrid, SaveGrid, TimeGrid, train_steps
 from ..simulate import OnlineSGD, run_training, simulate
 from .data import MarkovChain, random_windows
@@ -111,6 +112,7 @@ def _warn_slow_mixing(setup: Setup, context: int) -> None:
         )
 
 
+@keyword_hints("focus.train")
 def train(
     setup: Setup,
     t1: float,

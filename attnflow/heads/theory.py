@@ -34,6 +34,7 @@ from jax.flatten_util import ravel_pytree
 from .. import _validate as V
 from .._errors import check_traced
 from .._jit import filter_jit
+from .._keywords import keyword_hints
 from ..analysis import first_crossing
 from ..expect import all_permutations, antithetic_copies, cyclic_permutations, permuted_copies, psd_sqrt
 from ..ode import ODE, DivergenceError, integrate, observable_event, require_x64, with_progress
@@ -519,6 +520,11 @@ def _escape_event(t, y, args):
     return args[1] - specialisation(y["M"])
 
 
+@keyword_hints(
+    "heads.solve",
+    initial="the start is setup.init: heads.Setup(init=heads.Overlaps(M, Q)) (or FiniteDDraw, SymmetricSeed)",
+    loss_target="event=lambda t, obs: obs['error'] - L stops there (escape=s stops at specialisation s)",
+)
 def solve(
     setup: Setup,
     t1: Any,

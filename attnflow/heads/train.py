@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import _validate as V
 from .._jit import filter_jit
+from .._keywords import keyword_hints
 from ..expect import psd_sqrt
 from ..optim import label_by_path, per_circuit
 from ..options import LinearGrid, SaveGrid, TimeGrid, train_steps
@@ -99,6 +100,12 @@ def _default_D(setup: Setup) -> int:
     return int(round(float(D)))
 
 
+@keyword_hints(
+    "heads.train",
+    batch="the minibatch is a field of the setup, heads.Setup(minibatch=...): it enters the theory's eta^2 term",
+    dt="one SGD step advances t by 1/D (t = steps / D): choose D",
+    initial="the start is setup.init (heads.Overlaps(M, Q), FiniteDDraw, SymmetricSeed), or model= a network",
+)
 def train(
     setup: Setup,
     t1: float,

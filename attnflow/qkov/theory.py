@@ -35,6 +35,7 @@ import numpy as np
 
 from .. import _validate as V
 from .._jit import filter_jit
+from .._keywords import keyword_hints
 from ..ode import ODE, crossing_time, integrate, observable_event, require_x64, with_progress
 from ..options import LogGrid, SaveGrid, SolverOptions
 from ..trajectory import Trajectory
@@ -278,6 +279,7 @@ def ode(setup: Setup, *, initial: dict | None = None) -> ODE:
     )
 
 
+@keyword_hints("qkov.solve")
 def solve(
     setup: Setup,
     t1: Any,

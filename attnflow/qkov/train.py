@@ -21,6 +21,7 @@ import optax
 
 from .. import _validate as V
 from .._jit import filter_jit
+from .._keywords import keyword_hints
 from ..ode import integrate, observable_event, require_x64, with_progress
 from ..optim import per_circuit
 from ..options import LogGrid, SaveGrid, SolverOptions, TimeGrid, train_steps
@@ -111,6 +112,7 @@ class _FlowObserve(eqx.Module):
         return _observe(model, setup, self.conserved, None, self.readouts)
 
 
+@keyword_hints("qkov.train", D="the sizes are fields of the setup, qkov.Setup(m=..., n=..., b=..., M=...)")
 def train(
     setup: Setup,
     t1: Any,
