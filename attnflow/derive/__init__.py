@@ -30,6 +30,7 @@ from .observe import model_observables as model_observables
 from .observe import state_observables as state_observables
 from .observe import weight_observables as weight_observables
 from .setup import HERMITE_BUDGET as HERMITE_BUDGET
+from .setup import KINK_TOLERANCE as KINK_TOLERANCE
 from .setup import GaussHermite as GaussHermite
 from .setup import MonteCarlo as MonteCarlo
 from .setup import Quadrature as Quadrature
@@ -70,6 +71,7 @@ __all__ = [
     "DEFAULT_SOLVER",
     "DEFAULT_TRAIN_SAVE",
     "HERMITE_BUDGET",
+    "KINK_TOLERANCE",
     "NODE_CHUNK",
     "OBSERVABLES",
     "REFERENCE_D",

@@ -32,6 +32,7 @@ from ..setup import AbstractSetup
 from .data import DataModel, GaussianInputs, SingleLocation
 
 __all__ = [
+    "KINK_TOLERANCE",
     "Setup",
     "Quadrature",
     "scaled_rule",
@@ -346,6 +347,53 @@ def _positional_gap(
     return float(np.max(np.abs(a - b) / scale))
 
 
+_KINK_LINES = 8
+"""How many random lines through input space `_kink_excess` follows."""
+
+_KINK_POINTS = 257
+"""Points on each line of `_kink_excess` (``t`` in ``[-4, 4]``)."""
+
+KINK_TOLERANCE = 0.05
+"""`Setup` warns, for a Gauss-Hermite rule, when the per-sample loss's derivative along a random
+line in input space jumps by more than this fraction beyond what its second derivative
+accounts for (`_kink_excess`): a kink (a ReLU unit, ``abs``) or a change too sharp for the rule."""
+
+
+@functools.lru_cache(maxsize=256)
+def _kink_excess(student: Callable, teacher: Callable, loss: Callable, K: int, M: int, v_shape: tuple | None) -> float:
+    """How much of the variation of the per-sample loss's derivative along random lines in input
+    space its second derivative misses: on each of `_KINK_LINES` lines ``(lam, nu) = p + t d``
+    (fixed Gaussian draws, a random readout of shape ``v_shape``), ``f(t)`` the loss there, the
+    total variation ``J = sum |f'(t_i+1) - f'(t_i)|`` against ``S = int |f''| dt`` (trapezoids),
+    both by autodiff on `_KINK_POINTS` points of ``t`` in ``[-4, 4]``. A smooth ``f`` has
+    ``J <= S`` up to the grid's error; at a kink ``f'`` jumps while autodiff's ``f''`` is finite
+    on both sides, so ``J - S`` is the jumps. Returns the largest ``(J - S) / J`` over the lines
+    (0 for a loss that does not vary)."""
+    rng = np.random.default_rng(2)
+    n = _KINK_LINES
+    start = rng.standard_normal((n, K + M))
+    step = rng.standard_normal((n, K + M))
+    step /= np.linalg.norm(step, axis=1, keepdims=True)
+    v = None if v_shape is None else rng.standard_normal(v_shape)
+    t = np.linspace(-4.0, 4.0, _KINK_POINTS)
+
+    def f(p: Any, d: Any, tt: Any) -> Any:
+        x = p + tt * d
+        return jnp.sum(loss(student(x[:K], v), teacher(x[K:])))
+
+    def derivatives(p: Any, d: Any, tt: Any) -> Any:
+        df = lambda s: jax.jvp(lambda u: f(p, d, u), (s,), (jnp.ones_like(s),))[1]
+        return jax.jvp(df, (tt,), (jnp.ones_like(tt),))
+
+    with jax.ensure_compile_time_eval():  # values, also while a sweep traces the Setup
+        on_line = jax.vmap(jax.vmap(derivatives, in_axes=(None, None, 0)), in_axes=(0, 0, None))
+        d1, d2 = (np.asarray(a) for a in on_line(jnp.asarray(start), jnp.asarray(step), jnp.asarray(t)))
+    jumps = np.sum(np.abs(np.diff(d1, axis=1)), axis=1)
+    curvature = np.sum(0.5 * (np.abs(d2[:, 1:]) + np.abs(d2[:, :-1])) * np.diff(t), axis=1)
+    excess = np.where(jumps > 1e-12, (jumps - curvature) / np.maximum(jumps, 1e-300), 0.0)
+    return float(np.max(excess))
+
+
 def _per_model(check: Any, *args: Any) -> Any:
     """``check(*args)``, a model check cached per model (`functools.lru_cache`), uncached for a
     callable that cannot be a cache key (unhashable)."""
@@ -568,6 +616,18 @@ class Setup(AbstractSetup):
                     "SingleLocation(exchangeable=True) puts the signal at location 0, which holds only for a model "
                     "equivariant under the locations. Use SingleLocation(..., exchangeable=False) (it enumerates "
                     "the locations)"
+                )
+        if isinstance(self.data, GaussianInputs) and isinstance(self.quadrature, GaussHermite | SparseGaussHermite):
+            excess = _per_model(_kink_excess, *model, v_shape)
+            if excess > KINK_TOLERANCE:
+                warnings.warn(
+                    f"derive.Setup: the per-sample loss has a kink (or a change too sharp for {self.quadrature!r}): "
+                    f"along a random line in input space its derivative jumps, {excess:.0%} of its variation "
+                    "beyond what its second derivative accounts for (a ReLU unit, abs, a hinge). Gauss-Hermite "
+                    "converges slowly there (a 2-unit ReLU student with a tanh teacher under GaussHermite(16): dR/dt "
+                    "off by up to 9e-4, 1.6%, an entry of dQ/dt by 1.3e-3, half of it): "
+                    "use quadrature=derive.QuasiMonteCarlo(2**18), or compare derive.field under both rules",
+                    stacklevel=3,
                 )
         if isinstance(self.data, GaussianInputs) and _per_model(_frozen_model, *model, v_shape):
             raise ValueError(
