@@ -41,7 +41,7 @@ if SHARED_DATA.is_dir():
 # glibc keeps the memory that compiling freed: over the suite a worker grew past 7 GB. After
 # each test the freed memory goes back to the system, and past this resident size the caches
 # are dropped too (programs needed again load from the persistent cache, or compile again).
-MAX_RESIDENT_BYTES = int(float(os.environ.get("ATTNFLOW_TEST_MAX_RSS_GB", "5")) * 2**30)
+MAX_RESIDENT_BYTES = int(float(os.environ.get("ATTNFLOW_TEST_MAX_RSS_GB", "8")) * 2**30)
 
 
 def _resident_bytes() -> int:
