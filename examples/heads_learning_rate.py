@@ -39,7 +39,9 @@ def t_spec_ode(setup):
 
 def t_spec_sgd(eta):
     """The first time online SGD at D = 1000 reaches the threshold (interpolated between saves)."""
-    sim = heads.train(heads.Setup(eta=eta), SGD_T1, key=0, save=af.LinearGrid(201), eval_samples=0)
+    # D given: the setup is built inside the sweep, where its draw's D is a tracer
+    setup = heads.Setup(eta=eta)
+    sim = heads.train(setup, SGD_T1, key=0, D=heads.REFERENCE_D, save=af.LinearGrid(201), eval_samples=0)
     return af.first_crossing(sim.ts, sim["specialisation"], THRESHOLD, interpolate=True)
 
 

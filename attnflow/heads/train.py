@@ -3,6 +3,7 @@ its initial condition."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -86,17 +87,21 @@ def keys_from_overlaps(M: Any, Q: Any, spikes: Any, key: Any = 0) -> jax.Array:
 def _default_D(setup: Setup) -> int:
     """The dimension `train` uses when given none: the ``D`` of ``setup.init`` when it has one
     (`FiniteDDraw`, `SymmetricSeed`), else `attnflow.heads.REFERENCE_D`. A traced one (a setup
-    built inside a sweep or a jit, whose numbers are tracers there) is refused: the weights'
-    size must be concrete, and another D would train another network than ``solve`` starts."""
+    built inside a sweep or a jit holds tracers there, even for a literal ``D``) cannot size the
+    weights: `REFERENCE_D` with a warning, since another D than the draw's trains another
+    network than ``solve`` starts."""
     D = getattr(setup.init, "D", None)
     if D is None:
         return REFERENCE_D
     if V.any_traced(D):
-        raise ValueError(
-            f"heads.train: the D of setup.init ({type(setup.init).__name__}) is traced here (a setup "
-            "built inside a sweep or jit holds tracers), and the network's size must be concrete: "
-            "pass it, train(setup, t1, D=400), or build the setup outside the swept function"
+        warnings.warn(
+            f"heads.train: the D of setup.init ({type(setup.init).__name__}) is traced here (a setup built "
+            f"inside a sweep or jit holds tracers, even for a literal D), and the network's size must be "
+            f"concrete: training at REFERENCE_D = {REFERENCE_D}. Pass train(setup, t1, D=...) (the draw's D), "
+            "or build the setup outside the swept function",
+            stacklevel=3,
         )
+        return REFERENCE_D
     return int(round(float(D)))
 
 
