@@ -66,30 +66,23 @@ def _env() -> dict:
     return env
 
 
-@pytest.mark.parametrize("path", _markdown_with_code(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_markdown_python_blocks_run(path, tmp_path):
+def _run_python(runner: str, path: Path, cwd: Path) -> subprocess.CompletedProcess:
+    """``runner`` on ``path`` in a fresh interpreter in ``cwd``; it must exit 0."""
     out = subprocess.run(
-        [sys.executable, "-c", _RUNNER, str(path)],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
+        [sys.executable, "-c", runner, str(path)], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=900
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+    return out
+
+
+@pytest.mark.parametrize("path", _markdown_with_code(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_markdown_python_blocks_run(path, tmp_path):
+    _run_python(_RUNNER, path, tmp_path)
 
 
 @pytest.mark.parametrize("script", sorted((ROOT / "examples").glob("*.py")), ids=lambda p: p.name)
 def test_examples_run(script, tmp_path):
-    out = subprocess.run(
-        [sys.executable, "-c", _SCRIPT_RUNNER, str(script)],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+    out = _run_python(_SCRIPT_RUNNER, script, tmp_path)
     assert out.stdout.strip(), f"{script.name} printed nothing"
 
 
