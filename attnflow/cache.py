@@ -19,19 +19,31 @@ Several processes may share the folder (the test suite's workers, the shards of 
 cluster). JAX writes an entry in place, so a process could load another's half-written entry
 and abort inside XLA; `use_compilation_cache` makes this process write each entry to a
 temporary file and rename it into place (an atomic step on a local file system), so a reader
-sees a whole entry or none.
+sees a whole entry or none. XLA aborts the process on an entry that is corrupt all the same
+(as it can be when written by another program, or by XLA itself): while it loads an entry,
+this process names it in a marker file, and `use_compilation_cache` deletes the entries named
+by markers of processes that are gone (`remove_entries_that_crashed_a_load`), so that one bad
+entry crashes one process, not every later one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
 from pathlib import Path
+from typing import Any
 
 import jax
 
-__all__ = ["CACHE_ENV", "cache_dir", "use_compilation_cache", "clear_compilation_cache"]
+__all__ = [
+    "CACHE_ENV",
+    "cache_dir",
+    "use_compilation_cache",
+    "clear_compilation_cache",
+    "remove_entries_that_crashed_a_load",
+]
 
 CACHE_ENV = "ATTNFLOW_CACHE"
 """Environment variable: the folder of the compilation cache, or ``off`` to disable it."""
@@ -74,7 +86,84 @@ def use_compilation_cache(path: str | os.PathLike | None = None) -> Path | None:
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
     _write_entries_atomically()
+    _mark_entries_while_loading(folder)
+    remove_entries_that_crashed_a_load(folder)
     return folder
+
+
+_LOADING = ".loading-"
+"""Prefix of the marker a process leaves in the cache folder while it loads an entry."""
+
+
+def _mark_entries_while_loading(folder: Path) -> bool:
+    """Make this process name the entry it loads in ``<folder>/.loading-<pid>`` for as long as
+    XLA takes to load it. XLA aborts the process on an entry that is corrupt (rather than
+    raising), so a marker left behind by a process that is gone names an entry that crashed a
+    load: `remove_entries_that_crashed_a_load` deletes it, and the program compiles afresh.
+    Returns whether the marking is installed (it wraps JAX's ``get_executable_and_time``)."""
+    try:
+        from jax._src import compilation_cache
+    except ImportError:
+        return False
+    get = getattr(compilation_cache, "get_executable_and_time", None)
+    if get is None:
+        return False
+    get = getattr(get, "__wrapped__", get) if getattr(get, "_attnflow_marking", False) else get
+
+    def marked_get(cache_key: str, *args: Any, **kwargs: Any) -> Any:
+        marker = os.path.join(str(folder), f"{_LOADING}{os.getpid()}")
+        try:
+            with open(marker, "w") as fh:
+                fh.write(cache_key)
+        except OSError:
+            return get(cache_key, *args, **kwargs)
+        try:
+            return get(cache_key, *args, **kwargs)
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(marker)
+
+    marked_get._attnflow_marking = True  # type: ignore[attr-defined]
+    marked_get.__wrapped__ = get  # type: ignore[attr-defined]
+    compilation_cache.get_executable_and_time = marked_get
+    return True
+
+
+def remove_entries_that_crashed_a_load(path: str | os.PathLike | None = None) -> list[str]:
+    """Delete the cache entries that a process crashed while loading (named by the markers of
+    processes that are gone, `_mark_entries_while_loading`), and those markers; returns the
+    keys removed. `use_compilation_cache` calls it, so the next process compiles such a
+    program afresh instead of crashing on it again."""
+    folder = Path(path).expanduser() if path is not None else cache_dir()
+    if folder is None or not folder.is_dir():
+        return []
+    removed = []
+    for marker in folder.glob(f"{_LOADING}*"):
+        try:
+            pid = int(marker.name[len(_LOADING) :])
+        except ValueError:
+            continue
+        if pid == os.getpid() or _alive(pid):
+            continue
+        with contextlib.suppress(OSError):
+            key = marker.read_text().strip()
+            if key and "/" not in key and os.sep not in key:
+                for suffix in ("-cache", "-atime"):
+                    with contextlib.suppress(FileNotFoundError):
+                        (folder / f"{key}{suffix}").unlink()
+                removed.append(key)
+            marker.unlink()
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
 
 
 def _write_entries_atomically() -> bool:

@@ -488,6 +488,35 @@ def test_cache_entries_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
     assert store.get("j") is None and sorted(p.name for p in tmp_path.iterdir()) == ["k-cache"]
 
 
+def test_an_entry_that_crashed_a_load_is_removed_by_the_next_process(tmp_path):
+    """A process that dies while XLA loads a cache entry leaves its marker naming the entry; the
+    next `use_compilation_cache` deletes that entry (and the marker), so the program compiles
+    afresh instead of crashing every later process. Markers of live processes are kept."""
+    import subprocess
+    import sys
+
+    from attnflow import cache
+
+    (tmp_path / "jit_f-abc-cache").write_bytes(b"corrupt")
+    (tmp_path / "jit_g-def-cache").write_bytes(b"fine")
+    # the child's XLA load dies (as on a corrupt entry) while loading 'jit_f-abc'
+    script = (
+        "import os, sys\n"
+        "from jax._src import compilation_cache\n"
+        "compilation_cache.get_executable_and_time = lambda *a, **k: os._exit(134)\n"
+        "from attnflow.cache import use_compilation_cache\n"
+        "use_compilation_cache(sys.argv[1])\n"
+        "compilation_cache.get_executable_and_time('jit_f-abc', None, None, None)\n"
+    )
+    child = subprocess.run([sys.executable, "-c", script, str(tmp_path)], timeout=120)
+    assert child.returncode == 134
+    markers = list(tmp_path.glob(".loading-*"))
+    assert len(markers) == 1 and markers[0].read_text() == "jit_f-abc"
+    (tmp_path / f".loading-{os.getpid()}").write_text("jit_g-def")  # a live process's marker: kept
+    assert cache.remove_entries_that_crashed_a_load(tmp_path) == ["jit_f-abc"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f".loading-{os.getpid()}", "jit_g-def-cache"]
+
+
 def test_solves_and_training_compile_without_host_callbacks():
     """Under the command's and the tests' EQX_ON_ERROR=nan no solve or training program holds a
     host callback, so JAX's persistent cache can store them (it refuses programs with one); an
