@@ -157,13 +157,19 @@ def remove_entries_that_crashed_a_load(path: str | os.PathLike | None = None) ->
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: it exists and is not a zombie (a crashed process whose
+    parent has not collected it yet, as a test worker's that a new worker replaces)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except OSError:  # another user's process: alive
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):  # no /proc (macOS): alive
+        return True
 
 
 def _write_entries_atomically() -> bool:

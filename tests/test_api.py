@@ -4,6 +4,7 @@ import dataclasses
 import functools
 import inspect
 import os
+import time
 from typing import Literal
 
 import equinox as eqx
@@ -515,6 +516,12 @@ def test_an_entry_that_crashed_a_load_is_removed_by_the_next_process(tmp_path):
     (tmp_path / f".loading-{os.getpid()}").write_text("jit_g-def")  # a live process's marker: kept
     assert cache.remove_entries_that_crashed_a_load(tmp_path) == ["jit_f-abc"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [f".loading-{os.getpid()}", "jit_g-def-cache"]
+    # a crashed worker its parent has not collected yet (a zombie) is gone too
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 60
+    while cache._alive(zombie.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not cache._alive(zombie.pid) and zombie.poll() == 0
 
 
 def test_solves_and_training_compile_without_host_callbacks():
