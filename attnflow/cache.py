@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -92,11 +93,12 @@ def use_compilation_cache(path: str | os.PathLike | None = None) -> Path | None:
 
 
 _LOADING = ".loading-"
-"""Prefix of the marker a process leaves in the cache folder while it loads an entry."""
+"""Prefix of the marker a process leaves in the cache folder while it loads an entry
+(``.loading-<host>-<pid>``)."""
 
 
 def _mark_entries_while_loading(folder: Path) -> bool:
-    """Make this process name the entry it loads in ``<folder>/.loading-<pid>`` for as long as
+    """Make this process name the entry it loads in ``<folder>/.loading-<host>-<pid>`` for as long as
     XLA takes to load it. XLA aborts the process on an entry that is corrupt (rather than
     raising), so a marker left behind by a process that is gone names an entry that crashed a
     load: `remove_entries_that_crashed_a_load` deletes it, and the program compiles afresh.
@@ -111,7 +113,7 @@ def _mark_entries_while_loading(folder: Path) -> bool:
     get = getattr(get, "__wrapped__", get) if getattr(get, "_attnflow_marking", False) else get
 
     def marked_get(cache_key: str, *args: Any, **kwargs: Any) -> Any:
-        marker = os.path.join(str(folder), f"{_LOADING}{os.getpid()}")
+        marker = os.path.join(str(folder), f"{_LOADING}{socket.gethostname()}-{os.getpid()}")
         try:
             with open(marker, "w") as fh:
                 fh.write(cache_key)
@@ -138,11 +140,13 @@ def remove_entries_that_crashed_a_load(path: str | os.PathLike | None = None) ->
     if folder is None or not folder.is_dir():
         return []
     removed = []
+    host = socket.gethostname()
     for marker in folder.glob(f"{_LOADING}*"):
-        try:
-            pid = int(marker.name[len(_LOADING) :])
-        except ValueError:
+        # another machine's process (a folder shared by a cluster's nodes) cannot be looked up here
+        marker_host, _, pid_text = marker.name[len(_LOADING) :].rpartition("-")
+        if marker_host != host or not pid_text.isdigit():
             continue
+        pid = int(pid_text)
         if pid == os.getpid() or _alive(pid):
             continue
         with contextlib.suppress(OSError):

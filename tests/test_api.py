@@ -493,6 +493,7 @@ def test_an_entry_that_crashed_a_load_is_removed_by_the_next_process(tmp_path):
     """A process that dies while XLA loads a cache entry leaves its marker naming the entry; the
     next `use_compilation_cache` deletes that entry (and the marker), so the program compiles
     afresh instead of crashing every later process. Markers of live processes are kept."""
+    import socket
     import subprocess
     import sys
 
@@ -513,9 +514,12 @@ def test_an_entry_that_crashed_a_load_is_removed_by_the_next_process(tmp_path):
     assert child.returncode == 134
     markers = list(tmp_path.glob(".loading-*"))
     assert len(markers) == 1 and markers[0].read_text() == "jit_f-abc"
-    (tmp_path / f".loading-{os.getpid()}").write_text("jit_g-def")  # a live process's marker: kept
+    live = f".loading-{socket.gethostname()}-{os.getpid()}"
+    (tmp_path / live).write_text("jit_g-def")  # a live process's marker: kept
+    other = f".loading-another-host-{markers[0].name.rsplit('-', 1)[1]}"  # a dead pid, on another machine
+    (tmp_path / other).write_text("jit_g-def")
     assert cache.remove_entries_that_crashed_a_load(tmp_path) == ["jit_f-abc"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f".loading-{os.getpid()}", "jit_g-def-cache"]
+    assert {p.name for p in tmp_path.iterdir()} == {live, other, "jit_g-def-cache"}
     # a crashed worker its parent has not collected yet (a zombie) is gone too
     zombie = subprocess.Popen([sys.executable, "-c", "pass"])
     deadline = time.monotonic() + 60
