@@ -30,7 +30,6 @@ from .analysis import fit_power_law as fit_power_law
 from .analysis import growth_rate as growth_rate
 from .analysis import value_at as value_at
 from .cache import clear_compilation_cache as clear_compilation_cache
-from .cache import remove_entries_that_crashed_a_load as remove_entries_that_crashed_a_load
 from .cache import use_compilation_cache as use_compilation_cache
 from .compilation import CompileCount as CompileCount
 from .compilation import count_compilations as count_compilations
@@ -178,7 +177,6 @@ __all__ = [
     "trajectory_gap",
     "unstable_subspace",
     "use_compilation_cache",
-    "remove_entries_that_crashed_a_load",
     "use_cpu_cores",
     "value_at",
 ]

@@ -44,11 +44,35 @@ if SHARED_DATA.is_dir():
 MAX_RESIDENT_BYTES = int(float(os.environ.get("ATTNFLOW_TEST_MAX_RSS_GB", "8")) * 2**30)
 
 
+def _max_map_count() -> int:
+    try:
+        with open("/proc/sys/vm/max_map_count") as fh:
+            return int(fh.read())
+    except (OSError, ValueError):
+        return 65530  # Linux's default
+
+
+# Each program XLA:CPU keeps loaded holds about three memory mappings (its code, read-only and
+# writable sections), and Linux allows a process vm.max_map_count of them (65,530 by default).
+# A worker that kept every program of half the suite reached 65,217: XLA's next load or compile
+# failed to map memory, and the worker died (a segfault or abort while the error was raised).
+# Past half the limit the caches are dropped, which unmaps the programs.
+MAX_MAPPINGS = _max_map_count() // 2
+
+
 def _resident_bytes() -> int:
     try:
         with open("/proc/self/statm") as fh:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
+        return 0  # no /proc (macOS): caches are kept
+
+
+def _mappings() -> int:
+    try:
+        with open("/proc/self/maps", "rb") as fh:
+            return fh.read().count(b"\n")
+    except OSError:
         return 0  # no /proc (macOS): caches are kept
 
 
@@ -69,7 +93,7 @@ _clear_above = [MAX_RESIDENT_BYTES]
 
 def pytest_runtest_teardown(item, nextitem):
     _return_freed_memory()
-    if _resident_bytes() > _clear_above[0]:
+    if _resident_bytes() > _clear_above[0] or _mappings() > MAX_MAPPINGS:
         jax.clear_caches()
         gc.collect()
         _return_freed_memory()

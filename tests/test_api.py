@@ -4,7 +4,6 @@ import dataclasses
 import functools
 import inspect
 import os
-import time
 from typing import Literal
 
 import equinox as eqx
@@ -445,87 +444,35 @@ def test_compilation_cache_folder_and_switch(tmp_path, monkeypatch):
     assert cache.cache_dir() == tmp_path / "xdg" / "attnflow" / "jax"
 
 
-def test_cache_entries_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
-    """After `use_compilation_cache` (the conftest's call), JAX's file cache writes an entry to a
-    temporary file and renames it into place: a write that fails half-way leaves no entry under
-    the key a reader looks up, and no temporary file; an existing entry is kept."""
-    import builtins
-
-    from jax._src import lru_cache
-
-    from attnflow import cache
-
-    assert cache._write_entries_atomically() and lru_cache.LRUCache.put._attnflow_atomic
-    store = lru_cache.LRUCache(str(tmp_path), max_size=-1)
-    store.put("k", b"whole")
-    assert store.get("k") == b"whole" and sorted(p.name for p in tmp_path.iterdir()) == ["k-cache"]
-    store.put("k", b"other")
-    assert store.get("k") == b"whole"
-
-    real_open = builtins.open
-
-    class HalfWritten:
-        def __init__(self, fh):
-            self.fh = fh
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.fh.close()
-
-        def write(self, data):
-            self.fh.write(data[: len(data) // 2])
-            raise OSError("disk full")
-
-    def failing_open(path, mode="r", *args, **kwargs):
-        fh = real_open(path, mode, *args, **kwargs)
-        return HalfWritten(fh) if "w" in mode and str(path).endswith(".partial") else fh
-
-    monkeypatch.setattr(builtins, "open", failing_open)
-    with pytest.raises(OSError, match="disk full"):
-        store.put("j", b"0123456789")
-    monkeypatch.undo()
-    assert store.get("j") is None and sorted(p.name for p in tmp_path.iterdir()) == ["k-cache"]
-
-
-def test_an_entry_that_crashed_a_load_is_removed_by_the_next_process(tmp_path):
-    """A process that dies while XLA loads a cache entry leaves its marker naming the entry; the
-    next `use_compilation_cache` deletes that entry (and the marker), so the program compiles
-    afresh instead of crashing every later process. Markers of live processes are kept."""
-    import socket
+def test_a_truncated_cache_entry_is_compiled_again(tmp_path):
+    """Processes share the cache folder and JAX writes an entry in place: an entry cut short (read
+    while another process writes it, or left by a writer that was killed) is read as an error, and
+    JAX warns and compiles the program instead (the cache module says so; nothing else guards it)."""
     import subprocess
     import sys
 
-    from attnflow import cache
-
-    (tmp_path / "jit_f-abc-cache").write_bytes(b"corrupt")
-    (tmp_path / "jit_g-def-cache").write_bytes(b"fine")
-    # the child's XLA load dies (as on a corrupt entry) while loading 'jit_f-abc'
     script = (
-        "import os, sys\n"
-        "from jax._src import compilation_cache\n"
-        "compilation_cache.get_executable_and_time = lambda *a, **k: os._exit(134)\n"
+        "import sys\n"
         "from attnflow.cache import use_compilation_cache\n"
         "use_compilation_cache(sys.argv[1])\n"
-        "compilation_cache.get_executable_and_time('jit_f-abc', None, None, None)\n"
+        "import jax, jax.numpy as jnp\n"
+        "print(float(jax.jit(lambda x: jnp.sin(x) * 3.0 + 0.25)(jnp.float32(0.5))))\n"
     )
-    child = subprocess.run([sys.executable, "-c", script, str(tmp_path)], timeout=120)
-    assert child.returncode == 134
-    markers = list(tmp_path.glob(".loading-*"))
-    assert len(markers) == 1 and markers[0].read_text() == "jit_f-abc"
-    live = f".loading-{socket.gethostname()}-{os.getpid()}"
-    (tmp_path / live).write_text("jit_g-def")  # a live process's marker: kept
-    other = f".loading-another-host-{markers[0].name.rsplit('-', 1)[1]}"  # a dead pid, on another machine
-    (tmp_path / other).write_text("jit_g-def")
-    assert cache.remove_entries_that_crashed_a_load(tmp_path) == ["jit_f-abc"]
-    assert {p.name for p in tmp_path.iterdir()} == {live, other, "jit_g-def-cache"}
-    # a crashed worker its parent has not collected yet (a zombie) is gone too
-    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
-    deadline = time.monotonic() + 60
-    while cache._alive(zombie.pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not cache._alive(zombie.pid) and zombie.poll() == 0
+
+    def run():
+        return subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=300, check=True
+        )
+
+    expected = f"{float(np.float32(np.sin(np.float32(0.5)) * 3.0 + 0.25)):.6f}"
+    assert f"{float(run().stdout):.6f}" == expected
+    entries = [p for p in tmp_path.iterdir() if p.name.startswith("jit__lambda") and p.name.endswith("-cache")]
+    assert len(entries) == 1
+    whole = entries[0].read_bytes()
+    entries[0].write_bytes(whole[: len(whole) // 2])
+    again = run()
+    assert f"{float(again.stdout):.6f}" == expected
+    assert "Error reading persistent compilation cache entry" in again.stderr
 
 
 def test_solves_and_training_compile_without_host_callbacks():

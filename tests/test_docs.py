@@ -19,20 +19,9 @@ def _markdown_with_code() -> list[Path]:
     return [f for f in files if BLOCK.search(f.read_text())]
 
 
-# The suite's compilation cache (conftest.py) with attnflow's atomic entry writes, in a
-# subprocess that shares the folder with the workers
-_PRELUDE = r"""
-import os
-if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-    from attnflow.cache import use_compilation_cache
-    use_compilation_cache(os.environ["JAX_COMPILATION_CACHE_DIR"])
-"""
-
 # Runs the Python blocks of one markdown file in order, in one namespace; a failure names the
 # block and its first line in the file.
-_RUNNER = (
-    _PRELUDE
-    + r"""
+_RUNNER = r"""
 import re, sys, traceback
 path = sys.argv[1]
 text = open(path).read()
@@ -46,17 +35,13 @@ for i, m in enumerate(pattern.finditer(text)):
         traceback.print_exc()
         sys.exit(f"block {i + 1} (line {line}) of {path} failed")
 """
-)
 
 # Runs one script as ``python script.py`` would (``__main__``, its path as ``sys.argv[0]``).
-_SCRIPT_RUNNER = (
-    _PRELUDE
-    + r"""
+_SCRIPT_RUNNER = r"""
 import runpy, sys
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
-)
 
 
 def _env() -> dict:
@@ -110,17 +95,12 @@ def test_every_public_name_is_documented_and_in_the_api_reference():
     assert not missing_ref, f"public names missing from docs/api/*.md: {missing_ref}"
 
 
-# The one use of JAX's private modules: cache.py replaces the in-place write of JAX's file cache
-# with an atomic one (guarded: with another JAX, JAX's own write is kept)
-PRIVATE_JAX_ALLOWED = {"attnflow/cache.py"}
-
-
 def test_no_file_names_a_path_outside_the_repository():
     bad = []
     for p in [*(ROOT / "attnflow").rglob("*.py"), *(ROOT / "docs").rglob("*.md"), ROOT / "README.md"]:
         text = p.read_text()
         name = str(p.relative_to(ROOT))
         for pattern in ("../shared", "parents[2]", "parents[3]", "jax._src"):
-            if pattern in text and not (pattern == "jax._src" and name in PRIVATE_JAX_ALLOWED):
+            if pattern in text:
                 bad.append(f"{name}: {pattern}")
     assert not bad, bad
