@@ -124,7 +124,8 @@ class Report:
             )
             lines += [f"Result: {verdict}.", ""]
         if self.config:
-            options = ", ".join(f"`{k}={_short(v)}`" for k, v in self.config.items())
+            # as `--set key=VALUE` reads them back, at full precision (cut when long: summary.json has all)
+            options = ", ".join(f"`{k}={_cut(format_value(v))}`" for k, v in self.config.items())
             lines += [f"Options: {options}.", ""]
         if self.checks:
             lines += ["| check | measured | tolerance | ok |", "|---|---|---|---|"]
@@ -201,7 +202,10 @@ def _fmt(v: Any) -> str:
 
 def _short(v: Any, most: int = 80) -> str:
     """`_fmt`, cut to ``most`` characters (the whole value is in ``summary.json``)."""
-    text = _fmt(v)
+    return _cut(_fmt(v), most)
+
+
+def _cut(text: str, most: int = 80) -> str:
     return text if len(text) <= most else text[: most - 4] + " ..."
 
 

@@ -74,7 +74,8 @@ def test_run_writes_outputs(tmp_path, capsys):
     assert summary["compilations"]["count"] > 0
     md = (folder / "summary.md").read_text()
     assert md.startswith("# deep-linear\n\nResult: all 4 checks passed.\n\nOptions: ")
-    assert "`dts=[0.02, 0.01]`" in md and "`t_end=10`" in md
+    # options as --set reads them back: full precision, lists in brackets
+    assert "`dts=[0.02, 0.01]`" in md and "`t_end=10.0`" in md and "`n_in=8`" in md and "`u0=0.001`" in md
     # names with |...| are escaped, so every table row keeps its 4 (or 2) cells
     assert "| GD error order in dt (\\|p - 1\\|) |" in md
     for row in (ln for ln in md.splitlines() if ln.startswith("| ")):
