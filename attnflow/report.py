@@ -363,13 +363,16 @@ def get_experiment(name: str) -> Experiment:
 
 
 def parse_value(text: str) -> Any:
-    """Parse a ``--set`` value: JSON (numbers, lists, true/false/null) or a bare string."""
+    """Parse a ``--set`` value: JSON (numbers, lists, true/false/null), ``nan``/``inf`` as floats, or a
+    bare string."""
     try:
         return json.loads(text)
     except json.JSONDecodeError:
         low = text.strip().lower()
         if low in ("true", "false"):
             return low == "true"
+        if low in ("nan", "inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"):
+            return float(low)  # a number all the same: the option's own check names what is wrong with it
         return text
 
 
@@ -394,6 +397,8 @@ def config_from(cls: type, overrides: Mapping[str, Any], name: str = "experiment
         tp = hints[k]
         try:
             values[k] = _coerce(v, tp)
+        except _NotFinite:
+            raise ValueError(f"option {k!r} of {name} must be a finite number, got {v!r}") from None
         except (TypeError, ValueError):
             example = shlex.quote(f"{k}={format_value(getattr(defaults, k))}")
             raise ValueError(
@@ -443,6 +448,10 @@ def _type_name(tp: Any) -> str:
     return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
 
 
+class _NotFinite(ValueError):
+    """A float option given ``nan`` or ``inf``."""
+
+
 def _coerce(v: Any, tp: Any) -> Any:
     """``v`` as a value of type ``tp`` (raises TypeError or ValueError)."""
     origin = typing.get_origin(tp)
@@ -487,8 +496,10 @@ def _coerce(v: Any, tp: Any) -> Any:
     if tp is float:
         if isinstance(v, str):
             v = parse_value(v)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise TypeError(v)
+        if not math.isfinite(float(v)):
+            raise _NotFinite(v)
         return float(v)
     if tp is str:
         if not isinstance(v, str):

@@ -93,6 +93,8 @@ def test_run_writes_outputs(tmp_path, capsys):
         (["run", "deep-linear", "--set", "U0=1"], "has no option 'U0'; did you mean 'u0'?"),
         (["run", "deep-linear", "--set", "tend=1"], "has no option 'tend'; did you mean 't_end'?"),
         (["run", "deep-linear", "--set", "u0=abc"], "option 'u0' of deep-linear expects float"),
+        (["run", "deep-linear", "--set", "u0=nan"], "option 'u0' of deep-linear must be a finite number, got 'nan'"),
+        (["run", "deep-linear", "--set", "t_end=-inf"], "option 't_end' of deep-linear must be a finite number"),
         (
             ["run", "deep-linear", "--set", "dts=(0.1, 0.2)"],
             "expects list of float, written as in --set 'dts=[0.04, 0.02, 0.01]' (the default); got '(0.1, 0.2)'",
