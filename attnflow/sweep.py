@@ -415,8 +415,9 @@ class SweepResult:
         """An ``xarray.Dataset`` on the grid dimensions ``dims`` with their ``coords``: one
         variable per leaf of ``values`` (named by its path: ``"loss"``, ``"[0]"``, ``"ts"``
         for a `Trajectory`'s times, ...), extra axes named ``<variable>_dim<i>``; ``meta`` in
-        ``attrs``. A `Trajectory` leaf keeps its time axis as ``t`` when its save times are
-        the same at every grid point that ran (failed and pending points are NaN there).
+        ``attrs``. A `Trajectory` leaf keeps its time axis as ``t`` (``time`` when a sweep axis
+        is named ``t``) when its save times are the same at every grid point that ran (failed and
+        pending points are NaN there).
         ``status`` is a variable too (`SweepResult.status`: 0 ran, > 0 failed, -1 pending, <= -2
         ran with a warning), so a failed point is told from a pending one; a leaf named like an axis (or ``status``)
         is stored as ``<name>_value``.
@@ -432,12 +433,14 @@ class SweepResult:
         grid = len(self.dims)
 
         def add(name, arr, extra_dims=()):
+            """Store a variable; returns its name (``<name>_value`` when an axis or ``status`` has it)."""
             if name in self.dims or name == "status":  # xarray keeps one variable per name
                 name = f"{name}_value"
             arr = np.asarray(arr)
             n_extra = arr.ndim - grid - len(extra_dims)
             dims = self.dims + tuple(extra_dims) + tuple(f"{name}_dim{j}" for j in range(n_extra))
             data[name] = (dims, arr)
+            return name
 
         def visit(prefix, value):
             if isinstance(value, Trajectory):
@@ -449,11 +452,12 @@ class SweepResult:
                     ran &= np.asarray(self.ok).reshape(-1)
                 first = flat[ran][0] if ran.any() else None
                 if first is not None and bool(np.all(flat[ran] == first)):
-                    coords[f"{prefix}t" if prefix else "t"] = first
-                    tdim = (f"{prefix}t" if prefix else "t",)
+                    # a sweep axis named t keeps its own coordinates: the time axis is then "time"
+                    tname = f"{prefix}t" if f"{prefix}t" not in self.dims else f"{prefix}time"
+                    coords[tname] = first
+                    tdim = (tname,)
                 else:
-                    add(f"{prefix}ts", ts)
-                    tdim = (f"{prefix}ts_dim0",)
+                    tdim = (f"{add(f'{prefix}ts', ts)}_dim0",)
                 for k, v in value.ys.items():
                     add(f"{prefix}{k}", v, tdim)
                 if value.t_event is not None:
@@ -763,7 +767,13 @@ def _grid(axes: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, np.ndarra
     dims = tuple(axes)
     coords = {}
     for d in dims:
-        c = np.asarray(axes[d])
+        try:
+            c = np.asarray(axes[d])
+        except ValueError:  # ragged: lists of different lengths
+            raise ValueError(
+                f"sweep axis {d!r} must be a non-empty 1-D array of values, got nested lists of different lengths: "
+                f"{axes[d]!r:.100}"
+            ) from None
         if c.ndim == 0:
             c = c[None]
         if c.ndim != 1 or c.size == 0:
@@ -815,6 +825,34 @@ def _check_representable(name: str, c: np.ndarray) -> None:
 _CACHE: dict[tuple[Any, ...], Any] = {}  # compiled function per (fn, devices, layout)
 _STRUCT: dict[tuple[Any, ...], Any] = {}  # output structure per compiled function and input shapes
 _NO_SHARD_MAP: dict[tuple[Any, ...], bool] = {}  # layouts whose fn did not trace under shard_map
+_STATIC_FNS: dict[tuple[Any, ...], Any] = {}  # fn of one static point (`_static_sweep`) per fn and point
+
+
+class _Identity:
+    """A cache key for an unhashable callable (a mutable dataclass with ``__call__``, an Equinox
+    module with array fields): equal only to a key of the same object, which it holds, so that
+    the object's ``id`` is not reused while the cache entry lives."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Identity) and other.obj is self.obj
+
+
+def _fn_key(fn: Any) -> Any:
+    """``fn`` as a cache key: itself when hashable (equal callables share a compiled program),
+    else by identity (`_Identity`)."""
+    try:
+        hash(fn)
+    except TypeError:
+        return _Identity(fn)
+    return fn
 
 
 def _memo(store: dict, key: tuple, make: Callable[[], Any]) -> Any:
@@ -876,7 +914,11 @@ def _compiled(
         def fn_status(**p):
             # each point's failures (attnflow's fail_if) become a status code instead of an error
             with collecting() as sink:
-                out = fn(**p)
+                try:
+                    out = fn(**p)
+                except TypeError as err:  # JAX's tracer errors are TypeErrors
+                    _raise_if_traced_axis(err, p)
+                    raise
             messages[:] = [m for _, m in sink] + [m for _, m in sink.warnings]
             code = status_code(sink, sink.warnings)
             return blank_failed(out, code), code
@@ -921,7 +963,7 @@ def _compiled(
         )
         return jitted, messages
 
-    return _memo(_CACHE, (fn, devices, dims, nested_dims, lanes, local, version), make)
+    return _memo(_CACHE, (_fn_key(fn), devices, dims, nested_dims, lanes, local, version), make)
 
 
 def _out_struct(compiled: Any, example: dict) -> Any:
@@ -931,6 +973,51 @@ def _out_struct(compiled: Any, example: dict) -> Any:
         (compiled, tuple((d, e.shape, e.dtype) for d, e in example.items())),
         lambda: compiled.eval_shape(example),
     )
+
+
+_CONCRETE_ERRORS = (  # JAX's refusals of a traced value where a concrete one is needed
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.TracerArrayConversionError,
+)
+
+
+_TRACED_AXIS = "sweep: fn needs a concrete value where it got a traced one"
+
+
+def _raise_if_traced_axis(err: Exception, point: Mapping[str, Any]) -> None:
+    """Raise a ``TypeError`` (chained to ``err``) when ``err`` is JAX's refusal of a traced
+    value where a concrete one is needed (a shape, a scan length, a Python ``if``), naming the
+    traced axes and `Static`; any other error returns, to be raised as it is."""
+    if str(err).startswith(_TRACED_AXIS):  # a sweep inside fn said it already
+        return
+    concrete = isinstance(err, _CONCRETE_ERRORS) or "must be 1D sequences of concrete values" in str(err)
+    traced = [d for d in point if d != "_point"]  # _point: the placeholder of a sweep of Static axes only
+    if not concrete or not traced:
+        return
+    ints = [d for d in traced if jnp.issubdtype(point[d].dtype, jnp.integer)]
+    first = (str(err).strip().splitlines() or [""])[0][:200].rstrip(".")
+    raise TypeError(
+        f"{_TRACED_AXIS} ({type(err).__name__}: {first}). The axes "
+        f"{', '.join(map(repr, traced))} reach fn traced (one compiled program covers all their values); an axis "
+        "that sets a shape, a length or a Python branch (a size, a scan length, a step count) must be wrapped in "
+        f"af.Static([...]), one compiled program per value: {{{(ints or traced)[0]!r}: af.Static([...])}}"
+    ) from err
+
+
+def _check_axes(axes: Any) -> None:
+    """``ValueError`` unless ``axes`` is a non-empty mapping whose names are strings (``fn`` takes
+    them as keywords)."""
+    if not isinstance(axes, Mapping) or not axes:
+        raise ValueError(
+            f"sweep: axes must be a non-empty dict name -> values, as {{'eta': etas, 'seed': seeds}}; got {axes!r:.100}"
+        )
+    for name in axes:
+        if not isinstance(name, str):
+            raise ValueError(
+                f"sweep: axis name {name!r} ({type(name).__name__}) is not a string: fn receives each axis as a "
+                "keyword argument named after it"
+            )
 
 
 def _check_axis_names(fn: Callable[..., Any], axes: Mapping[str, Any]) -> None:
@@ -1007,8 +1094,9 @@ def sweep(
         If given, each finished chunk is saved there (``chunk_00000.npz``) with a
         ``sweep.json`` manifest; rerunning the same sweep loads finished chunks, and another
         sweep is refused (``ValueError`` saying what changed; when the folder holds no chunk
-        yet, that its ``sweep.json`` may be deleted). Chunks and manifest are written
-        atomically, so processes sharing the folder are safe.
+        yet, that its ``sweep.json`` may be deleted). Chunks without a ``sweep.json`` are never
+        loaded: such a folder is refused. Chunks and manifest are written atomically, so
+        processes sharing the folder are safe.
     devices:
         Devices to shard the point axis over (default: this process's devices,
         ``jax.local_devices()``, which under ``jax.distributed`` are not all devices).
@@ -1056,6 +1144,7 @@ def sweep(
         _STATIC_SLOT.set(None)
     if not callable(fn):
         raise TypeError(f"fn must be callable (the function of the axis names), got {fn!r}")
+    _check_axes(axes)
     _check_axis_names(fn, axes)
     _check_meta(meta, "sweep")
     if any(isinstance(v, Static) for v in axes.values()):
@@ -1160,11 +1249,11 @@ def sweep(
     # more than one device: shard_map (no cross-device step), unless fn does not trace under
     # it (equinox's closure conversion, used by Diffrax's event root find, compares
     # shardings that shard_map changes); one device needs no shard_map
-    layout = (fn, tuple(devices), dims, dims if nest else None, check_lanes(lanes))
-    local = n_dev > 1 and layout not in _NO_SHARD_MAP
+    layout = (tuple(devices), dims, dims if nest else None, check_lanes(lanes))
+    local = n_dev > 1 and (_fn_key(fn), *layout) not in _NO_SHARD_MAP
     fn_parts = _fingerprint_parts(fn) if out_path is not None else None
     version = _combined(fn_parts) if fn_parts is not None else None
-    compiled, messages = _compiled(*layout, local, version)
+    compiled, messages = _compiled(fn, *layout, local, version)
 
     def chunk_points(i):
         if nest:
@@ -1186,10 +1275,11 @@ def sweep(
     except Exception as err:
         if not local:
             raise
-        compiled, messages = _compiled(*layout, False, version)
+        compiled, messages = _compiled(fn, *layout, False, version)
         out_struct = _out_struct(compiled, example)  # fn's own errors surface here
         local = False
-        _memo(_NO_SHARD_MAP, layout, lambda: True)  # warned once; later sweeps of this fn go straight to jit sharding
+        # warned once; later sweeps of this fn go straight to jit sharding
+        _memo(_NO_SHARD_MAP, (_fn_key(fn), *layout), lambda: True)
         first = (str(err).strip().splitlines() or [""])[0][:160]
         warnings.warn(
             f"sweep: fn does not trace under shard_map ({type(err).__name__}: {first}); using jit "
@@ -1380,7 +1470,13 @@ def _static_sweep(
     combos = list(itertools.product(*(axes[d].values for d in static)))
     for p, combo in enumerate(combos):
         point = dict(zip(static, combo, strict=True))
-        sub_fn = functools.partial(_drop_placeholder, fn, point, placeholder)
+        # one partial per (fn, static point), reused by later sweeps: the compiled programs are
+        # cached on it, so a second sweep of the same fn neither retraces nor recompiles
+        sub_fn = _memo(
+            _STATIC_FNS,
+            (_fn_key(fn), tuple((d, type(v).__name__, v) for d, v in point.items()), placeholder),
+            functools.partial(functools.partial, _drop_placeholder, fn, point, placeholder),
+        )
         where = None
         if out_dir is not None:
             where = Path(out_dir) / ",".join(f"{d}={v}" for d, v in point.items())
@@ -1590,6 +1686,16 @@ def _check_manifest(
     want = json.loads(json.dumps(_manifest(dims, coords, chunk_size, treedef, leaves_struct, meta, fingerprint, asked)))
     text = json.dumps(want, indent=1).encode()
     mf = out_path / "sweep.json"
+    # chunks are saved only after the manifest exists (and the sweep never deletes it), so chunks
+    # seen before a missing manifest are another sweep's, of unknown function and grid: refused,
+    # never loaded as this sweep's values. Chunks first: a shard may create both in between
+    stale = sorted(p.name for p in out_path.glob("chunk_*.npz"))
+    if stale and not mf.exists():
+        raise ValueError(
+            f"sweep: {out_path} holds chunk files ({', '.join(stale[:3])}{', ...' if len(stale) > 3 else ''}) but "
+            "no sweep.json manifest, so nothing says which function and grid they belong to and they are never "
+            "reused; delete the folder (or its chunk_*.npz files) or use a fresh out_dir"
+        )
     # processes sharing the folder (shards) race to write it: one creates it, the others compare
     if not mf.exists() and _create_if_absent(mf, text):
         return want
@@ -1632,10 +1738,80 @@ def _check_manifest(
             f"sweep: {out_path} holds a different sweep: the function (its code, or the values it reads) changed: "
             f"{', '.join(which[:6])}{' ...' if len(which) > 6 else ''} (against the saved sweep's); {way_out}"
         )
+    if key in ("dims", "coords"):
+        raise ValueError(f"sweep: {out_path} holds a different sweep: {_axes_diff(have, want)}; {way_out}")
+    if key == "leaves":
+        raise ValueError(
+            f"sweep: {out_path} holds a different sweep: {_leaves_diff(have.get(key), want[key])}; {way_out}"
+        )
     raise ValueError(
         f"sweep: {out_path} holds a different sweep: {_WHAT[key]} changed (saved {str(have.get(key))[:100]!r}, "
         f"now {str(want[key])[:100]!r}); {way_out}"
     )
+
+
+def _axes_diff(have: Mapping[str, Any], want: Mapping[str, Any]) -> str:
+    """What differs between the axes of a saved manifest and this sweep's: axes added, removed
+    or reordered, or the first axis whose values differ, at its first differing index (values
+    in full precision)."""
+    saved, now = have.get("dims"), list(want["dims"])
+    if saved != now:
+        if not isinstance(saved, list):
+            return f"the axis names changed (saved {saved!r}, now {now})"
+        added = [d for d in now if d not in saved]
+        removed = [d for d in saved if d not in now]
+        what = [f"{', '.join(map(repr, added))} added"] if added else []
+        what += [f"{', '.join(map(repr, removed))} removed"] if removed else []
+        return f"the axes changed (saved {saved}, now {now}: {'; '.join(what) or 'another order'})"
+    before = have.get("coords")
+    if not isinstance(before, dict):
+        before = {}
+    for d in now:
+        a, b = before.get(d), want["coords"][d]
+        if a == b:
+            continue
+        if not isinstance(a, list):
+            return f"the values of axis {d!r} changed (saved {str(a)[:100]}, now {len(b)} values)"
+        if len(a) != len(b):
+            return f"axis {d!r} has {len(b)} values, the saved sweep {len(a)} (saved {_ends(a)}, now {_ends(b)})"
+        i = next(i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
+        return f"the values of axis {d!r} changed, first at index {i}: saved {a[i]!r}, now {b[i]!r}"
+    return "the axis values changed"
+
+
+def _leaves_diff(saved: Any, now: list) -> str:
+    """What differs between the output leaves (``[shape, dtype]``) of a saved manifest and this
+    sweep's: the first leaf whose dtype (with JAX's 64-bit mode, when that explains it) or shape
+    changed. The last leaf, the sweep's own status, is not shown."""
+    if isinstance(saved, list) and len(saved) == len(now):
+        for i, (a, b) in enumerate(zip(saved[:-1], now[:-1], strict=True)):
+            if a == b or not (isinstance(a, list) and len(a) == 2):
+                continue
+            where = f"output leaf {i}" if len(now) > 2 else "fn's output"
+            if a[0] != b[0]:
+                return f"the shape of {where} changed (saved {tuple(a[0])} {a[1]}, now {tuple(b[0])} {b[1]})"
+            said = f"the dtype of {where} changed ({a[1]} saved, {b[1]} now)"
+            try:
+                bits = (jnp.dtype(a[1]).itemsize, jnp.dtype(b[1]).itemsize)
+            except TypeError:  # not a dtype name
+                bits = (0, 0)
+            if bits == (8, 4) and not jax.config.read("jax_enable_x64"):
+                said += (
+                    ": JAX's 64-bit mode (jax_enable_x64) is off in this run; call attnflow.enable_x64() first to "
+                    "resume it"
+                )
+            elif bits == (4, 8) and jax.config.read("jax_enable_x64"):
+                said += ": the saved run had JAX's 64-bit mode (jax_enable_x64) off, this one has it on"
+            return said
+    shown = saved[:-1] if isinstance(saved, list) else saved
+    return f"the shapes of fn's output changed (saved {str(shown)[:100]}, now {str(now[:-1])[:100]})"
+
+
+def _ends(values: list) -> str:
+    """A list by its ends: ``[0.0, 0.5, ..., 4.5]`` (whole when it has at most 4 values)."""
+    if len(values) <= 4:
+        return repr(values)
+    return f"[{values[0]!r}, {values[1]!r}, ..., {values[-1]!r}]"
 
 
 def _meta_diff(saved: Any, now: Any, prefix: str = "") -> str:
@@ -1700,10 +1876,11 @@ def _fingerprint(fn: Any) -> str:
     """A digest of what ``fn`` computes, as far as it can be read: its code (with nested code
     objects and the names it uses), the values of its closure cells, default arguments and
     the globals it reads, recursively through the functions it calls, partials, the static
-    fields of pytrees (a `Setup`'s ``student``, by its code), the public attributes of objects
-    that hold settings (an ``argparse.Namespace``, a dataclass, an object of the user's own
-    class; not ``_``-named caches, and of one reached from a function only the attributes its
-    code names), paths by their text, and the methods of the user's own
+    fields of pytrees (a `Setup`'s ``student``, by its code), the attributes of objects that
+    hold settings (an ``argparse.Namespace``, a dataclass, an object of the user's own class;
+    of the ``_``-named ones only those holding plain data, `_plain_data`, not caches; of one
+    reached from a function only the attributes its code names), paths by their text, and the
+    methods of the user's own
     classes; arrays count by content. Modules count by name, and so do the module-level
     functions and classes of attnflow, the standard library and installed packages that
     ``fn`` reaches (their code changes with their version; ``fn`` itself is always read), and
@@ -1727,7 +1904,13 @@ def _part(obj: Any, root: bool = False) -> str:
 def _fingerprint_parts(fn: Any) -> dict[str, str]:
     """`_fingerprint` by part, so that a refused resume can say what changed: of a function its
     code, each closure value and each global it reads by name, its default arguments; of a
-    partial its function's parts and its arguments; anything else as one part."""
+    partial its function's parts and its arguments (of the partial a sweep with `Static` axes
+    makes per static point, the user's function's parts and the static values); anything
+    else as one part."""
+    if isinstance(fn, functools.partial) and fn.func is _drop_placeholder:
+        # a static point's function (`_static_sweep`): the parts of the user's fn, named as its own
+        user_fn, point, placeholder = fn.args
+        return {**_fingerprint_parts(user_fn), "its static values": _part((point, placeholder))}
     if isinstance(fn, functools.partial):
         parts = _fingerprint_parts(fn.func)
         parts.update({f"argument {i} of the partial": _part(a, root=True) for i, a in enumerate(fn.args)})
@@ -1957,12 +2140,28 @@ def _digest(obj: Any, h: Any, depth: int, seen: dict[Any, tuple[int, Any]], root
     if attrs:
         # of an object of the user's class, what its methods read (``self.t1`` in ``run``) too
         names = None if read_names is None else read_names | _method_names(cls)
+        # an attribute named with "_" counts when it holds plain data (``self._lr = 0.1``, a
+        # setting behind an underscore); other such attributes are caches and handles
         _digest(
-            {k: v for k, v in attrs.items() if not k.startswith("_") and (names is None or k in names)},
+            {
+                k: v
+                for k, v in attrs.items()
+                if (not k.startswith("_") or _plain_data(v)) and (names is None or k in names)
+            },
             h,
             depth + 1,
             seen,
         )
+
+
+def _plain_data(value: Any, depth: int = 0) -> bool:
+    """True for a number, string, bool, None, NumPy or JAX array, or a tuple or list of those:
+    the values of an ``_``-named attribute that the fingerprint reads as a setting."""
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes, np.ndarray, np.generic, jax.Array)):
+        return True
+    if isinstance(value, (tuple, list)) and depth < 4:
+        return all(_plain_data(v, depth + 1) for v in value)
+    return False
 
 
 def _named_only(module: str | None, qualname: str) -> bool:

@@ -1,5 +1,6 @@
 """sweep: vmap == loop, sharding over 4 host devices, chunked resume (issue items 4, 6, 7)."""
 
+import dataclasses
 import enum
 import functools
 import json
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
+from unittest import mock
 
 import equinox as eqx
 import jax
@@ -122,7 +124,9 @@ def test_sweep_resumes_after_interruption(tmp_path):
     full = af.sweep(f, {"eta": etas}, chunk_size=8, progress=False)
     np.testing.assert_array_equal(res.values, full.values)
     # a different grid in the same folder is refused, not silently mixed
-    with pytest.raises(ValueError, match="different sweep: the axis values changed"):
+    with pytest.raises(
+        ValueError, match="different sweep: the values of axis 'eta' changed, first at index 0: saved 0.001, now 0.002"
+    ):
         af.sweep(f, {"eta": etas * 2}, chunk_size=8, out_dir=tmp_path, progress=False)
 
 
@@ -229,8 +233,25 @@ def test_a_diverging_point_under_jvp_vmap_or_grad_fails_alone():
 
 
 def test_sweep_bad_input():
-    with pytest.raises(ValueError, match="at least one axis"):
+    f = lambda a, b: a * b
+    said = "sweep: axes must be a non-empty dict name -> values, as {'eta': etas, 'seed': seeds}; got "
+    with pytest.raises(ValueError) as err:
         af.sweep(lambda: 0.0, {})
+    assert str(err.value) == said + "{}"
+    with pytest.raises(ValueError) as err:  # a list of pairs: not read as axis names
+        af.sweep(f, [("a", [1.0]), ("b", [2.0])])
+    assert str(err.value) == said + "[('a', [1.0]), ('b', [2.0])]"
+    with pytest.raises(ValueError) as err:
+        af.sweep(f, {"a": [[1.0, 2.0], [3.0]], "b": [1.0]})
+    assert str(err.value) == (
+        "sweep axis 'a' must be a non-empty 1-D array of values, got nested lists of different lengths: "
+        "[[1.0, 2.0], [3.0]]"
+    )
+    with pytest.raises(ValueError) as err:
+        af.sweep(lambda **kw: 0.0, {0: [1.0], "b": [1.0]})
+    assert str(err.value) == (
+        "sweep: axis name 0 (int) is not a string: fn receives each axis as a keyword argument named after it"
+    )
     with pytest.raises(ValueError, match="'eta'"):
         af.sweep(lambda eta: eta, {"eta": np.array([1.0, np.nan])})
     with pytest.raises(ValueError, match="chunk_size"):
@@ -381,6 +402,42 @@ def test_static_axis_loops_over_shapes_and_keeps_the_axis_order(tmp_path):
     np.testing.assert_allclose(np.asarray(only.values), [2.0, 3.0, 5.0])
 
 
+_STATIC_LR = 0.1
+
+
+def test_a_static_sweep_of_the_same_fn_does_not_retrace_and_names_what_changed(tmp_path):
+    """A second sweep of the same function object with a Static axis reuses each static value's
+    trace (it retraced every time), and a refused resume names the user's global, not the
+    internal partial's "argument 0"."""
+    global _STATIC_LR
+    traces = mock.Mock()  # counts calls, and (a library's object) counts by its class in the fingerprint
+
+    def fn(D, r):
+        traces(D)
+        return r * _STATIC_LR * jnp.ones(D).sum()
+
+    axes = {"D": af.Static([2, 3]), "r": np.arange(3.0)}
+    for out_dir in (None, tmp_path):
+        traces.reset_mock()
+        for _ in range(3):
+            res = af.sweep(fn, axes, out_dir=out_dir, progress=False)
+            np.testing.assert_allclose(res.values, 0.1 * np.array([[0.0, 2.0, 4.0], [0.0, 3.0, 6.0]]))
+        # one trace per static value for all three sweeps (with an out_dir the fingerprint is part
+        # of the compile key: one trace more than without, at its first sweep)
+        assert [c.args for c in traces.call_args_list] == [(2,), (3,)]
+    try:
+        _STATIC_LR = 0.2
+        with pytest.raises(ValueError) as err:
+            af.sweep(fn, axes, out_dir=tmp_path, progress=False)
+    finally:
+        _STATIC_LR = 0.1
+    assert str(err.value) == (
+        f"sweep: {tmp_path / 'D=2'} holds a different sweep: the function (its code, or the values it reads) "
+        "changed: global '_STATIC_LR' (against the saved sweep's); its chunks are not reused. Use a fresh out_dir "
+        "or delete the old one"
+    )
+
+
 def test_static_axis_rejects_bad_values_and_shape_changes():
     with pytest.raises(ValueError, match="distinct"):
         af.Static([3, 3])
@@ -390,6 +447,40 @@ def test_static_axis_rejects_bad_values_and_shape_changes():
         af.Static([[1, 2]])
     with pytest.raises(ValueError, match="same shapes for every Static value"):
         af.sweep(lambda D, a: a * jnp.ones(D), {"D": af.Static([2, 3]), "a": np.ones(2)}, progress=False)
+
+
+def test_a_size_axis_without_static_is_named_with_the_way_out():
+    """A shape or scan length from a traced axis: JAX's raw tracer error became a TypeError naming
+    the traced axes and af.Static, chained to JAX's."""
+
+    def size(D, r):
+        return r * jnp.ones(D).sum()
+
+    def steps(r, n_steps):
+        return jax.lax.scan(lambda x, _: (x * r, None), 1.0, None, length=n_steps)[0]
+
+    way_out = (
+        "reach fn traced (one compiled program covers all their values); an axis that sets a shape, a length or a "
+        "Python branch (a size, a scan length, a step count) must be wrapped in af.Static([...]), one compiled "
+        "program per value: "
+    )
+    with pytest.raises(TypeError) as err:
+        af.sweep(size, {"D": np.array([2, 3]), "r": np.arange(2.0)}, progress=False)
+    said = str(err.value)
+    assert said.startswith("sweep: fn needs a concrete value where it got a traced one (TypeError: Shapes must be 1D")
+    assert said.endswith(f"). The axes 'D', 'r' {way_out}{{'D': af.Static([...])}}")
+    assert isinstance(err.value.__cause__, TypeError)
+    with pytest.raises(TypeError) as err:
+        af.sweep(steps, {"r": np.array([2.0]), "n_steps": np.array([1, 2])}, progress=False)
+    said = str(err.value)
+    assert said.startswith("sweep: fn needs a concrete value where it got a traced one (ConcretizationTypeError: ")
+    assert said.endswith(f"). The axes 'r', 'n_steps' {way_out}{{'n_steps': af.Static([...])}}")
+    assert isinstance(err.value.__cause__, jax.errors.ConcretizationTypeError)
+    # the same axis in af.Static runs, and another TypeError of fn's is left as it is
+    res = af.sweep(steps, {"r": np.array([2.0]), "n_steps": af.Static([1, 3])}, progress=False)
+    np.testing.assert_array_equal(res.values, [[2.0, 8.0]])
+    with pytest.raises(TypeError, match="^unsupported operand"):
+        af.sweep(lambda r: r + "x", {"r": np.arange(2.0)}, progress=False)
 
 
 def test_static_axis_merges_the_metadata_of_returned_trajectories():
@@ -459,6 +550,34 @@ def test_sel_refuses_values_off_the_grid_and_meta_changes_are_named(tmp_path):
     af.sweep(_times_scale, grid, out_dir=tmp_path, progress=False, meta={"options": {"taus": [1.0, 2.0], "n": 3}})
     with pytest.raises(ValueError, match=r"other settings: options.taus: \[1.0, 2.0\] vs \[1.0\]"):
         af.sweep(_times_scale, grid, out_dir=tmp_path, progress=False, meta={"options": {"taus": [1.0], "n": 3}})
+
+
+def test_a_refused_resume_names_the_axis_that_changed(tmp_path):
+    """Not two truncated texts of the first axis: the axis that changed, where, in full precision."""
+    a = np.linspace(0, 1, 40)
+    f = lambda a, b=1.0, c=1.0: a * b * c
+    af.sweep(f, {"a": a, "b": np.array([1.0, 2.0, 0.1 + 0.2])}, out_dir=tmp_path, progress=False)
+    rest = "; its chunks are not reused. Use a fresh out_dir or delete the old one"
+    cases = [
+        (
+            {"a": a, "b": np.array([1.0, 2.0, 0.3])},
+            "the values of axis 'b' changed, first at index 2: saved 0.30000000000000004, now 0.3",
+        ),
+        (
+            {"a": a[:-1], "b": np.array([1.0, 2.0, 0.3])},
+            "axis 'a' has 39 values, the saved sweep 40 (saved [0.0, 0.02564102564102564, ..., 1.0], now "
+            "[0.0, 0.02564102564102564, ..., 0.9743589743589743])",
+        ),
+        ({"a": a, "c": np.array([1.0])}, "the axes changed (saved ['a', 'b'], now ['a', 'c']: 'c' added; 'b' removed)"),
+        (
+            {"b": np.array([1.0, 2.0, 0.3]), "a": a},
+            "the axes changed (saved ['a', 'b'], now ['b', 'a']: another order)",
+        ),
+    ]
+    for axes, said in cases:
+        with pytest.raises(ValueError) as err:
+            af.sweep(f, axes, out_dir=tmp_path, progress=False)
+        assert str(err.value) == f"sweep: {tmp_path} holds a different sweep: {said}{rest}"
 
 
 def test_sweep_result_saves_and_loads_whole(tmp_path):
@@ -700,6 +819,39 @@ def test_fingerprints_ignore_caches_and_the_state_of_library_objects(tmp_path):
     assert _fingerprint(fn) != before
 
 
+class _PrivateRate:
+    """A setting behind an underscore, with a cache beside it."""
+
+    def __init__(self, lr):
+        self._lr = lr
+        self._shape = (2, [3, np.arange(2.0)])
+        self._cache = {}
+
+    def __call__(self, r):
+        self._cache[id(r)] = r
+        return r * self._lr
+
+
+def test_underscore_attributes_holding_plain_data_count_in_the_fingerprint(tmp_path):
+    """Model(0.5) on Model(0.1)'s folder loaded lr=0.1's chunks: ``self._lr`` was left out of the
+    fingerprint with the caches. Plain data behind an underscore counts; a cache does not."""
+    from attnflow.sweep import _fingerprint
+
+    axes = {"r": np.array([1.0, 2.0, 3.0])}
+    a = af.sweep(_PrivateRate(0.1), axes, out_dir=tmp_path, progress=False)
+    np.testing.assert_allclose(a.values, [0.1, 0.2, 0.3])
+    with pytest.raises(ValueError, match=r"the function \(its code, or the values it reads\) changed: the function "):
+        af.sweep(_PrivateRate(0.5), axes, out_dir=tmp_path, progress=False)
+    model = _PrivateRate(0.1)
+    assert af.sweep(model, axes, out_dir=tmp_path, progress=False).meta["computed_chunks"] == 0
+    before = _fingerprint(model)
+    model._cache["k"] = object()  # a cache (a dict) and a handle (an object) do not count
+    model._handle = object()
+    assert _fingerprint(model) == before
+    model._shape[1][1] = np.arange(3.0)  # an array in a list behind an underscore does
+    assert _fingerprint(model) != before
+
+
 _ENV = os.environ
 _GETENV = os.environ.get
 
@@ -778,6 +930,39 @@ def test_resume_reads_the_code_of_the_functions_a_model_holds(tmp_path):
     assert _fingerprint(make(2.0)) != _fingerprint(make(3.0)) and _fingerprint(make(2.0)) == _fingerprint(make(2.0))
 
 
+@dataclasses.dataclass
+class _MutableRate:  # a plain dataclass: __eq__ without __hash__, so unhashable
+    lr: float
+
+    def __call__(self, r):
+        return r * self.lr
+
+
+class _ArrayRate(eqx.Module):  # an Equinox module with an array field: its hash fails on the array
+    w: jax.Array
+
+    def __call__(self, r):
+        return r * self.w
+
+
+def test_an_unhashable_callable_is_swept_and_cached_by_identity(tmp_path):
+    from attnflow.sweep import _CACHE, _Identity
+
+    axes = {"r": np.array([1.0, 2.0])}
+    for make in (_MutableRate, lambda lr: _ArrayRate(jnp.array(lr))):
+        first, second = make(0.1), make(0.3)
+        np.testing.assert_allclose(af.sweep(first, axes, progress=False).values, [0.1, 0.2])
+        np.testing.assert_allclose(af.sweep(second, axes, progress=False).values, [0.3, 0.6])
+        np.testing.assert_allclose(af.sweep(first, axes, progress=False).values, [0.1, 0.2])
+        # the second sweep of `first` reused its program
+        assert len([k for k in _CACHE if isinstance(k[0], _Identity) and k[0].obj is first]) == 1
+    folder = tmp_path / "m"
+    af.sweep(_ArrayRate(jnp.array(0.1)), axes, out_dir=folder, progress=False)
+    assert af.sweep(_ArrayRate(jnp.array(0.1)), axes, out_dir=folder, progress=False).meta["computed_chunks"] == 0
+    with pytest.raises(ValueError, match=r"the function .* changed: the function \("):
+        af.sweep(_ArrayRate(jnp.array(0.3)), axes, out_dir=folder, progress=False)
+
+
 _PROBE = """
 import argparse, functools
 import equinox as eqx, jax, jax.numpy as jnp
@@ -828,6 +1013,29 @@ def test_a_folder_without_chunks_says_its_manifest_may_be_deleted(tmp_path):
     np.testing.assert_array_equal(res.values, grid["eta"] ** 3)
     with pytest.raises(ValueError, match="its chunks are not reused"):  # with chunks: the usual refusal
         af.sweep(lambda eta: eta**2, grid, out_dir=tmp_path, chunk_size=2, progress=False)
+
+
+def test_chunks_without_a_manifest_are_refused_never_loaded(tmp_path):
+    """Chunks whose sweep.json was deleted belong to an unknown function: another function on the
+    folder is refused (it loaded sin's chunks as cos's values), and after the chunks are deleted
+    it computes its own."""
+    axes = {"a": np.linspace(0, 1, 4), "b": np.array([1.0, 2.0])}
+    af.sweep(lambda a, b: jnp.sin(a) * b, axes, out_dir=tmp_path, chunk_size=2, progress=False)
+    (tmp_path / "sweep.json").unlink()
+    g = lambda a, b: jnp.cos(a) * b
+    with pytest.raises(ValueError) as err:
+        af.sweep(g, axes, out_dir=tmp_path, chunk_size=2, progress=False)
+    assert str(err.value) == (
+        f"sweep: {tmp_path} holds chunk files (chunk_00000.npz, chunk_00001.npz, chunk_00002.npz, ...) but no "
+        "sweep.json manifest, so nothing says which function and grid they belong to and they are never reused; "
+        "delete the folder (or its chunk_*.npz files) or use a fresh out_dir"
+    )
+    assert not (tmp_path / "sweep.json").exists()  # the refusal writes no manifest over the foreign chunks
+    for chunk in tmp_path.glob("chunk_*.npz"):
+        chunk.unlink()
+    res = af.sweep(g, axes, out_dir=tmp_path, chunk_size=2, progress=False)
+    assert res.meta["computed_chunks"] == 4
+    np.testing.assert_allclose(res.values, np.cos(axes["a"])[:, None] * axes["b"], rtol=1e-6)
 
 
 def test_the_same_chunk_size_resumes_on_another_device_count(tmp_path):
@@ -884,6 +1092,27 @@ def test_to_xarray_keeps_the_time_axis_when_a_point_failed():
     assert res.to_xarray()["loss"].dims == ("eta", "ts_dim0")
 
 
+@pytest.mark.parametrize("axis", [[1.0, 2.0], [0.25, 0.5, 0.75]])
+def test_to_xarray_names_the_time_axis_time_when_a_sweep_axis_is_t(axis):
+    """An axis named t keeps its coordinates (with 3 values it was replaced by the 3 save times,
+    with 2 xarray raised "conflicting sizes"); the time axis becomes "time"."""
+    pytest.importorskip("xarray")
+    t_axis = np.array(axis)
+    ts = np.tile([0.0, 0.5, 1.0], (len(axis), 1))
+    loss = t_axis[:, None] + 10 * np.arange(3.0)  # (t, time)
+    res = af.SweepResult(["t"], {"t": t_axis}, af.Trajectory(ts, {"loss": loss}))
+    ds = res.to_xarray()
+    assert ds["loss"].dims == ("t", "time")
+    np.testing.assert_array_equal(ds["t"], t_axis)
+    np.testing.assert_array_equal(ds["time"], [0.0, 0.5, 1.0])
+    np.testing.assert_array_equal(ds["loss"].sel(t=axis[1]), loss[1])
+    # save times that differ between points: the variable ts on its own axis, renamed beside an axis ts
+    ts[1, 1] = 0.7
+    res = af.SweepResult(["ts"], {"ts": t_axis}, af.Trajectory(ts, {"loss": loss}))
+    ds = res.to_xarray()
+    assert ds["loss"].dims == ("ts", "ts_value_dim0") and ds["ts_value"].dims == ("ts", "ts_value_dim0")
+
+
 def test_sweep_refuses_axes_it_cannot_trace_and_names_them():
     """Strings, objects and complex numbers are not traceable axis values (a Static axis takes
     labels); NaN is refused in a Static axis as in an array axis; no devices is an error."""
@@ -932,6 +1161,37 @@ def test_without_float64_an_axis_that_32_bits_would_merge_is_refused():
         assert af.sweep(lambda eta: eta * 2, {"eta": np.array([0.1, 0.2])}, progress=False).ok.all()
 
 
+def test_a_resume_without_float64_names_the_dtype_and_x64(tmp_path):
+    """A float64 folder resumed with JAX's 64-bit mode off: the dtypes differ (it was reported as a
+    shape change, with the sweep's own status leaf in the message)."""
+    f = lambda r, seed: {"y": jnp.sin(r) * seed, "n": seed}
+    axes = {"r": np.array([0.5, 1.0]), "seed": np.arange(2)}
+    af.sweep(f, axes, out_dir=tmp_path, progress=False)
+    rest = "; its chunks are not reused. Use a fresh out_dir or delete the old one"
+    with jax.enable_x64(False), pytest.raises(ValueError) as err:
+        af.sweep(f, axes, out_dir=tmp_path, progress=False)
+    assert str(err.value) == (
+        f"sweep: {tmp_path} holds a different sweep: the dtype of output leaf 0 changed (int64 saved, int32 now): "
+        "JAX's 64-bit mode (jax_enable_x64) is off in this run; call attnflow.enable_x64() first to resume it" + rest
+    )
+    manifest = tmp_path / "sweep.json"
+    saved = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**saved, "leaves": [[[], "int64"], [[3], "float64"], [[], "int32"]]}))
+    with pytest.raises(ValueError) as err:
+        af.sweep(f, axes, out_dir=tmp_path, progress=False)
+    assert str(err.value) == (
+        f"sweep: {tmp_path} holds a different sweep: the shape of output leaf 1 changed (saved (3,) float64, now () "
+        "float64)" + rest
+    )
+    manifest.write_text(json.dumps({**saved, "leaves": saved["leaves"][1:]}))  # malformed: shown without status
+    with pytest.raises(ValueError) as err:
+        af.sweep(f, axes, out_dir=tmp_path, progress=False)
+    assert str(err.value) == (
+        f"sweep: {tmp_path} holds a different sweep: the shapes of fn's output changed (saved [[[], 'float64']], now "
+        "[[[], 'int64'], [[], 'float64']])" + rest
+    )
+
+
 def test_static_sweep_reports_failures_over_the_whole_grid_and_raises_after_it():
     """Failures of a grid with a Static axis are counted and named over the whole grid (the
     static coordinate included); on_error="raise" computes every static value first."""
@@ -955,7 +1215,9 @@ def test_static_sweep_reports_failures_over_the_whole_grid_and_raises_after_it()
     assert [p for p, _ in only_static.failures()] == [{"eta": 20.0}]  # no placeholder axis in the names
     seen.clear()
     with pytest.raises(SweepError, match="2 of 6 grid points failed"):
-        af.sweep(f, {"eta": af.Static([20.0, -1.0, 0.25]), "seed": np.arange(2)}, on_error="raise", progress=False)
+        # a new function object: f's traces of 20.0 and -1.0 are cached and would not run again
+        fresh = lambda eta, seed: f(eta, seed)
+        af.sweep(fresh, {"eta": af.Static([20.0, -1.0, 0.25]), "seed": np.arange(2)}, on_error="raise", progress=False)
     assert sorted(set(seen)) == [-1.0, 0.25, 20.0]  # every static value computed before raising
 
 
