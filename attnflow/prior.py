@@ -13,6 +13,7 @@ import abc
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 
 __all__ = ["Prior"]
 
@@ -33,8 +34,15 @@ class Prior(eqx.Module):
     @property
     @abc.abstractmethod
     def sign_symmetric(self) -> bool:
-        """Whether ``theta`` and ``-theta`` have the same law (decided at construction; a prior made
-        from traced parameters counts as not symmetric)."""
+        """Whether ``theta`` and ``-theta`` have the same law, read from the parameters' current
+        values each time it is asked (so a prior edited with ``eqx.tree_at`` answers for its new
+        values); a prior whose parameters that decide it are traced counts as not symmetric."""
+
+    def sign_symmetric_array(self) -> jax.Array:
+        """`sign_symmetric` as a JAX boolean computed from the parameters, traceable: what
+        `attnflow.heads.FieldBank` checks at run time when ``antithetic=True`` meets traced
+        parameters (a sweep over a prior parameter). Default: the concrete `sign_symmetric`."""
+        return jnp.asarray(self.sign_symmetric)
 
     @abc.abstractmethod
     def support(self) -> tuple[jax.Array, jax.Array] | None:

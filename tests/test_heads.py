@@ -780,3 +780,126 @@ def test_excursion_even_split_time_is_interpolated_between_saves():
     two = np.array([[0.3, 0.2, 0.1, 0.1], [0.3, 0.2, 0.04, 0.02], [0.3, 0.2, -0.06, -0.18]])
     assert _even_split_time(ts[:3], two) == pytest.approx(14.0)  # the later of 14 and 11
     assert np.isnan(_even_split_time(ts, np.ones((4, 4))))
+
+
+def test_prior_edited_with_tree_at_reads_its_new_symmetry():
+    """The symmetry is read from a prior's current values: an ``eqx.tree_at`` edit of p = 1/2 to
+    0.3 gives the fresh p = 0.3 prior's error, not the p = 1/2 one (the antithetic copies would
+    average p with 1 - p: 0.7565 instead of 0.8450, plain Monte Carlo 0.8469)."""
+    import equinox as eqx
+
+    M = jnp.array([[0.6], [0.1]])
+    Q = M @ M.T + 0.2 * jnp.eye(2)
+    opts = BankOptions(n=4096)
+    edited = eqx.tree_at(lambda p: p.p, FlippedSpike(2.0, 0.5), jnp.asarray(0.3))
+    assert not edited.sign_symmetric and FlippedSpike(2.0, 0.5).sign_symmetric
+    E = {
+        name: float(generalisation_error(M, Q, Softmax(), FieldBank(pr, 4, 2, opts)))
+        for name, pr in (("edited", edited), ("fresh", FlippedSpike(2.0, 0.3)), ("half", FlippedSpike(2.0)))
+    }
+    assert E["edited"] == pytest.approx(E["fresh"], rel=1e-12)
+    assert E["fresh"] == pytest.approx(0.8450, abs=5e-4) and E["half"] == pytest.approx(0.7566, abs=5e-4)
+    # the Gaussian mean and the discrete weights alike, both ways
+    g = eqx.tree_at(lambda p: p.mean, AnisotropicGaussian([1.0], [2.0]), jnp.zeros(1))
+    assert g.sign_symmetric and not eqx.tree_at(lambda p: p.mean, g, jnp.ones(1)).sign_symmetric
+    d = Discrete([[1.0], [-1.0]])
+    assert d.sign_symmetric and not eqx.tree_at(lambda p: p.weights, d, jnp.array([0.7, 0.3])).sign_symmetric
+    assert not Discrete([[1.0], [2.0]]).sign_symmetric
+    assert Discrete([[1.0], [-1.0], [3.0]], [0.5, 0.5, 0.0]).sign_symmetric  # an unmirrored point of weight 0
+
+
+def test_grad_with_respect_to_prior_parameters_matches_central_differences():
+    """A traced p or mean counts as not symmetric, so the copies never average it with its mirror:
+    jax.grad of the error at p = 1/2 and at mean 0 matches central differences of the rebuilt
+    prior (h = 1e-3; the bank is the same smooth function of the parameter, so to 1e-6)."""
+    M = jnp.array([[0.6], [0.1]])
+    Q = M @ M.T + 0.2 * jnp.eye(2)
+    opts = BankOptions(n=1024)
+
+    def E(prior):
+        return generalisation_error(M, Q, Softmax(), FieldBank(prior, 4, 2, opts))
+
+    h = 1e-3
+    g_p = float(jax.grad(lambda p: E(FlippedSpike(2.0, p)))(0.5))
+    cd_p = (float(E(FlippedSpike(2.0, 0.5 + h))) - float(E(FlippedSpike(2.0, 0.5 - h)))) / (2 * h)
+    assert g_p == pytest.approx(cd_p, rel=1e-6) and abs(g_p) > 0.3  # -0.444 (0.0004 with the copies)
+    gauss = lambda m: E(AnisotropicGaussian(jnp.reshape(m, (1,)), [2.0]))
+    g_m = float(jax.grad(gauss)(0.0))
+    cd_m = (float(gauss(h)) - float(gauss(-h))) / (2 * h)
+    assert g_m == pytest.approx(cd_m, rel=1e-6) and abs(g_m) > 0.05  # -0.109 (0.0003 with the copies)
+
+
+def test_antithetic_true_is_checked_per_point_with_traced_prior_parameters():
+    """BankOptions(antithetic=True): a concrete prior that is not sign-symmetric is refused at once;
+    with a traced p (a sweep) the copies are kept and a point that is not symmetric fails by name,
+    while p = 1/2 gives the direct call's value (copies on there by default)."""
+    import equinox as eqx
+
+    B = BankOptions(n=64, antithetic=True)
+    s = Setup()
+
+    def err(p):
+        return solve(s.replace(prior=FlippedSpike(3.0, p)), 0.5, save=af.LinearGrid(2), bank=B)["error"][-1]
+
+    with pytest.raises(
+        ValueError,
+        match=r"^antithetic copies need a sign-symmetric prior; FlippedSpike is not \(its sign_symmetric is False\): "
+        r"use antithetic=None or False$",
+    ):
+        FieldBank(FlippedSpike(3.0, 0.3), 4, 2, B)
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"1 of 2 grid points failed: p=0.3: antithetic copies need a sign-symmetric prior; this FlippedSpike's "
+        r"\(traced\) parameters are not sign-symmetric",
+    ):
+        res = af.sweep(err, {"p": np.array([0.3, 0.5])}, progress=False)
+    direct = float(solve(s, 0.5, save=af.LinearGrid(2), bank=BankOptions(n=64))["error"][-1])
+    # traced outside a sweep: the program raises at run time
+    with pytest.raises(Exception, match="antithetic copies need a sign-symmetric prior; this FlippedSpike's"):
+        jax.block_until_ready(
+            eqx.filter_jit(lambda p: FieldBank(FlippedSpike(3.0, p), 4, 2, B).weights)(jnp.asarray(0.3))
+        )
+    assert res.status.tolist()[0] > 0 and res.status.tolist()[1] == 0
+    assert float(res.values[1]) == pytest.approx(direct, rel=1e-12)
+    # a Gaussian mean alike: mean 0 in a sweep keeps the copies
+    err_mu = lambda mu: solve(
+        s.replace(prior=AnisotropicGaussian(mu[None], [2.0])), 0.5, save=af.LinearGrid(2), bank=B
+    )["error"][-1]
+    direct_mu = float(err_mu(jnp.asarray(0.0)))
+    swept = af.sweep(err_mu, {"mu": np.array([0.0])}, progress=False)
+    assert float(swept.values[0]) == pytest.approx(direct_mu, rel=1e-12)
+
+
+def test_solve_stops_past_the_psd_tolerance():
+    """Spec section 6: stop where lambda_min(Q - M M^T) < -psd_tolerance tr Q (default
+    max(PSD_TOLERANCE, 10 rtol)), the message naming lambda_min and the bound."""
+    from attnflow.heads.theory import _check_psd_along
+    from attnflow.trajectory import Trajectory
+
+    M = jnp.array([[0.3], [0.1]])
+    Q = M @ M.T + jnp.diag(jnp.array([0.25, -5e-11]))  # within check_overlaps' -1e-10 tr Q
+    s = Setup(init=Overlaps(M, Q))
+    run = lambda **kw: solve(s, 0.2, save=af.LinearGrid(2), bank=BankOptions(n=64), **kw)
+    assert np.all(np.isfinite(run()["error"]))  # default 1e-5 tr Q: passes
+    with pytest.raises(
+        af.DivergenceError,
+        match=r"^solve: Q - M M\^T lost positive semidefiniteness at t = 0: lambda_min = -5e-11 < -psd_tolerance "
+        r"tr Q = -3.5e-13 \(psd_tolerance 1e-12, tr Q 0.35\); lower rtol or eta$",
+    ):
+        run(psd_tolerance=1e-12)
+    with pytest.raises(ValueError, match=r"^psd_tolerance must be finite and positive, got -1\.0$"):
+        run(psd_tolerance=-1.0)
+    # the bound is relative to tr Q, also below tr Q = 1: -5e-6 at tr Q = 0.01 is past -1e-5 tr Q
+    Ms, Qs = np.zeros((2, 2, 1)), np.array([np.diag([0.01, 0.0]), np.diag([0.01, -5e-6])])
+    with pytest.raises(af.DivergenceError, match=r"at t = 1: lambda_min = -5e-06 < -psd_tolerance tr Q = -9.99e-08"):
+        _check_psd_along(Trajectory(np.array([0.0, 1.0]), {"M": Ms, "Q": Qs}), hd.DEFAULT_SOLVER)
+
+
+def test_bad_minor_inputs_are_named():
+    with pytest.raises(ValueError, match=r"^D must be finite and positive, got inf$"):
+        Setup(init=FiniteDDraw(D=float("inf")))
+    with pytest.raises(ValueError, match=r"^K must be finite; entry \(0, 1\) is nan$"):
+        MultiHead(jnp.array([[1.0, jnp.nan], [0.0, 1.0]]), Softmax())
+    with pytest.raises(ValueError, match=r"^n_plus must be a whole number of heads in \[0, H = 2\], got 1\.5$"):
+        softmax_floor(4, 0.5, 1.5, 2)
+    assert softmax_floor(4, 0.5, 1.0, 2) == pytest.approx(softmax_floor(4, 0.5, 1, 2))

@@ -39,26 +39,40 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- priors
+def _parameter(name: str, value: Any) -> jax.Array:
+    """``value`` as `attnflow._validate.floats`; a concrete value stays a concrete array when the
+    prior is built inside ``jit`` or ``vmap`` (where the conversion would make a tracer), so that
+    `Prior.sign_symmetric` can still read it there."""
+    if V.any_traced(value):
+        return V.floats(name, value)
+    with jax.ensure_compile_time_eval():
+        return V.floats(name, value)
+
+
+def _concrete_symmetry(prior: Prior, params: Any) -> bool:
+    """`Prior.sign_symmetric` of a prior whose symmetry depends on ``params`` only: ``False``
+    while any of them is traced (the antithetic copies would average a traced parameter with
+    its mirror, and its derivative would vanish), else its `Prior.sign_symmetric_array` now."""
+    if V.any_traced(params):
+        return False
+    with jax.ensure_compile_time_eval():
+        return bool(prior.sign_symmetric_array())
+
+
 class FlippedSpike(Prior):
     """``F = 1``; ``theta = +s`` with probability ``p``, ``-s`` otherwise (sign-symmetric at ``p = 1/2``)."""
 
     s: jax.Array
     p: jax.Array
-    symmetric: bool = eqx.field(static=True)
 
     def __init__(self, s: Any, p: Any = 0.5):
-        given = p
-        s, p = V.floats("s (signal strength)", s), V.floats("p", p)
-        # read the symmetry from the value given: a Python 0.5 is concrete even when the prior
-        # is built inside jit or vmap, where the converted array would be a tracer
-        symmetric = not V.any_traced(given) and np.ndim(given) == 0 and float(np.asarray(given)) == 0.5
+        s, p = _parameter("s (signal strength)", s), _parameter("p", p)
         if s.ndim or p.ndim:
             raise ValueError(f"s and p must be scalars, got shapes {s.shape} and {p.shape}")
         V.positive("s (signal strength)", s)
         if not V.any_traced(p) and not 0.0 <= float(p) <= 1.0:
             raise ValueError(f"p must be a probability in [0, 1], got {V.show(p)}")
         self.s, self.p = s, p
-        self.symmetric = symmetric
 
     @property
     def F(self) -> int:
@@ -66,7 +80,12 @@ class FlippedSpike(Prior):
 
     @property
     def sign_symmetric(self) -> bool:
-        return self.symmetric
+        """``p == 1/2``, read from the current ``p`` (traced: not symmetric)."""
+        return _concrete_symmetry(self, self.p)
+
+    def sign_symmetric_array(self) -> jax.Array:
+        """``p == 1/2`` as a JAX boolean (traceable)."""
+        return self.p == 0.5
 
     def support(self):
         return jnp.stack([self.s, -self.s])[:, None], jnp.stack([self.p, 1.0 - self.p])
@@ -87,10 +106,9 @@ class AnisotropicGaussian(Prior):
 
     mean: jax.Array
     variances: jax.Array
-    symmetric: bool = eqx.field(static=True)
 
     def __init__(self, mean: Any, variances: Any):
-        mean, variances = V.floats("mean", mean), V.floats("variances", variances)
+        mean, variances = _parameter("mean", mean), _parameter("variances", variances)
         F = mean.shape[0] if mean.ndim == 1 else None
         if F is None or variances.shape not in ((F,), (F, F)):
             raise ValueError(
@@ -112,7 +130,6 @@ class AnisotropicGaussian(Prior):
                     f"{low:.3g})"
                 )
         self.mean, self.variances = mean, variances
-        self.symmetric = not V.any_traced(mean) and bool(np.all(np.asarray(mean) == 0))
 
     @property
     def F(self) -> int:
@@ -125,7 +142,12 @@ class AnisotropicGaussian(Prior):
 
     @property
     def sign_symmetric(self) -> bool:
-        return self.symmetric
+        """``mean == 0``, read from the current ``mean`` (traced: not symmetric)."""
+        return _concrete_symmetry(self, self.mean)
+
+    def sign_symmetric_array(self) -> jax.Array:
+        """``mean == 0`` as a JAX boolean (traceable)."""
+        return jnp.all(self.mean == 0)
 
     def support(self):
         return None
@@ -159,18 +181,18 @@ class Discrete(Prior):
 
     points: jax.Array
     weights: jax.Array
-    symmetric: bool = eqx.field(static=True)
 
     def __init__(self, points: Any, weights: Any = None):
-        points = V.floats("points", points)
+        points = _parameter("points", points)
         if points.size == 0:
             raise ValueError("points must hold at least one point, got an empty array")
         if points.ndim == 1:
-            points = points[None]
+            with jax.ensure_compile_time_eval():  # concrete points stay concrete inside jit (`_parameter`)
+                points = points[None]
         if points.ndim != 2:
             raise ValueError(f"points must have shape (J, F), got {points.shape}")
         J = points.shape[0]
-        weights = jnp.full(J, 1.0 / J) if weights is None else V.floats("weights", weights)
+        weights = _parameter("weights", np.full(J, 1.0 / J) if weights is None else weights)
         if weights.shape != (J,):
             raise ValueError(f"weights must have shape ({J},), got {weights.shape}")
         V.finite_tree("points", points)
@@ -182,9 +204,6 @@ class Discrete(Prior):
             if abs(w.sum() - 1.0) > 1e-12:
                 raise ValueError(f"weights must sum to 1, got sum {float(w.sum()):.15g}")
         self.points, self.weights = points, weights
-        self.symmetric = not V.any_traced((points, weights)) and _mirror_symmetric(
-            np.asarray(points), np.asarray(weights)
-        )
 
     @property
     def F(self) -> int:
@@ -192,7 +211,16 @@ class Discrete(Prior):
 
     @property
     def sign_symmetric(self) -> bool:
-        return self.symmetric
+        """Whether each point's mirror image carries its weight, read from the current ``points``
+        and ``weights`` (traced: not symmetric)."""
+        return _concrete_symmetry(self, (self.points, self.weights))
+
+    def sign_symmetric_array(self) -> jax.Array:
+        """Whether the points mirrored onto each point ``j`` (``np.isclose`` tolerances) carry its
+        weight ``weights[j]``, as a JAX boolean (traceable)."""
+        pts, w = self.points, self.weights
+        mirrors = jnp.all(jnp.isclose(pts[None, :, :], -pts[:, None, :]), axis=-1)  # [j, k]: k mirrors j
+        return jnp.all(jnp.isclose(mirrors.astype(w.dtype) @ w, w))
 
     def support(self):
         return self.points, self.weights
@@ -206,18 +234,12 @@ class Discrete(Prior):
         return jax.scipy.special.logsumexp(logits, axis=-1)
 
 
-def _mirror_symmetric(pts: np.ndarray, w: np.ndarray) -> bool:
-    """Whether each point's mirror image carries the same weight."""
-    for j in range(pts.shape[0]):
-        k = np.flatnonzero(np.all(np.isclose(pts, -pts[j]), axis=1))
-        if k.size == 0 or not np.isclose(w[k].sum(), w[j]):
-            return False
-    return True
-
-
 def PointMass(mu: Any) -> Discrete:
     """``theta = mu`` almost surely: a `Discrete` prior with one point."""
-    return Discrete(jnp.atleast_2d(jnp.asarray(mu, dtype=float)), jnp.ones(1))
+    mu = _parameter("mu", mu)
+    with jax.ensure_compile_time_eval():  # concrete stays concrete inside jit (`_parameter`)
+        mu = jnp.atleast_2d(mu)
+    return Discrete(mu, np.ones(1))
 
 
 # ----------------------------------------------------------------------------- targets

@@ -90,6 +90,8 @@ def softmax_floor(L: int, p: float = 0.5, n_plus: int | None = None, H: int | No
             raise ValueError(f"softmax_floor without n_plus is the p = 1/2 even split; for p = {p!r} give n_plus and H")
         return L / (4 * (L - 1))
     H = V.positive_int("H", H)
+    if isinstance(n_plus, bool) or not float(n_plus).is_integer():
+        raise ValueError(f"n_plus must be a whole number of heads in [0, H = {H}], got {n_plus!r}")
     if not 0 <= n_plus <= H:
         raise ValueError(f"n_plus must be in [0, H = {H}], got {n_plus!r}")
     f = n_plus / H

@@ -194,6 +194,7 @@ class MultiHead(eqx.Module):
         K = V.floats("K", K, dtype=K.dtype if floating else None)
         if K.ndim != 2 or K.shape[0] < 1:
             raise ValueError(f"K must have shape (H >= 1, D), got {K.shape}")
+        V.finite_tree("K", K)
         if not isinstance(activation, Activation):
             raise ValueError(f"activation must be Softmax(), Softmax1(...) or BayesSoftmax(...), got {activation!r}")
         activation.check_heads(K.shape[0])

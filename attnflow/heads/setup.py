@@ -184,6 +184,7 @@ class FiniteDDraw(InitialCondition):
 
     def check(self, H, F):
         V.positive("sigma0 (initial key scale)", self.sigma0)
+        V.positive("D", self.D)  # D = inf would give Q = NaN (as SymmetricSeed refuses it)
         if not V.any_traced(self.D) and not float(self.D) >= F + H + 1:
             raise ValueError(f"FiniteDDraw needs D >= F + H + 1 = {F + H + 1}, got D = {float(self.D)!r}")
 

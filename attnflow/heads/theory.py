@@ -32,7 +32,7 @@ import optimistix as optx
 from jax.flatten_util import ravel_pytree
 
 from .. import _validate as V
-from .._errors import check_traced
+from .._errors import check_traced, fail_if
 from .._jit import filter_jit
 from .._keywords import keyword_hints
 from ..analysis import first_crossing
@@ -101,7 +101,9 @@ ESCAPE_THRESHOLD = 0.5
 """Conventional threshold of `specialisation` at which the heads count as specialised."""
 
 PSD_TOLERANCE = 1e-8
-"""`solve` stops with `attnflow.DivergenceError` when ``lambda_min(Q - M M^T) < -max(PSD_TOLERANCE, 10 rtol) tr Q``."""
+"""The spec's relative PSD tolerance (section 6). `solve` stops with `attnflow.DivergenceError` when
+``lambda_min(Q - M M^T) < -psd_tolerance tr Q``, with ``psd_tolerance`` (its option) defaulting to
+``max(PSD_TOLERANCE, 10 rtol)``."""
 
 
 # ----------------------------------------------------------------------------- bank options
@@ -167,7 +169,12 @@ class BankOptions(eqx.Module):
     - ``enumerate_support``: a prior with finite support is enumerated with its weights on shared
       ``(zeta, w)`` instead of sampled;
     - ``antithetic``: append ``(-theta, -zeta, +w)`` so that the field is exactly equivariant under
-      ``M -> -M``; ``None`` (default): on for sign-symmetric priors; refused for the others;
+      ``M -> -M``. ``None`` (default): on where the prior's ``sign_symmetric`` is true. ``True``: on,
+      for a sign-symmetric prior only: a prior with concrete parameters that is not is refused at
+      once (``ValueError``); with traced parameters (a sweep over ``p`` or a Gaussian mean) the
+      copies are kept and ``sign_symmetric_array`` is checked at run time (`attnflow._errors.fail_if`:
+      in `attnflow.sweep` a point that is not symmetric fails with that message and its values
+      are NaN; elsewhere the traced program raises it). ``False``: off;
     - ``copies``: head permutations of ``w`` (`CyclicCopies` default, `AllPermutations`, `NoCopies`);
     - ``root``: the root of ``P`` (`SymmetricRoot` default, `CholeskyRoot`);
     - ``independent_eval``: the observables `solve` records (``error``, ``attention``) are
@@ -177,9 +184,10 @@ class BankOptions(eqx.Module):
       0.01 at ``n = 1024``, below the Bayes risk where a model nears it). ``False``: the
       field's bank.
 
-    ``antithetic=None`` reads the prior's ``sign_symmetric``; with a prior parameter traced (a
-    sweep over ``p``) that cannot be read, so the copies are off at every point, ``p = 1/2``
-    included: pass ``antithetic=True`` to a sweep over symmetric priors only.
+    ``antithetic=None`` reads the prior's ``sign_symmetric`` from its values when the bank is
+    drawn (a prior edited with ``eqx.tree_at`` answers for its new values); a traced parameter
+    counts as not symmetric, so inside a sweep over ``p`` the copies are off at every point,
+    ``p = 1/2`` included; ``antithetic=True`` keeps them there, checked per point as above.
     """
 
     n: int = eqx.field(static=True, default=DEFAULT_BANK_SIZE)
@@ -257,18 +265,35 @@ class FieldBank(eqx.Module):
         options = BankOptions() if options is None else options
         if not isinstance(options, BankOptions):
             raise ValueError(f"options must be BankOptions(...), got {options!r}")
+        # the symmetry is read from the prior's values now: a prior edited with eqx.tree_at answers for
+        # its new values, and a traced parameter is never averaged with its mirror unasked
+        check_later = False
         if options.antithetic is None:
             antithetic = prior.sign_symmetric
         else:
             antithetic = options.antithetic
             if antithetic and not prior.sign_symmetric:
-                raise ValueError(f"antithetic copies need a sign-symmetric prior; {type(prior).__name__} is not")
+                with jax.ensure_compile_time_eval():
+                    symmetric = prior.sign_symmetric_array()
+                if not V.any_traced(symmetric):
+                    raise ValueError(
+                        f"antithetic copies need a sign-symmetric prior; {type(prior).__name__} is not "
+                        f"(its sign_symmetric is False): use antithetic=None or False"
+                    )
+                check_later = True  # traced parameters (a sweep over p): checked at run time, per point
         # the seed as a key, not a static option: a bank of another seed compiles nothing
         key = jax.random.PRNGKey(options.seed)
         stream = V.positive_int("stream", stream, minimum=0)
         if stream:
             key = jax.random.fold_in(key, stream)
         draws = _draw_bank(prior, L, H, dataclasses.replace(options, seed=0), antithetic, key)
+        if check_later:
+            draws["weights"] = fail_if(
+                draws["weights"],
+                ~symmetric,
+                f"antithetic copies need a sign-symmetric prior; this {type(prior).__name__}'s (traced) parameters "
+                "are not sign-symmetric: use antithetic=None or False",
+            )
         self.theta, self.zeta, self.w, self.weights = draws["theta"], draws["zeta"], draws["w"], draws["weights"]
         self.groups, self.n = draws["groups"], options.n
         self.root = options.root
@@ -536,6 +561,7 @@ def solve(
     escape: Any = None,
     event: Callable[[Any, dict], Any] | None = None,
     progress: bool | None = None,
+    psd_tolerance: float | None = None,
 ) -> Trajectory:
     """The order-parameter ODE (8) of ``setup`` from its initial condition, integrated to ``t1``
     on the clock ``t = steps / D`` of `attnflow.heads.train`.
@@ -555,8 +581,15 @@ def solve(
     event state; traceable under ``jit``, ``vmap`` and `attnflow.sweep` (`attnflow.ObservableEvent`).
     ``escape=s`` is ``event=lambda t, o: o["specialisation"] - s``; give one of the two.
 
-    Raises `attnflow.DivergenceError` when ``Q - M M^T`` loses positive semidefiniteness (beyond
-    `PSD_TOLERANCE`) or a value is not finite. Compiled once per (setup structure, save grid,
+    Raises `attnflow.DivergenceError` when a value is not finite, or when at a save time
+    ``lambda_min(Q - M M^T) < -psd_tolerance tr Q`` (spec section 6), the message naming
+    ``lambda_min`` and the bound. ``psd_tolerance`` (a positive float) defaults to
+    ``max(PSD_TOLERANCE, 10 rtol)`` with the solver's ``rtol``, not to the spec's ``1e-8``
+    (`PSD_TOLERANCE`) alone: the solver's own error in ``Q`` is about ``rtol |Q|``, so at the
+    default ``rtol = 1e-6`` a bound of ``1e-8 tr Q`` would stop sound flows whose keys coincide
+    off the signal (``Q - M M^T`` singular); pass ``psd_tolerance=1e-8`` with ``rtol <= 1e-9``
+    for the spec's bound. The check runs on concrete trajectories (not under ``jit``, ``vmap``
+    or a sweep). Compiled once per (setup structure, save grid,
     solver, bank size, form, event on/off): new learning rates, prior parameters, initial
     conditions or thresholds reuse it.
     ``progress=True`` shows the solve's progress meter with the solver it would use anyway
@@ -569,6 +602,8 @@ def solve(
     if escape is not None and event is not None:
         raise ValueError("give escape or event, not both (escape=s is event=lambda t, o: o['specialisation'] - s)")
     V.positive("t1", t1)  # before the bank is drawn (seconds at 2^14 draws)
+    if psd_tolerance is not None and not V.finite_scalar("psd_tolerance", psd_tolerance) > 0:
+        raise ValueError(f"psd_tolerance must be finite and positive, got {V.show(psd_tolerance)}")
     o = ode(setup, bank=bank, form=form)
     solver = with_progress(solver, o.solver, progress)
     if escape is not None:
@@ -587,7 +622,7 @@ def solve(
         meta=dict(o.meta),
     )
     if not V.any_traced((traj.ts, traj.ys)):
-        _check_psd_along(traj, solver)
+        _check_psd_along(traj, solver, psd_tolerance)
     return traj
 
 
@@ -615,18 +650,21 @@ def check_escape_start(setup: Setup, threshold: Any, name: str) -> None:
         )
 
 
-def _check_psd_along(traj: Trajectory, solver: SolverOptions) -> None:
+def _check_psd_along(traj: Trajectory, solver: SolverOptions, psd_tolerance: float | None = None) -> None:
+    """`attnflow.DivergenceError` at the first save time with ``lambda_min(Q - M M^T) <
+    -psd_tolerance tr Q`` (default ``max(PSD_TOLERANCE, 10 rtol)``; `solve`)."""
     M, Q = np.asarray(traj["M"]), np.asarray(traj["Q"])
     P = 0.5 * (Q + np.swapaxes(Q, -1, -2)) - M @ np.swapaxes(M, -1, -2)
     p_min = np.linalg.eigvalsh(P)[:, 0]
     trQ = np.trace(Q, axis1=1, axis2=2)
-    tol = max(PSD_TOLERANCE, 10 * float(np.max(solver.rtol)))
-    bad = np.flatnonzero(p_min < -tol * np.maximum(trQ, 1.0))
+    tol = max(PSD_TOLERANCE, 10 * float(np.max(solver.rtol))) if psd_tolerance is None else float(psd_tolerance)
+    bad = np.flatnonzero(p_min < -tol * trQ)
     if bad.size:
         i = int(bad[0])
         raise DivergenceError(
-            f"solve: Q - M M^T lost positive semidefiniteness at t = {float(traj.ts[i]):.4g} "
-            f"(smallest eigenvalue {p_min[i]:.3g}); lower rtol or eta"
+            f"solve: Q - M M^T lost positive semidefiniteness at t = {float(traj.ts[i]):.4g}: "
+            f"lambda_min = {p_min[i]:.3g} < -psd_tolerance tr Q = {-tol * trQ[i]:.3g} (psd_tolerance {tol:.3g}, "
+            f"tr Q {trQ[i]:.3g}); lower rtol or eta"
         )
 
 
