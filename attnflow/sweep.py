@@ -452,8 +452,12 @@ class SweepResult:
                     ran &= np.asarray(self.ok).reshape(-1)
                 first = flat[ran][0] if ran.any() else None
                 if first is not None and bool(np.all(flat[ran] == first)):
-                    # a sweep axis named t keeps its own coordinates: the time axis is then "time"
-                    tname = f"{prefix}t" if f"{prefix}t" not in self.dims else f"{prefix}time"
+                    # a sweep axis named t keeps its own coordinates: the time axis is then "time",
+                    # or "time_", ... past the names of axes and observables
+                    taken = set(self.dims) | {f"{prefix}{k}" for k in value.ys}
+                    tname = next(
+                        n for n in (f"{prefix}t", *(f"{prefix}time" + "_" * i for i in range(99))) if n not in taken
+                    )
                     coords[tname] = first
                     tdim = (tname,)
                 else:
@@ -829,9 +833,8 @@ _STATIC_FNS: dict[tuple[Any, ...], Any] = {}  # fn of one static point (`_static
 
 
 class _Identity:
-    """A cache key for an unhashable callable (a mutable dataclass with ``__call__``, an Equinox
-    module with array fields): equal only to a key of the same object, which it holds, so that
-    the object's ``id`` is not reused while the cache entry lives."""
+    """A cache key equal only to a key of the same object, which it holds (so that the object's
+    ``id`` is not reused while the cache entry lives)."""
 
     __slots__ = ("obj",)
 
@@ -845,14 +848,23 @@ class _Identity:
         return isinstance(other, _Identity) and other.obj is self.obj
 
 
-def _fn_key(fn: Any) -> Any:
-    """``fn`` as a cache key: itself when hashable (equal callables share a compiled program),
-    else by identity (`_Identity`)."""
+def _hashable(fn: Any) -> bool:
+    """Whether ``fn`` can key the caches. An unhashable callable (a mutable dataclass with
+    ``__call__``, an Equinox module with array fields) is compiled anew at every sweep: it may
+    change between sweeps, and a cache keyed on it would keep it (and its arrays) alive."""
     try:
         hash(fn)
     except TypeError:
-        return _Identity(fn)
-    return fn
+        return False
+    return True
+
+
+def _fn_key(fn: Any) -> Any:
+    """``fn`` as a cache key of the compiled programs: a bound method by equality (``obj.run``
+    is a new object at every access, equal while ``obj`` is the same object), anything else by
+    identity (`_Identity`): an equal but other object (a dataclass whose ``__eq__`` skips a
+    field) may compute something else."""
+    return fn if isinstance(fn, types.MethodType) else _Identity(fn)
 
 
 def _memo(store: dict, key: tuple, make: Callable[[], Any]) -> Any:
@@ -917,7 +929,7 @@ def _compiled(
                 try:
                     out = fn(**p)
                 except TypeError as err:  # JAX's tracer errors are TypeErrors
-                    _raise_if_traced_axis(err, p)
+                    _note_traced_axes(err, p)
                     raise
             messages[:] = [m for _, m in sink] + [m for _, m in sink.warnings]
             code = status_code(sink, sink.warnings)
@@ -963,6 +975,8 @@ def _compiled(
         )
         return jitted, messages
 
+    if not _hashable(fn):
+        return make()
     return _memo(_CACHE, (_fn_key(fn), devices, dims, nested_dims, lanes, local, version), make)
 
 
@@ -982,27 +996,27 @@ _CONCRETE_ERRORS = (  # JAX's refusals of a traced value where a concrete one is
 )
 
 
-_TRACED_AXIS = "sweep: fn needs a concrete value where it got a traced one"
+_TRACED_AXIS = "attnflow.sweep: the axes"
 
 
-def _raise_if_traced_axis(err: Exception, point: Mapping[str, Any]) -> None:
-    """Raise a ``TypeError`` (chained to ``err``) when ``err`` is JAX's refusal of a traced
-    value where a concrete one is needed (a shape, a scan length, a Python ``if``), naming the
-    traced axes and `Static`; any other error returns, to be raised as it is."""
-    if str(err).startswith(_TRACED_AXIS):  # a sweep inside fn said it already
+def _note_traced_axes(err: Exception, point: Mapping[str, Any]) -> None:
+    """Add a note to ``err`` (raised as it is, same type) when it is JAX's refusal of a traced
+    value where a concrete one is needed (a shape, a scan length, a Python ``if``): the sweep's
+    axes reach ``fn`` traced, and an axis that sets a shape must be wrapped in `Static`. The
+    traced value may come from elsewhere in ``fn`` too, so the note says "if"."""
+    if any(_TRACED_AXIS in note for note in getattr(err, "__notes__", ())):  # a sweep inside fn noted it
         return
     concrete = isinstance(err, _CONCRETE_ERRORS) or "must be 1D sequences of concrete values" in str(err)
     traced = [d for d in point if d != "_point"]  # _point: the placeholder of a sweep of Static axes only
     if not concrete or not traced:
         return
     ints = [d for d in traced if jnp.issubdtype(point[d].dtype, jnp.integer)]
-    first = (str(err).strip().splitlines() or [""])[0][:200].rstrip(".")
-    raise TypeError(
-        f"{_TRACED_AXIS} ({type(err).__name__}: {first}). The axes "
-        f"{', '.join(map(repr, traced))} reach fn traced (one compiled program covers all their values); an axis "
-        "that sets a shape, a length or a Python branch (a size, a scan length, a step count) must be wrapped in "
-        f"af.Static([...]), one compiled program per value: {{{(ints or traced)[0]!r}: af.Static([...])}}"
-    ) from err
+    err.add_note(
+        f"{_TRACED_AXIS} {', '.join(map(repr, traced))} reach fn traced (one compiled program covers all their "
+        "values). If the value JAX needed concrete comes from one of them (a size, a scan length, a step count, a "
+        f"Python branch), wrap that axis in af.Static([...]), one compiled program per value: "
+        f"{{{(ints or traced)[0]!r}: af.Static([...])}}"
+    )
 
 
 def _check_axes(axes: Any) -> None:
@@ -1250,7 +1264,7 @@ def sweep(
     # it (equinox's closure conversion, used by Diffrax's event root find, compares
     # shardings that shard_map changes); one device needs no shard_map
     layout = (tuple(devices), dims, dims if nest else None, check_lanes(lanes))
-    local = n_dev > 1 and (_fn_key(fn), *layout) not in _NO_SHARD_MAP
+    local = n_dev > 1 and not (_hashable(fn) and (_fn_key(fn), *layout) in _NO_SHARD_MAP)
     fn_parts = _fingerprint_parts(fn) if out_path is not None else None
     version = _combined(fn_parts) if fn_parts is not None else None
     compiled, messages = _compiled(fn, *layout, local, version)
@@ -1279,7 +1293,8 @@ def sweep(
         out_struct = _out_struct(compiled, example)  # fn's own errors surface here
         local = False
         # warned once; later sweeps of this fn go straight to jit sharding
-        _memo(_NO_SHARD_MAP, (_fn_key(fn), *layout), lambda: True)
+        if _hashable(fn):
+            _memo(_NO_SHARD_MAP, (_fn_key(fn), *layout), lambda: True)
         first = (str(err).strip().splitlines() or [""])[0][:160]
         warnings.warn(
             f"sweep: fn does not trace under shard_map ({type(err).__name__}: {first}); using jit "
@@ -1472,10 +1487,15 @@ def _static_sweep(
         point = dict(zip(static, combo, strict=True))
         # one partial per (fn, static point), reused by later sweeps: the compiled programs are
         # cached on it, so a second sweep of the same fn neither retraces nor recompiles
-        sub_fn = _memo(
-            _STATIC_FNS,
-            (_fn_key(fn), tuple((d, type(v).__name__, v) for d, v in point.items()), placeholder),
-            functools.partial(functools.partial, _drop_placeholder, fn, point, placeholder),
+        make_sub = functools.partial(functools.partial, _drop_placeholder, fn, point, placeholder)
+        sub_fn = (
+            _memo(
+                _STATIC_FNS,
+                (_fn_key(fn), tuple((d, type(v).__name__, v) for d, v in point.items()), placeholder),
+                make_sub,
+            )
+            if _hashable(fn)
+            else make_sub()
         )
         where = None
         if out_dir is not None:
@@ -1876,17 +1896,16 @@ def _fingerprint(fn: Any) -> str:
     """A digest of what ``fn`` computes, as far as it can be read: its code (with nested code
     objects and the names it uses), the values of its closure cells, default arguments and
     the globals it reads, recursively through the functions it calls, partials, the static
-    fields of pytrees (a `Setup`'s ``student``, by its code), the attributes of objects that
-    hold settings (an ``argparse.Namespace``, a dataclass, an object of the user's own class;
-    of the ``_``-named ones only those holding plain data, `_plain_data`, not caches; of one
-    reached from a function only the attributes its code names), paths by their text, and the
-    methods of the user's own
-    classes; arrays count by content. Modules count by name, and so do the module-level
-    functions and classes of attnflow, the standard library and installed packages that
-    ``fn`` reaches (their code changes with their version; ``fn`` itself is always read), and
-    their other objects (a logger) by class; ``os.environ`` by name, also through an alias
-    (its content differs between the shards of one job). Stable across processes: no
-    addresses, no salted hashes."""
+    fields of pytrees (a `Setup`'s ``student``, by its code), the public attributes of objects
+    that hold settings (an ``argparse.Namespace``, a dataclass, an object of the user's own
+    class; not ``_``-named ones, which hold caches, counters and handles that change from run
+    to run; of one reached from a function only the attributes its code names), paths by
+    their text, and the methods of the user's own classes; arrays count by content. Modules
+    count by name, and so do the module-level functions and classes of attnflow, the standard
+    library and installed packages that ``fn`` reaches (their code changes with their version;
+    ``fn`` itself is always read), and their other objects (a logger) by class;
+    ``os.environ`` by name, also through an alias (its content differs between the shards of
+    one job). Stable across processes: no addresses, no salted hashes."""
     return _combined(_fingerprint_parts(fn))
 
 
@@ -2140,28 +2159,12 @@ def _digest(obj: Any, h: Any, depth: int, seen: dict[Any, tuple[int, Any]], root
     if attrs:
         # of an object of the user's class, what its methods read (``self.t1`` in ``run``) too
         names = None if read_names is None else read_names | _method_names(cls)
-        # an attribute named with "_" counts when it holds plain data (``self._lr = 0.1``, a
-        # setting behind an underscore); other such attributes are caches and handles
         _digest(
-            {
-                k: v
-                for k, v in attrs.items()
-                if (not k.startswith("_") or _plain_data(v)) and (names is None or k in names)
-            },
+            {k: v for k, v in attrs.items() if not k.startswith("_") and (names is None or k in names)},
             h,
             depth + 1,
             seen,
         )
-
-
-def _plain_data(value: Any, depth: int = 0) -> bool:
-    """True for a number, string, bool, None, NumPy or JAX array, or a tuple or list of those:
-    the values of an ``_``-named attribute that the fingerprint reads as a setting."""
-    if value is None or isinstance(value, (bool, int, float, complex, str, bytes, np.ndarray, np.generic, jax.Array)):
-        return True
-    if isinstance(value, (tuple, list)) and depth < 4:
-        return all(_plain_data(v, depth + 1) for v in value)
-    return False
 
 
 def _named_only(module: str | None, qualname: str) -> bool:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable
 from unittest import mock
 
@@ -294,7 +295,7 @@ SCRIPT = textwrap.dedent(
     # each device runs its own adaptive loop: no cross-device op (the stopping test of the
     # vmapped while loop would otherwise be an all-reduce at every step)
     from attnflow.sweep import _CACHE
-    compiled = next(c for k, (c, _) in _CACHE.items() if k[0] is f)
+    compiled = next(c for k, (c, _) in _CACHE.items() if getattr(k[0], "obj", k[0]) is f)
     hlo = compiled.lower({"eta": jnp.asarray(etas[:32])}).compile().as_text()
     collectives = sum(hlo.count(op + "(") for op in ("all-reduce", "all-gather", "collective-permute", "all-to-all"))
     print(json.dumps({"device_count": jax.device_count(), "devices_used": res.meta["devices_used"],
@@ -450,8 +451,9 @@ def test_static_axis_rejects_bad_values_and_shape_changes():
 
 
 def test_a_size_axis_without_static_is_named_with_the_way_out():
-    """A shape or scan length from a traced axis: JAX's raw tracer error became a TypeError naming
-    the traced axes and af.Static, chained to JAX's."""
+    """A shape or scan length from a traced axis: JAX's own error (same type, so a user's
+    ``except`` still catches it) carries a note naming the traced axes and af.Static; an error
+    of fn's that is not about a traced value gets no note."""
 
     def size(D, r):
         return r * jnp.ones(D).sum()
@@ -460,27 +462,24 @@ def test_a_size_axis_without_static_is_named_with_the_way_out():
         return jax.lax.scan(lambda x, _: (x * r, None), 1.0, None, length=n_steps)[0]
 
     way_out = (
-        "reach fn traced (one compiled program covers all their values); an axis that sets a shape, a length or a "
-        "Python branch (a size, a scan length, a step count) must be wrapped in af.Static([...]), one compiled "
-        "program per value: "
+        "reach fn traced (one compiled program covers all their values). If the value JAX needed concrete comes "
+        "from one of them (a size, a scan length, a step count, a Python branch), wrap that axis in "
+        "af.Static([...]), one compiled program per value: "
     )
-    with pytest.raises(TypeError) as err:
+    with pytest.raises(TypeError, match="Shapes must be 1D sequences of concrete values") as err:
         af.sweep(size, {"D": np.array([2, 3]), "r": np.arange(2.0)}, progress=False)
-    said = str(err.value)
-    assert said.startswith("sweep: fn needs a concrete value where it got a traced one (TypeError: Shapes must be 1D")
-    assert said.endswith(f"). The axes 'D', 'r' {way_out}{{'D': af.Static([...])}}")
-    assert isinstance(err.value.__cause__, TypeError)
-    with pytest.raises(TypeError) as err:
+    assert err.value.__notes__[0] == f"attnflow.sweep: the axes 'D', 'r' {way_out}{{'D': af.Static([...])}}"
+    with pytest.raises(jax.errors.ConcretizationTypeError) as err:
         af.sweep(steps, {"r": np.array([2.0]), "n_steps": np.array([1, 2])}, progress=False)
-    said = str(err.value)
-    assert said.startswith("sweep: fn needs a concrete value where it got a traced one (ConcretizationTypeError: ")
-    assert said.endswith(f"). The axes 'r', 'n_steps' {way_out}{{'n_steps': af.Static([...])}}")
-    assert isinstance(err.value.__cause__, jax.errors.ConcretizationTypeError)
+    assert err.value.__notes__[0] == (
+        f"attnflow.sweep: the axes 'r', 'n_steps' {way_out}{{'n_steps': af.Static([...])}}"
+    )
     # the same axis in af.Static runs, and another TypeError of fn's is left as it is
     res = af.sweep(steps, {"r": np.array([2.0]), "n_steps": af.Static([1, 3])}, progress=False)
     np.testing.assert_array_equal(res.values, [[2.0, 8.0]])
-    with pytest.raises(TypeError, match="^unsupported operand"):
+    with pytest.raises(TypeError, match="^unsupported operand") as err:
         af.sweep(lambda r: r + "x", {"r": np.arange(2.0)}, progress=False)
+    assert not [n for n in getattr(err.value, "__notes__", []) if "attnflow.sweep" in n]
 
 
 def test_static_axis_merges_the_metadata_of_returned_trajectories():
@@ -819,37 +818,34 @@ def test_fingerprints_ignore_caches_and_the_state_of_library_objects(tmp_path):
     assert _fingerprint(fn) != before
 
 
-class _PrivateRate:
-    """A setting behind an underscore, with a cache beside it."""
+class _CountingRate:
+    """A public setting, and a counter and a start time behind underscores."""
 
     def __init__(self, lr):
-        self._lr = lr
-        self._shape = (2, [3, np.arange(2.0)])
-        self._cache = {}
+        self.lr = lr
+        self._calls = 0
+        self._t_start = time.time()
 
     def __call__(self, r):
-        self._cache[id(r)] = r
-        return r * self._lr
+        self._calls += 1
+        return r * self.lr
 
 
-def test_underscore_attributes_holding_plain_data_count_in_the_fingerprint(tmp_path):
-    """Model(0.5) on Model(0.1)'s folder loaded lr=0.1's chunks: ``self._lr`` was left out of the
-    fingerprint with the caches. Plain data behind an underscore counts; a cache does not."""
+def test_underscore_attributes_are_left_out_of_the_fingerprint(tmp_path):
+    """``_``-named attributes hold counters, start times and caches that change from run to run
+    (the trace itself bumps ``_calls``): leaving them out lets the same sweep resume, in this
+    process or a fresh one; a public setting counts."""
     from attnflow.sweep import _fingerprint
 
     axes = {"r": np.array([1.0, 2.0, 3.0])}
-    a = af.sweep(_PrivateRate(0.1), axes, out_dir=tmp_path, progress=False)
-    np.testing.assert_allclose(a.values, [0.1, 0.2, 0.3])
-    with pytest.raises(ValueError, match=r"the function \(its code, or the values it reads\) changed: the function "):
-        af.sweep(_PrivateRate(0.5), axes, out_dir=tmp_path, progress=False)
-    model = _PrivateRate(0.1)
+    model = _CountingRate(0.1)
+    np.testing.assert_allclose(af.sweep(model, axes, out_dir=tmp_path, progress=False).values, [0.1, 0.2, 0.3])
+    assert model._calls > 0
     assert af.sweep(model, axes, out_dir=tmp_path, progress=False).meta["computed_chunks"] == 0
-    before = _fingerprint(model)
-    model._cache["k"] = object()  # a cache (a dict) and a handle (an object) do not count
-    model._handle = object()
-    assert _fingerprint(model) == before
-    model._shape[1][1] = np.arange(3.0)  # an array in a list behind an underscore does
-    assert _fingerprint(model) != before
+    assert af.sweep(_CountingRate(0.1), axes, out_dir=tmp_path, progress=False).meta["computed_chunks"] == 0
+    assert _fingerprint(_CountingRate(0.1)) == _fingerprint(model)
+    with pytest.raises(ValueError, match=r"the function \(its code, or the values it reads\) changed: the function "):
+        af.sweep(_CountingRate(0.5), axes, out_dir=tmp_path, progress=False)
 
 
 _ENV = os.environ
@@ -945,22 +941,44 @@ class _ArrayRate(eqx.Module):  # an Equinox module with an array field: its hash
         return r * self.w
 
 
-def test_an_unhashable_callable_is_swept_and_cached_by_identity(tmp_path):
-    from attnflow.sweep import _CACHE, _Identity
+def test_an_unhashable_callable_is_swept_and_compiled_at_each_sweep(tmp_path):
+    """An unhashable callable (a plain dataclass, an Equinox module with an array field) is swept;
+    it is not cached (it may change between sweeps, and a cache would keep it alive), so a changed
+    object gives its new values. With an out_dir its fingerprint guards the chunks."""
+    from attnflow.sweep import _CACHE
 
     axes = {"r": np.array([1.0, 2.0])}
     for make in (_MutableRate, lambda lr: _ArrayRate(jnp.array(lr))):
         first, second = make(0.1), make(0.3)
         np.testing.assert_allclose(af.sweep(first, axes, progress=False).values, [0.1, 0.2])
         np.testing.assert_allclose(af.sweep(second, axes, progress=False).values, [0.3, 0.6])
-        np.testing.assert_allclose(af.sweep(first, axes, progress=False).values, [0.1, 0.2])
-        # the second sweep of `first` reused its program
-        assert len([k for k in _CACHE if isinstance(k[0], _Identity) and k[0].obj is first]) == 1
+        assert not [k for k in _CACHE if any(getattr(k[0], "obj", None) is o for o in (first, second))]
+    mutable = _MutableRate(1.0)
+    np.testing.assert_allclose(af.sweep(mutable, axes, progress=False).values, [1.0, 2.0])
+    mutable.lr = 3.0
+    np.testing.assert_allclose(af.sweep(mutable, axes, progress=False).values, [3.0, 6.0])
+    np.testing.assert_allclose(af.sweep(mutable, {"r": af.Static([1.0, 2.0])}, progress=False).values, [3.0, 6.0])
     folder = tmp_path / "m"
     af.sweep(_ArrayRate(jnp.array(0.1)), axes, out_dir=folder, progress=False)
     assert af.sweep(_ArrayRate(jnp.array(0.1)), axes, out_dir=folder, progress=False).meta["computed_chunks"] == 0
     with pytest.raises(ValueError, match=r"the function .* changed: the function \("):
         af.sweep(_ArrayRate(jnp.array(0.3)), axes, out_dir=folder, progress=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ScaledRate:  # equal whatever its scale (compare=False): equal objects, other values
+    scale: float = dataclasses.field(compare=False)
+
+    def __call__(self, r):
+        return r * self.scale
+
+
+def test_a_sweep_of_an_equal_but_other_callable_uses_its_own_values():
+    """Programs are cached per callable object (a bound method per object and function): an
+    equal object whose ``__eq__`` skips a field got the first object's program and values."""
+    for axes in ({"r": np.array([1.0, 2.0])}, {"r": af.Static([1.0, 2.0])}):
+        np.testing.assert_allclose(af.sweep(_ScaledRate(1.0), axes, progress=False).values, [1.0, 2.0])
+        np.testing.assert_allclose(af.sweep(_ScaledRate(5.0), axes, progress=False).values, [5.0, 10.0])
 
 
 _PROBE = """
@@ -1111,6 +1129,19 @@ def test_to_xarray_names_the_time_axis_time_when_a_sweep_axis_is_t(axis):
     res = af.SweepResult(["ts"], {"ts": t_axis}, af.Trajectory(ts, {"loss": loss}))
     ds = res.to_xarray()
     assert ds["loss"].dims == ("ts", "ts_value_dim0") and ds["ts_value"].dims == ("ts", "ts_value_dim0")
+    # axes t and time, or an axis t and an observable time: the time axis takes the next free name
+    ts[1, 1] = 0.5
+    res = af.SweepResult(
+        ["t", "time"],
+        {"t": t_axis, "time": np.arange(2.0)},
+        af.Trajectory(
+            np.broadcast_to(ts[:, None], (len(axis), 2, 3)), {"loss": np.broadcast_to(loss[:, None], (len(axis), 2, 3))}
+        ),
+    )
+    assert res.to_xarray()["loss"].dims == ("t", "time", "time_")
+    res = af.SweepResult(["t"], {"t": t_axis}, af.Trajectory(ts, {"loss": loss, "time": loss}))
+    ds = res.to_xarray()
+    assert ds["time"].dims == ("t", "time_") and ds["loss"].dims == ("t", "time_")
 
 
 def test_sweep_refuses_axes_it_cannot_trace_and_names_them():

@@ -91,7 +91,9 @@ def test_lanes_loop_over_groups_inside_one_program():
 
     res = af.sweep(saxe, {"eta": ETAS}, progress=False, lanes=8, devices=jax.devices()[:1])
     assert res.meta["n_chunks"] == 1
-    compiled = next(c for k, (c, _) in _CACHE.items() if k[0] is saxe and k[4] == 8 and len(k[1]) == 1)
+    compiled = next(
+        c for k, (c, _) in _CACHE.items() if getattr(k[0], "obj", k[0]) is saxe and k[4] == 8 and len(k[1]) == 1
+    )
     hlo = compiled.lower({"eta": jnp.asarray(ETAS)}).compile().as_text()
     trips = [int(n) for n in re.findall(r'"known_trip_count":\{"n":"(\d+)"\}', hlo)]
     assert 5 in trips
