@@ -542,6 +542,21 @@ def test_focus_default_escape_threshold_is_the_end_of_stage_two():
     assert float(focus.escape_threshold(ref)) == pytest.approx(fixed, rel=1e-14)
 
 
+def test_focus_stage_two_with_negative_c_ends_at_its_rate_abs_c():
+    """c < 0 (a reversible chain): the antisymmetric mode W_Q = -W_K of the attention block grows
+    at |c| and the H(pi) plateau ends (T_II was inf). Predicted T_I + log(1/eps)/|c| = 331.9; the
+    flow leaves the plateau at 287 (escape_time)."""
+    s = focus.Setup(chain=focus.MarkovChain.reversible(focus.SYNTHETIC_PI, key=1), m=4, mk=4)
+    p = focus.stage_predictions(s)
+    c = float(p["c"])
+    assert c < 0
+    assert float(p["T_II"]) == pytest.approx(np.log(1 / s.eps) / abs(c), rel=1e-14)
+    t_esc = float(focus.escape_time(s, t1=3000.0))
+    assert 0.75 < t_esc / float(p["T_I"] + p["T_II"]) < 1.0  # 287 against 332
+    iid = focus.Setup(chain=focus.MarkovChain.lazy(focus.SYNTHETIC_PI, 0.0), m=4, mk=4)  # c = 0: no mode grows
+    assert float(focus.stage_predictions(iid)["c"]) == 0.0 and float(focus.stage_predictions(iid)["T_II"]) == np.inf
+
+
 def test_event_time_derivatives_and_unfired_events():
     """Logistic u' = u (1 - u), u(0) = 0.1: the event u = c fires at t = log(9 c / (1 - c)), d t / d c =
     1 / (c (1 - c)), in both modes and per entry of a batch. An event that never fires has t_event NaN

@@ -367,7 +367,11 @@ def stage_predictions(setup: Setup) -> dict[str, jax.Array]:
     """Predicted plateaus and rates of ``setup`` (rates on its clock, i.e. times ``eta``):
     ``log_d``; ``H_pi`` (S2); ``L_star`` (S1); ``sigma`` (R1); ``c`` by the general formula (R3)
     at ``theta_c^1`` (its sign predicts focus); escape times (R8) ``T_I = log(1/eps)/sigma`` and
-    ``T_II = log(1/eps)/c`` (``inf`` when ``c <= 0``). Traceable."""
+    ``T_II = log(1/eps)/|c|`` (``inf`` when ``c = 0``). The attention block of the Jacobian at
+    ``theta_c^1``, ``(dW_Q, dW_K) -> c alpha alpha^T (dW_K, dW_Q)``, has eigenvalues ``+-c``: for
+    ``c > 0`` the symmetric mode ``W_Q = W_K`` grows (focus), for ``c < 0`` the antisymmetric
+    ``W_Q = -W_K`` (attention turns away from the frequent tokens), both at ``|c|``, so the
+    plateau ends either way. Traceable."""
     require_x64("focus.stage_predictions")
     chain = setup.chain
     c1 = critical_point_c1(chain.pi, jnp.ones(1))
@@ -381,7 +385,7 @@ def stage_predictions(setup: Setup) -> dict[str, jax.Array]:
         "sigma": s,
         "c": c,
         "T_I": log_eps / s,
-        "T_II": jnp.where(c > 0, log_eps / jnp.where(c > 0, c, 1.0), jnp.inf),
+        "T_II": jnp.where(c != 0, log_eps / jnp.where(c != 0, jnp.abs(c), 1.0), jnp.inf),
     }
 
 
