@@ -619,3 +619,84 @@ def test_positional_entropy_tends_to_log_s_minus_kl():
     H_few, A_few = np.asarray(focus.positional_entropy(model, few)), np.asarray(focus.empirical_attention(model, few))
     assert np.all(np.isnan(H_few[unseen])) and np.all(np.isfinite(H_few[~unseen]))
     assert np.all(np.isnan(A_few[unseen])) and np.allclose(A_few[~unseen].sum(1), 1.0)
+
+
+def test_train_refuses_a_model_that_does_not_fit_the_setup():
+    """`train` builds its network at ``setup.tau`` and the setup's widths: a model with another
+    ``tau`` or width, or non-finite weights, is refused by name before anything runs."""
+    s = focus.Setup(m=3, mk=2)
+    rng = np.random.default_rng(0)
+    W = [rng.normal(size=sh) for sh in [(4, 3), (3, 4), (3, 2), (3, 2)]]
+    with pytest.raises(ValueError) as e:
+        focus.train(s, 0.2, model=focus.OneLayerAttention(*W, tau=5.0))
+    assert str(e.value) == (
+        "model.tau = 5.0 differs from setup.tau = 1.0: train takes tau from the setup (the network is rebuilt at "
+        "setup.tau and tau is not trained); build the Setup with tau=model.tau"
+    )
+    wide = focus.OneLayerAttention(*[np.zeros(sh) for sh in [(4, 5), (5, 4), (5, 5), (5, 5)]])
+    with pytest.raises(ValueError) as e:
+        focus.train(s, 0.2, model=wide)
+    assert str(e.value) == (
+        "model has d = 4, m = 5, mk = 5 (W0 (4, 5), WQ (5, 5)) but the setup has d = 4, m = 3, mk = 2: "
+        "build the Setup with m=model.W0.shape[1], mk=model.WQ.shape[1]"
+    )
+    W[0][0, 0] = np.nan
+    with pytest.raises(ValueError) as e:
+        focus.train(s, 0.2, model=focus.OneLayerAttention(*W))
+    assert str(e.value) == "model.W0 must be finite; entry (0, 0) is nan"
+    # a float32 model holds tau = 0.3 rounded to float32: that is the setup's tau
+    W[0][0, 0] = 0.0
+    net32 = focus.OneLayerAttention(*[w.astype(np.float32) for w in W], tau=0.3)
+    tr, out = focus.train(s.replace(tau=0.3), 0.04, model=net32, save=af.LinearGrid(2), return_model=True)
+    assert len(tr.ts) == 2 and float(out.tau) == pytest.approx(0.3)
+
+
+def test_initial_names_the_missing_key_and_the_non_finite_entry():
+    s = focus.Setup(**SMALL)
+    th = s.theta0()
+    for verb in (focus.solve, focus.train):
+        with pytest.raises(ValueError) as e:
+            verb(s, 1.0, initial={k: v for k, v in th.items() if k != "WK"})
+        assert str(e.value) == (
+            "initial must be a dict with keys ('W0', 'W1', 'WQ', 'WK') (as setup.theta0()); "
+            "got keys ['W0', 'W1', 'WQ'], missing ['WK']"
+        )
+        with pytest.raises(ValueError) as e:
+            verb(s, 1.0, initial={**th, "X": 1.0})
+        assert str(e.value).endswith("got keys ['W0', 'W1', 'WQ', 'WK', 'X'], unknown ['X']")
+        with pytest.raises(ValueError) as e:
+            verb(s, 1.0, initial={**th, "W1": th["W1"].at[2, 1].set(jnp.inf)})
+        assert str(e.value) == "initial['W1'] must be finite; entry (2, 1) is inf"
+
+
+def test_pi_that_misses_one_by_rounding_is_told_the_tolerance():
+    pi = [0.75, 0.19, 0.05, 0.01 + 1e-11]
+    with pytest.raises(ValueError) as e:
+        focus.MarkovChain.lazy(pi, 0.5)
+    assert str(e.value) == (
+        f"pi must sum to 1, got sum 1.00000000001 (pi = {pi}); the tolerance is 1e-12: normalise pi first "
+        "(pi / pi.sum())"
+    )
+    chain = focus.MarkovChain.lazy(np.asarray(pi) / np.sum(pi), 0.5)
+    assert abs(float(chain.pi.sum()) - 1.0) < 1e-15
+
+
+def test_default_train_save_merges_steps_that_round_together():
+    """Log-spaced times near the first step round to the same step and are saved once."""
+    for t1, n in [(focus.REFERENCE_T, 51), (150.0, 53), (5000.0, 56)]:
+        total, steps = focus.DEFAULT_TRAIN_SAVE.steps_for(t1, focus.DEFAULT_DT)
+        assert total == round(t1 / focus.DEFAULT_DT) and len(steps) == n
+        assert steps[0] == 0 and steps[-1] == total and np.all(np.diff(steps) > 0)
+    # LogGrid's docstring: t_min of one step, 2,000 and 250,000 steps
+    assert len(af.LogGrid(60, t_min=0.02).steps_for(40.0, 0.02)[1]) == 51
+    assert len(af.LogGrid(60, t_min=0.02).steps_for(5000.0, 0.02)[1]) == 56
+
+
+def test_tightened_default_solver_keeps_the_stiff_solver_and_step_budget():
+    """docs/focus.md asks for ``DEFAULT_SOLVER.replace(rtol=..., atol=...)``, which keeps AutoStiff
+    and 1,000,000 steps; a fresh ``af.SolverOptions`` would fall back to Tsit5 and 100,000."""
+    tight = focus.DEFAULT_SOLVER.replace(rtol=1e-11, atol=1e-14)
+    assert isinstance(tight.solver, af.AutoStiff) and tight.max_steps == 1_000_000
+    assert (tight.rtol, tight.atol) == (1e-11, 1e-14)
+    fresh = af.SolverOptions(rtol=1e-11, atol=1e-14)
+    assert fresh.solver is None and fresh.max_steps == 100_000

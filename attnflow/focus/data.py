@@ -64,10 +64,16 @@ def _precision(tol: float, d: int) -> float:
     return max(tol, 10.0 * d * float(jnp.finfo(jnp.result_type(float)).eps))
 
 
+_ROUNDING_MISS = 1e-6
+"""A sum of ``pi`` this close to 1 (but outside the tolerance) is a rounding miss: `check_pi`'s
+message then states the tolerance and says to normalise ``pi``."""
+
+
 def check_pi(pi: Any, tol: float = CHAIN_TOL) -> None:
     """Raise ``ValueError`` naming the entry unless ``pi`` is a 1-D probability vector of length
     ``>= 2`` with positive entries summing to 1 within ``tol`` (or the rounding of JAX's default
-    float, when coarser)."""
+    float, when coarser); a sum within `_ROUNDING_MISS` of 1 gets the tolerance and the advice to
+    normalise ``pi`` in the message."""
     single = getattr(pi, "dtype", None) == np.float32  # made while JAX's 64-bit mode was off
     pi = np.asarray(pi, dtype=float)
     tol = _precision(tol, pi.size)
@@ -77,11 +83,12 @@ def check_pi(pi: Any, tol: float = CHAIN_TOL) -> None:
     if bad.size:
         raise ValueError(f"pi must be strictly positive; entry {int(bad[0])} is {float(pi[bad[0]]):g}")
     if abs(pi.sum() - 1.0) > tol:
-        hint = (
-            "; pi is float32, rounded to 1e-7: build it (or the Setup holding it) after attnflow.enable_x64()"
-            if single
-            else ""
-        )
+        if single:
+            hint = "; pi is float32, rounded to 1e-7: build it (or the Setup holding it) after attnflow.enable_x64()"
+        elif abs(pi.sum() - 1.0) < _ROUNDING_MISS:
+            hint = f"; the tolerance is {tol:g}: normalise pi first (pi / pi.sum())"
+        else:
+            hint = ""
         raise ValueError(f"pi must sum to 1, got sum {float(pi.sum()):.15g} (pi = {pi.tolist()}){hint}")
 
 
@@ -120,7 +127,7 @@ def _check_chain_traced(pi: jax.Array, P: jax.Array, tol: float) -> jax.Array:
     tol = _precision(tol, pi.shape[-1])
     checks = [
         (~jnp.all(jnp.isfinite(pi) & (pi > 0)), "pi must be strictly positive and finite"),
-        (jnp.abs(jnp.sum(pi) - 1.0) > tol, "pi must sum to 1"),
+        (jnp.abs(jnp.sum(pi) - 1.0) > tol, f"pi must sum to 1 within {tol:g} (normalise pi first: pi / pi.sum())"),
         (~jnp.all(jnp.isfinite(P) & (-tol <= P)), "P must be nonnegative and finite"),
         (jnp.any(jnp.abs(jnp.sum(P, axis=1) - 1.0) > tol), "rows of P must sum to 1"),
         (jnp.any(jnp.abs(pi @ P - pi) > tol), "pi must be stationary for P (pi^T P = pi^T)"),

@@ -103,7 +103,7 @@ _STAGE_EVENTS = ("Stage I escape (log d plateau)", "Stage II escape (H(pi) plate
 def _stage_times(pred: dict) -> dict[str, float]:
     """Predicted ends of the first two plateaus from the saddle rates (R8): Stage I escapes the
     small initialisation after ``T_I = log(1/eps) / sigma``, Stage II then escapes ``theta_c^1``
-    after ``T_II = log(1/eps) / c``."""
+    after ``T_II = log(1/eps) / |c|``."""
     return dict(zip(_STAGE_EVENTS, (pred["T_I"], pred["T_I"] + pred["T_II"]), strict=True))
 
 

@@ -77,11 +77,21 @@ class Setup(AbstractSetup):
         """The weights `attnflow.focus.solve` and `attnflow.focus.train` start from: `theta0`, or
         ``initial`` (a dict with the keys `attnflow.focus.PARAMETERS` of shapes ``W0 (d, m)``,
         ``W1 (m, d)``, ``WQ (m, mk)``, ``WK (m, mk)``, the setup's widths) checked against this
-        setup, ``ValueError`` naming the key otherwise."""
+        setup, finite where concrete; ``ValueError`` naming the key otherwise."""
         if initial is None:
             return self.theta0()
-        if not isinstance(initial, Mapping) or set(initial) != set(PARAMETERS):
-            raise ValueError(f"initial must be a dict with keys {PARAMETERS} (as setup.theta0()), got {initial!r:.200}")
+        if not isinstance(initial, Mapping):
+            raise ValueError(
+                f"initial must be a dict with keys {PARAMETERS} (as setup.theta0()), got {type(initial).__name__}"
+            )
+        missing = [k for k in PARAMETERS if k not in initial]
+        extra = sorted(map(str, set(initial) - set(PARAMETERS)))
+        if missing or extra:
+            raise ValueError(
+                f"initial must be a dict with keys {PARAMETERS} (as setup.theta0()); got keys {list(initial)}"
+                + (f", missing {missing}" if missing else "")
+                + (f", unknown {extra}" if extra else "")
+            )
         W0 = jax.numpy.shape(initial["W0"])
         if len(W0) != 2 or W0[0] != self.d:
             raise ValueError(f"initial['W0'] must have shape ({self.d}, m) for this chain, got {W0}")
@@ -93,4 +103,5 @@ class Setup(AbstractSetup):
                     f"initial['{name}'] must have shape {shape} for d = {d}, m = {m}, mk = {mk} (the setup's "
                     f"widths), got {got}"
                 )
+        V.finite_tree("initial", dict(initial))
         return dict(initial)

@@ -112,6 +112,30 @@ def _warn_slow_mixing(setup: Setup, context: int) -> None:
         )
 
 
+def _check_model(model: OneLayerAttention, setup: Setup) -> None:
+    """``ValueError`` unless ``model`` fits ``setup``: the same ``d``, ``m``, ``mk`` and (where both
+    are concrete) ``tau``, finite weights. `train` builds its network from ``setup.tau``, so a
+    model's own ``tau`` would otherwise be dropped without a word."""
+    (d, m), mk = model.W0.shape, model.WQ.shape[1]
+    if (d, m, mk) != (setup.d, setup.m, setup.mk):
+        raise ValueError(
+            f"model has d = {d}, m = {m}, mk = {mk} (W0 {model.W0.shape}, WQ {model.WQ.shape}) but the setup has "
+            f"d = {setup.d}, m = {setup.m}, mk = {setup.mk}: build the Setup with m=model.W0.shape[1], "
+            "mk=model.WQ.shape[1]" + (f" and a chain of {d} tokens" if d != setup.d else "")
+        )
+    V.finite_tree("model", model)
+    if not V.any_traced(model.tau) and not V.any_traced(setup.tau):
+        model_tau, setup_tau = np.asarray(model.tau), np.asarray(setup.tau)
+        # a float32 model holds tau rounded to float32: compare at its precision
+        rtol = 4 * float(np.finfo(model_tau.dtype).eps)
+        if model_tau.shape != setup_tau.shape or not np.allclose(model_tau, setup_tau, rtol=rtol, atol=0.0):
+            raise ValueError(
+                f"model.tau = {V.show(model_tau)} differs from setup.tau = {V.show(setup_tau)}: train takes tau from "
+                "the setup (the network is rebuilt at setup.tau and tau is not trained); build the Setup with "
+                "tau=model.tau"
+            )
+
+
 @keyword_hints("focus.train")
 def train(
     setup: Setup,
@@ -135,7 +159,8 @@ def train(
     """The network (M1) of ``setup`` trained by online SGD to time ``t1``, from ``setup.theta0()``
     (the draw `attnflow.focus.solve` starts from) or the weights ``initial`` (a dict like it), or
     the network ``model`` (a `OneLayerAttention`, e.g. one returned by ``return_model=True``;
-    the clock starts at 0 again).
+    the clock starts at 0 again; its widths and ``tau`` must be the setup's, ``ValueError``
+    otherwise, since ``tau`` comes from ``setup``).
 
     Each step draws ``batch`` fresh sequences of ``context + 1`` tokens from ``setup.chain``
     (first token uniform, ``start="uniform"``, or from ``pi``, ``start="pi"``; after ``burn_in``
@@ -175,6 +200,7 @@ def train(
             raise ValueError("give initial (weights as a dict) or model (a OneLayerAttention), not both")
         if not isinstance(model, OneLayerAttention):
             raise ValueError(f"model must be a OneLayerAttention (as return_model=True gives), got {model!r:.80}")
+        _check_model(model, setup)
         initial = dict(model.theta)
     theta0 = setup.initial_state(initial)
     if tokens is not None:
