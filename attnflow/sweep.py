@@ -848,22 +848,18 @@ class _Identity:
         return isinstance(other, _Identity) and other.obj is self.obj
 
 
-def _hashable(fn: Any) -> bool:
-    """Whether ``fn`` can key the caches. An unhashable callable (a mutable dataclass with
-    ``__call__``, an Equinox module with array fields) is compiled anew at every sweep: it may
-    change between sweeps, and a cache keyed on it would keep it (and its arrays) alive."""
-    try:
-        hash(fn)
-    except TypeError:
-        return False
-    return True
-
-
 def _fn_key(fn: Any) -> Any:
     """``fn`` as a cache key of the compiled programs: a bound method by equality (``obj.run``
     is a new object at every access, equal while ``obj`` is the same object), anything else by
     identity (`_Identity`): an equal but other object (a dataclass whose ``__eq__`` skips a
-    field) may compute something else."""
+    field) may compute something else. ``None`` for an unhashable callable (a mutable
+    dataclass with ``__call__``, an Equinox module with array fields), which is not cached and
+    compiles anew at every sweep: it may change between sweeps, and a cache keyed on it would
+    keep it (and its arrays) alive."""
+    try:
+        hash(fn)
+    except TypeError:
+        return None
     return fn if isinstance(fn, types.MethodType) else _Identity(fn)
 
 
@@ -975,9 +971,8 @@ def _compiled(
         )
         return jitted, messages
 
-    if not _hashable(fn):
-        return make()
-    return _memo(_CACHE, (_fn_key(fn), devices, dims, nested_dims, lanes, local, version), make)
+    key = _fn_key(fn)
+    return make() if key is None else _memo(_CACHE, (key, devices, dims, nested_dims, lanes, local, version), make)
 
 
 def _out_struct(compiled: Any, example: dict) -> Any:
@@ -1264,7 +1259,8 @@ def sweep(
     # it (equinox's closure conversion, used by Diffrax's event root find, compares
     # shardings that shard_map changes); one device needs no shard_map
     layout = (tuple(devices), dims, dims if nest else None, check_lanes(lanes))
-    local = n_dev > 1 and not (_hashable(fn) and (_fn_key(fn), *layout) in _NO_SHARD_MAP)
+    fn_key = _fn_key(fn)
+    local = n_dev > 1 and (fn_key, *layout) not in _NO_SHARD_MAP
     fn_parts = _fingerprint_parts(fn) if out_path is not None else None
     version = _combined(fn_parts) if fn_parts is not None else None
     compiled, messages = _compiled(fn, *layout, local, version)
@@ -1293,8 +1289,8 @@ def sweep(
         out_struct = _out_struct(compiled, example)  # fn's own errors surface here
         local = False
         # warned once; later sweeps of this fn go straight to jit sharding
-        if _hashable(fn):
-            _memo(_NO_SHARD_MAP, (_fn_key(fn), *layout), lambda: True)
+        if fn_key is not None:
+            _memo(_NO_SHARD_MAP, (fn_key, *layout), lambda: True)
         first = (str(err).strip().splitlines() or [""])[0][:160]
         warnings.warn(
             f"sweep: fn does not trace under shard_map ({type(err).__name__}: {first}); using jit "
@@ -1488,15 +1484,9 @@ def _static_sweep(
         # one partial per (fn, static point), reused by later sweeps: the compiled programs are
         # cached on it, so a second sweep of the same fn neither retraces nor recompiles
         make_sub = functools.partial(functools.partial, _drop_placeholder, fn, point, placeholder)
-        sub_fn = (
-            _memo(
-                _STATIC_FNS,
-                (_fn_key(fn), tuple((d, type(v).__name__, v) for d, v in point.items()), placeholder),
-                make_sub,
-            )
-            if _hashable(fn)
-            else make_sub()
-        )
+        fn_key = _fn_key(fn)
+        point_key = (fn_key, tuple((d, type(v).__name__, v) for d, v in point.items()), placeholder)
+        sub_fn = make_sub() if fn_key is None else _memo(_STATIC_FNS, point_key, make_sub)
         where = None
         if out_dir is not None:
             where = Path(out_dir) / ",".join(f"{d}={v}" for d, v in point.items())

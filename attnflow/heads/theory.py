@@ -602,8 +602,8 @@ def solve(
     if escape is not None and event is not None:
         raise ValueError("give escape or event, not both (escape=s is event=lambda t, o: o['specialisation'] - s)")
     V.positive("t1", t1)  # before the bank is drawn (seconds at 2^14 draws)
-    if psd_tolerance is not None and not V.finite_scalar("psd_tolerance", psd_tolerance) > 0:
-        raise ValueError(f"psd_tolerance must be finite and positive, got {V.show(psd_tolerance)}")
+    if psd_tolerance is not None:
+        V.positive("psd_tolerance", psd_tolerance)
     o = ode(setup, bank=bank, form=form)
     solver = with_progress(solver, o.solver, progress)
     if escape is not None:
