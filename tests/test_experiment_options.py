@@ -48,7 +48,7 @@ BAD = [
     ("qkov-ratio-sweep", {"n_ratios": "2"}, r"n_ratios must be an integer >= 3, got 2$"),
     ("qkov-ratio-sweep", {"matched_losses": "[0.1, 5]"}, r"matched_losses must lie below the initial loss L\(0\)"),
     ("qkov-optimal-ratio", {"ratio_max": "0.001"}, r"ratio_max must exceed ratio_min = 0\.01, got 0\.001$"),
-    ("focus-cycle", {"pi": "[0.5, 0.6]"}, r"pi must sum to 1, got sum 1\.1 \(pi = \[0\.5, 0\.6\]\)$"),
+    ("focus-cycle", {"pi": "[0.5, 0.6]"}, r"pi must sum to 1 within 1e-12, got sum 1\.1 \(pi = \[0\.5, 0\.6\]\)$"),
     ("focus-cycle", {"lam": "-1"}, r"lam must lie in \[-0\.010101, 1\] for pi = \[0\.75, 0\.19, 0\.05, 0\.01\] .*-1$"),
     ("focus-cycle", {"eps": "2"}, r"eps \(initial scale\) must lie in \(0, 1\), got 2$"),
     ("focus-finite", {"seeds": "0"}, r"seeds must be an integer >= 1, got 0$"),
@@ -101,7 +101,7 @@ def test_focus_chain_messages_show_plain_numbers():
 
     with pytest.raises(ValueError, match=r"^lam must lie in \[-0\.010101, 1\] for this pi, got -1$"):
         MarkovChain.lazy((0.75, 0.19, 0.05, 0.01), np.float64(-1.0))
-    with pytest.raises(ValueError, match=r"^pi must sum to 1, got sum 1\.1 \(pi = \[0\.5, 0\.6\]\)$"):
+    with pytest.raises(ValueError, match=r"^pi must sum to 1 within 1e-12, got sum 1\.1 \(pi = \[0\.5, 0\.6\]\)$"):
         MarkovChain.lazy(np.asarray([0.5, 0.6]), 0.5)
     with pytest.raises(ValueError, match=r"^pi must be strictly positive; entry 1 is -0\.5$"):
         MarkovChain.lazy(np.asarray([1.5, -0.5]), 0.5)

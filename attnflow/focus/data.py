@@ -86,10 +86,10 @@ def check_pi(pi: Any, tol: float = CHAIN_TOL) -> None:
         if single:
             hint = "; pi is float32, rounded to 1e-7: build it (or the Setup holding it) after attnflow.enable_x64()"
         elif abs(pi.sum() - 1.0) < _ROUNDING_MISS:
-            hint = f"; the tolerance is {tol:g}: normalise pi first (pi / pi.sum())"
+            hint = "; normalise pi first (pi / pi.sum())"
         else:
             hint = ""
-        raise ValueError(f"pi must sum to 1, got sum {float(pi.sum()):.15g} (pi = {pi.tolist()}){hint}")
+        raise ValueError(f"pi must sum to 1 within {tol:g}, got sum {float(pi.sum()):.15g} (pi = {pi.tolist()}){hint}")
 
 
 def lazy_lam_min(pi: Any) -> float:
@@ -112,7 +112,7 @@ def _check_chain(pi: np.ndarray, P: np.ndarray, tol: float) -> None:
     rows = np.abs(P.sum(axis=1) - 1.0)
     if np.any(rows > tol):
         i = int(np.argmax(rows))
-        raise ValueError(f"rows of P must sum to 1; row {i} sums to {float(P[i].sum()):.15g}")
+        raise ValueError(f"rows of P must sum to 1 within {tol:g}; row {i} sums to {float(P[i].sum()):.15g}")
     stat = np.abs(pi @ P - pi)
     if np.any(stat > tol):
         k = int(np.argmax(stat))
