@@ -31,6 +31,7 @@ from .observe import state_observables as state_observables
 from .observe import weight_observables as weight_observables
 from .setup import HERMITE_BUDGET as HERMITE_BUDGET
 from .setup import KINK_TOLERANCE as KINK_TOLERANCE
+from .setup import NOISE_POINTS as NOISE_POINTS
 from .setup import GaussHermite as GaussHermite
 from .setup import MonteCarlo as MonteCarlo
 from .setup import Quadrature as Quadrature
@@ -71,6 +72,7 @@ __all__ = [
     "DEFAULT_SOLVER",
     "DEFAULT_TRAIN_SAVE",
     "HERMITE_BUDGET",
+    "NOISE_POINTS",
     "KINK_TOLERANCE",
     "NODE_CHUNK",
     "OBSERVABLES",

@@ -28,6 +28,7 @@ import numpy as np
 
 from .. import _validate as V
 from ..expect import hermite_rule
+from ..options import _caller_outside_attnflow
 from ..setup import AbstractSetup
 from .data import DataModel, GaussianInputs, SingleLocation
 
@@ -43,10 +44,16 @@ __all__ = [
     "soft_committee",
     "erf_activation",
     "HERMITE_BUDGET",
+    "NOISE_POINTS",
 ]
 
 HERMITE_BUDGET = 2**16
 """The largest tensor-product Gauss-Hermite grid the default quadrature uses (``n**d`` nodes)."""
+
+NOISE_POINTS = 8
+"""Gauss-Hermite nodes of the label-noise coordinate in `default_quadrature` for a loss other
+than `squared_loss` (exact for integrands of degree ``< 16`` in the noise); `squared_loss` makes
+every integrand a polynomial of degree ``<= 2`` in it, exact with 2 nodes."""
 
 
 def squared_loss(y_hat: jax.Array, y: jax.Array) -> jax.Array:
@@ -69,10 +76,11 @@ def soft_committee(lam: jax.Array, v: Any = None) -> jax.Array:
 
 class Quadrature(eqx.Module):
     """How the Gaussian expectations over ``(lambda, nu[, xi])`` are computed: `GaussHermite`,
-    `SparseGaussHermite`, `QuasiMonteCarlo` or `MonteCarlo`. `rule` gives nodes of ``N(0, I_d)``
-    and their weights."""
+    `SparseGaussHermite`, `QuasiMonteCarlo` or `MonteCarlo`. ``rule(dim, noise)`` gives nodes of
+    ``N(0, I_dim)`` and their weights; ``noise=True`` says the last coordinate is the label noise
+    ``xi`` (`GaussHermite` gives it its own number of nodes)."""
 
-    def rule(self, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    def rule(self, dim: int, noise: bool = False) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
 
 
@@ -101,31 +109,49 @@ class GaussHermite(Quadrature):
     """Tensor-product Gauss-Hermite quadrature with ``points`` nodes per dimension
     (`attnflow.expect.hermite_rule`): ``points**d`` nodes, exact for polynomials of degree
     ``< 2 points`` in each coordinate. For small ``d = K + M`` (+1 with label noise).
-    ``scale < 1`` compresses the nodes (`scaled_rule`): faster convergence for ``erf``-like units."""
+    ``scale < 1`` compresses the nodes (`scaled_rule`): faster convergence for ``erf``-like units.
+    ``noise_points``: nodes of the label-noise coordinate ``xi`` (default ``points``), a plain
+    rule (never compressed): ``points**(d - 1) * noise_points`` nodes with label noise."""
 
     points: int = eqx.field(static=True, default=20)
     scale: float = eqx.field(static=True, default=1.0)
+    noise_points: int | None = eqx.field(static=True, default=None)
 
     def __check_init__(self):
         V.positive_int("points", self.points, minimum=2)
         _scale(self.scale)
+        if self.noise_points is not None:
+            V.positive_int("noise_points", self.noise_points, minimum=1)
 
-    def rule(self, dim):
-        if self.points**dim > 10_000_000:
+    def rule(self, dim, noise=False):
+        dim = V.positive_int("dim", dim)
+        if noise and dim < 2:
+            raise ValueError(f"a rule with label noise needs dim >= 2 (fields and the noise), got {dim}")
+        fields = dim - 1 if noise else dim
+        xi_points = (self.points if self.noise_points is None else self.noise_points) if noise else 1
+        count = self.points**fields * xi_points
+        shape = f"{self.points}**{fields}" + (f" * {xi_points} (label noise)" if noise else "")
+        if count > 10_000_000:
             raise ValueError(
-                f"GaussHermite(points={self.points}) in d = {dim} dimensions makes {self.points}**{dim} nodes; "
-                "use fewer points or MonteCarlo"
+                f"{self!r} in d = {dim} dimensions makes {shape} nodes; use fewer points or QuasiMonteCarlo"
             )
-        if self.points**dim > 2 * HERMITE_BUDGET:
+        if count > 2 * HERMITE_BUDGET:
             # every evaluation of the field sums over all nodes: a solve makes hundreds of them
             warnings.warn(
-                f"GaussHermite(points={self.points}) in d = {dim} dimensions makes {self.points**dim:,} nodes, "
-                f"{self.points**dim / HERMITE_BUDGET:.1f} times the default budget HERMITE_BUDGET = "
+                f"{self!r} in d = {dim} dimensions makes {count:,} nodes ({shape}), "
+                f"{count / HERMITE_BUDGET:.1f} times the default budget HERMITE_BUDGET = "
                 f"{HERMITE_BUDGET:,}: every evaluation of the field sums over them all. Fewer points with "
-                "scale=0.8 (erf-like units), SparseGaussHermite or MonteCarlo cost less",
-                stacklevel=2,
+                "scale=0.8 (erf-like units), SparseGaussHermite or QuasiMonteCarlo cost less",
+                stacklevel=_caller_outside_attnflow(),
             )
-        return scaled_rule(*hermite_rule(self.points, dim), self.scale)
+        z, w = scaled_rule(*hermite_rule(self.points, fields), self.scale)
+        if not noise:
+            return z, w
+        x, wx = hermite_rule(xi_points, 1)
+        return (
+            np.concatenate([np.repeat(z, xi_points, axis=0), np.tile(x, (z.shape[0], 1))], axis=1),
+            np.outer(w, wx).reshape(-1),
+        )
 
 
 class SparseGaussHermite(Quadrature):
@@ -146,7 +172,7 @@ class SparseGaussHermite(Quadrature):
         V.positive_int("level", self.level, minimum=1)
         _scale(self.scale)
 
-    def rule(self, dim):
+    def rule(self, dim, noise=False):
         if self.level < dim:
             raise ValueError(f"SparseGaussHermite(level={self.level}) needs level >= d = {dim}")
         return scaled_rule(*smolyak_hermite_rule(self.level, dim), self.scale)
@@ -214,7 +240,7 @@ class MonteCarlo(Quadrature):
             raise ValueError(f"samples must be even (antithetic pairs), got {self.samples}")
         V.positive_int("seed", self.seed, minimum=0)
 
-    def rule(self, dim):
+    def rule(self, dim, noise=False):
         z = np.random.default_rng(self.seed).standard_normal((self.samples // 2, dim))
         z = np.concatenate([z, -z])
         return z, np.full(self.samples, 1.0 / self.samples)
@@ -238,7 +264,7 @@ class QuasiMonteCarlo(Quadrature):
             raise ValueError(f"samples must be a power of 2 (a balanced Sobol sequence), got {self.samples}")
         V.positive_int("seed", self.seed, minimum=0)
 
-    def rule(self, dim):
+    def rule(self, dim, noise=False):
         from scipy.special import ndtri
         from scipy.stats import qmc
 
@@ -273,13 +299,24 @@ def check_realisable(R: Any, Q: Any, T: Any, names: tuple[str, str] = ("R", "Q")
         )
 
 
-def default_quadrature(dim: int) -> Quadrature:
+def default_quadrature(dim: int, noise_points: int | None = None) -> Quadrature:
     """`GaussHermite` with as many points as `HERMITE_BUDGET` allows when that is at least 12 per
-    dimension (``d <= 4``: 16 points, about 1e-6 for smooth activations), else `QuasiMonteCarlo`
+    dimension (``d <= 4``: 16 points, about 1e-6 for ``erf`` units), else `QuasiMonteCarlo`
     with ``2^16`` points (for the ``K = 3, M = 2`` erf committee, ``d = 5``: within ``7e-5`` of the
-    closed form, where `MonteCarlo` of as many draws is within ``6e-3``)."""
-    n = int(np.floor(HERMITE_BUDGET ** (1.0 / dim) + 1e-9))
-    return GaussHermite(min(n, 40)) if n >= 12 else QuasiMonteCarlo()
+    closed form, where `MonteCarlo` of as many draws is within ``6e-3``).
+
+    ``noise_points``: with label noise, the nodes of its coordinate (``dim`` counts it); the
+    budget left, ``HERMITE_BUDGET / noise_points``, goes to the ``dim - 1`` fields (the setup
+    passes 2 for `squared_loss`, exact, else `NOISE_POINTS`)."""
+    dim = V.positive_int("dim", dim)
+    if noise_points is None:
+        n = int(np.floor(HERMITE_BUDGET ** (1.0 / dim) + 1e-9))
+        return GaussHermite(min(n, 40)) if n >= 12 else QuasiMonteCarlo()
+    noise_points = V.positive_int("noise_points", noise_points)
+    if dim < 2:
+        raise ValueError(f"a rule with label noise needs dim >= 2 (fields and the noise), got {dim}")
+    n = int(np.floor((HERMITE_BUDGET / noise_points) ** (1.0 / (dim - 1)) + 1e-9))
+    return GaussHermite(min(n, 40), noise_points=noise_points) if n >= 12 else QuasiMonteCarlo()
 
 
 _GRADIENT_PROBES = 8
@@ -466,6 +503,7 @@ class Setup(AbstractSetup):
     data: DataModel
     quadrature: Quadrature = eqx.field(static=True)
     minibatch: int = eqx.field(static=True)
+    _default_rule: bool = eqx.field(static=True)  # quadrature left out: `replace` lets it follow the model
 
     def __init__(
         self,
@@ -500,8 +538,14 @@ class Setup(AbstractSetup):
         if not isinstance(data, DataModel):
             raise ValueError(f"data must be GaussianInputs() or SingleLocation(...), got {data!r:.80}")
         self.data = data
+        self._default_rule = quadrature is None
         if quadrature is None:
-            quadrature = default_quadrature(self.dim) if self.R0.ndim == 2 else GaussHermite()
+            if self.R0.ndim != 2:  # refused by validate, naming R0
+                quadrature = GaussHermite()
+            elif self.noise is None:
+                quadrature = default_quadrature(self.dim)
+            else:
+                quadrature = default_quadrature(self.dim, 2 if self.loss is squared_loss else NOISE_POINTS)
         if not isinstance(quadrature, Quadrature):
             raise ValueError(
                 "quadrature must be GaussHermite(...), SparseGaussHermite(...), QuasiMonteCarlo(...) or "
@@ -514,10 +558,10 @@ class Setup(AbstractSetup):
     def replace(self, **changes: Any) -> Setup:
         """A copy with the named fields replaced, validated (as every package's ``Setup.replace``;
         values may be traced). A ``T`` or ``quadrature`` left to its default follows the new
-        sizes: a ``T`` that is the identity stays the identity of the new ``M``, a quadrature
-        that is `default_quadrature` of the old `dim` becomes that of the new one (with
-        ``noise`` added, say)."""
-        fields = list(self.__dataclass_fields__)
+        model: a ``T`` that is the identity stays the identity of the new ``M``, a quadrature
+        left out at construction is the default of the new `dim`, noise and loss
+        (`default_quadrature`); a quadrature given is kept."""
+        fields = [name for name in self.__dataclass_fields__ if not name.startswith("_")]
         unknown = sorted(set(changes) - set(fields))
         if unknown:
             raise ValueError(f"Setup has no field {unknown}; fields: {sorted(fields)}")
@@ -525,7 +569,7 @@ class Setup(AbstractSetup):
         T = self.T
         if not V.any_traced(T) and np.array_equal(np.asarray(T), np.eye(T.shape[0])):
             given["T"] = None
-        if self.R0.ndim == 2 and self.quadrature == default_quadrature(self.dim):
+        if self._default_rule:
             given["quadrature"] = None
         given.update(changes)
         return Setup(**given)
@@ -627,7 +671,7 @@ class Setup(AbstractSetup):
                     "converges slowly there (a 2-unit ReLU student with a tanh teacher under GaussHermite(16): dR/dt "
                     "off by up to 9e-4, 1.6%, an entry of dQ/dt by 1.3e-3, half of it): "
                     "use quadrature=derive.QuasiMonteCarlo(2**18), or compare derive.field under both rules",
-                    stacklevel=3,
+                    stacklevel=_caller_outside_attnflow(),
                 )
         if isinstance(self.data, GaussianInputs) and _per_model(_frozen_model, *model, v_shape):
             raise ValueError(

@@ -70,7 +70,7 @@ def rule(setup: Setup) -> Rule:
     """The nodes and weights of ``setup.quadrature`` in ``setup.dim`` dimensions, as arrays (data,
     so a jitted field does not bake them in); with `SingleLocation` data each node also carries
     its amplitudes ``theta`` and signal location (`attnflow.derive.DataModel.nodes`)."""
-    z, w = setup.quadrature.rule(setup.dim)
+    z, w = setup.quadrature.rule(setup.dim, setup.noise is not None)
     return setup.data.nodes(z, w, setup.quadrature)
 
 
@@ -197,10 +197,19 @@ def _state(setup: Setup, R: Any, Q: Any, v: Any, where: str) -> tuple[Any, Any, 
         raise ValueError(f"Q must have shape (K, K) = {setup.Q0.shape}, got {Q.shape}")
     if (v is None) != (setup.v0 is None):
         raise ValueError(f"v must be given exactly when the setup has a readout v0; got v = {V.show(v)}")
+    if v is not None:
+        v = V.floats("v", v)
+        if v.shape != setup.v0.shape:
+            raise ValueError(f"v must have the shape of the setup's v0, {setup.v0.shape}, got {v.shape}")
     if not V.any_traced((R, Q, setup.T)):
+        # NaN passes the realisability test (eigvalsh of NaN is NaN, and NaN < tol is False)
+        V.finite_tree("R", R)
+        V.finite_tree("Q", Q)
         # as the setup's R0, Q0 (else the quadrature returns numbers for fields no weights have)
         check_realisable(R, Q, setup.T, where=where)
-    return R, Q, (None if v is None else V.floats("v", v))
+    if v is not None:
+        V.finite_tree("v", v)
+    return R, Q, v
 
 
 @filter_jit
