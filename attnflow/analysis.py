@@ -20,6 +20,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Real
 
 from . import _validate as V
+from .options import _caller_outside_attnflow
 from .trajectory import Trajectory
 
 __all__ = [
@@ -302,6 +303,6 @@ def fit_power_law(
             f"fit_power_law: left out {int((~ok).sum())} of {ok.size} points that are not positive and finite "
             "(a fit in log-log needs x > 0 and y > 0)",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=_caller_outside_attnflow(),
         )
     return fit_line(np.log(x[ok]), np.log(y[ok]), level)

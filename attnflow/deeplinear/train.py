@@ -16,7 +16,7 @@ from .._errors import warn_traced
 from .._jit import filter_jit
 from .._keywords import keyword_hints
 from ..optim import label_by_path, per_circuit
-from ..options import LinearGrid, SaveGrid, TimeGrid, train_steps
+from ..options import LinearGrid, SaveGrid, TimeGrid, _caller_outside_attnflow, train_steps
 from ..simulate import FullBatch, OnlineSGD, run_training, simulate
 from .model import TwoLayerLinear
 from .observe import model_observables
@@ -102,7 +102,7 @@ def train(
             warnings.warn(
                 f"gradient descent with eta dt s_max = {rate:.3g} >= 1: it does not converge to u = s "
                 "(it oscillates or diverges); lower eta or dt",
-                stacklevel=2,
+                stacklevel=_caller_outside_attnflow(),
             )
     else:  # a sweep over eta: the point keeps its values and the sweep names it (SweepResult.warnings)
         warn_traced(lambda: setup.eta * dt * jnp.max(setup.s) >= 1.0, unstable)

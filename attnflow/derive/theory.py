@@ -36,7 +36,7 @@ from .. import _validate as V
 from .._jit import filter_jit
 from .._keywords import keyword_hints
 from ..ode import ODE, crossing_time, require_x64
-from ..options import LogGrid, SaveGrid, SolverOptions
+from ..options import LogGrid, SaveGrid, SolverOptions, _caller_outside_attnflow
 from ..trajectory import Trajectory
 from .setup import Setup, check_realisable, realisability_gap
 
@@ -387,7 +387,7 @@ def plateau(setup: Setup, *, t_guess: float | None = None, rule: Rule | None = N
         warnings.warn(
             f"derive.plateau: the symmetric point is stable (lambda_max = {float(lam):.3g} <= 0): there is no "
             "plateau to escape from here (with K = 1 or a matched student it is the minimum)",
-            stacklevel=2,
+            stacklevel=_caller_outside_attnflow(),
         )
     return Plateau(y, generalisation_error(sym, y["R"], y["Q"], y.get("v"), rl), lam)
 
@@ -410,7 +410,7 @@ def _check_plateau(sym: Setup, y: dict) -> None:
             f"derive.plateau: the point found is not permutation-symmetric (entries differ by {spread:.2g}); "
             f"with {type(sym.quadrature).__name__} the field itself breaks the symmetry (a Monte Carlo bank is "
             "not invariant under permutations of the students): use GaussHermite or SparseGaussHermite",
-            stacklevel=3,
+            stacklevel=_caller_outside_attnflow(),
         )
 
 

@@ -15,7 +15,7 @@ import optax
 from .. import _validate as V
 from .._jit import filter_jit
 from .._keywords import keyword_hints
-from ..options import LogGrid, SaveGrid, TimeGrid, train_steps
+from ..options import LogGrid, SaveGrid, TimeGrid, _caller_outside_attnflow, train_steps
 from ..simulate import OnlineSGD, run_training, simulate
 from .data import MarkovChain, random_windows
 from .model import OneLayerAttention, next_token_loss
@@ -108,7 +108,7 @@ def _warn_slow_mixing(setup: Setup, context: int) -> None:
             f"than {MIXING_FRACTION:g} of the context ({context}): a sequence's key counts are not proportional to "
             "pi, so train departs from solve's population flow (a lazy chain with lam near 1; use a longer context "
             "or a faster-mixing chain)",
-            stacklevel=3,
+            stacklevel=_caller_outside_attnflow(),
         )
 
 

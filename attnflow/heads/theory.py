@@ -38,7 +38,7 @@ from .._keywords import keyword_hints
 from ..analysis import first_crossing
 from ..expect import all_permutations, antithetic_copies, cyclic_permutations, permuted_copies, psd_sqrt
 from ..ode import ODE, DivergenceError, integrate, observable_event, require_x64, with_progress
-from ..options import LinearGrid, SaveGrid, SolverOptions
+from ..options import LinearGrid, SaveGrid, SolverOptions, _caller_outside_attnflow
 from ..saddle import Spectrum, escape_time, fixed_point, spectrum
 from ..trajectory import Trajectory
 from .data import Prior
@@ -807,7 +807,7 @@ def unspecialised_point(
                 f"of {setup.H}; first row of Q {row}). The equal-heads field has such roots besides the plateau, and "
                 "the ODE need not come near them: check the point against a solve's plateau, or linearise on the "
                 f"flow's own state: {_ON_THE_FLOW}",
-                stacklevel=2,
+                stacklevel=_caller_outside_attnflow(),
             )
         elif setup.H > 1:
             rates = np.abs(np.real(np.linalg.eigvals(np.asarray(jax.jacfwd(field, argnums=1)(0.0, z, (dyn, like))))))
@@ -817,7 +817,7 @@ def unspecialised_point(
                     f"(first row of Q {row}) at rate {rates.min():.2g}, against {rates.max():.2g} in its fastest "
                     "direction: a curve of near-roots, along which the flow's plateau drifts without reaching this "
                     f"point. Its escape rate need not be the flow's; linearise on the flow's own state: {_ON_THE_FLOW}",
-                    stacklevel=2,
+                    stacklevel=_caller_outside_attnflow(),
                 )
     return y
 

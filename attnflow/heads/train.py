@@ -18,7 +18,7 @@ from .._jit import filter_jit
 from .._keywords import keyword_hints
 from ..expect import psd_sqrt
 from ..optim import label_by_path, per_circuit
-from ..options import LinearGrid, SaveGrid, TimeGrid, train_steps
+from ..options import LinearGrid, SaveGrid, TimeGrid, _caller_outside_attnflow, train_steps
 from ..simulate import OnlineSGD, check_start, run_training, simulate
 from .data import SingleLocationTask
 from .model import MultiHead, sample_loss
@@ -99,7 +99,7 @@ def _default_D(setup: Setup) -> int:
             f"inside a sweep or jit holds tracers, even for a literal D), and the network's size must be "
             f"concrete: training at REFERENCE_D = {REFERENCE_D}. Pass train(setup, t1, D=...) (the draw's D), "
             "or build the setup outside the swept function",
-            stacklevel=3,
+            stacklevel=_caller_outside_attnflow(),
         )
         return REFERENCE_D
     return int(round(float(D)))
