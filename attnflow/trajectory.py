@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._io import json_default, optional_import, save_arrays
+from .options import _caller_outside_attnflow
 
 __all__ = ["Trajectory", "compare", "versions", "flatten_names", "name_list"]
 
@@ -439,6 +440,11 @@ class Trajectory:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Trajectory:
+        """A trajectory written by `save` (``path`` with or without ``.npz``; the metadata from
+        ``path.json`` when it is there). Arrays load as JAX arrays: float64 ones (the ``attnflow``
+        command saves theory in float64) stay float64 with JAX's 64-bit mode on; with it off they
+        are rounded to float32 and a ``UserWarning`` names them and `attnflow.enable_x64`.
+        ``FileNotFoundError`` when there is no file, ``ValueError`` when it is not a saved trajectory."""
         path = _npz_path(path)
         if not path.exists():
             raise FileNotFoundError(f"no saved trajectory at {path}")
@@ -461,7 +467,25 @@ class Trajectory:
                 raise ValueError(
                     f"{meta_path} is not the metadata of an attnflow trajectory ({type(err).__name__}: {err})"
                 ) from None
+        _warn_if_narrowed(path, {"ts": ts, **ys, "t_event": t_event, **{f"stats[{k!r}]": v for k, v in stats.items()}})
         return cls(ts, ys, meta, t_event, stats)
+
+
+def _warn_if_narrowed(path: Path, arrays: Mapping[str, Any]) -> None:
+    """A ``UserWarning`` naming the arrays of a saved trajectory that JAX would round from 64 to
+    32 bits (its 64-bit mode off): the CLI saves theory in float64, and rounding it to float32 on
+    load would silently turn a 1e-10 agreement with a closed form into 1e-7."""
+    if jax.dtypes.canonicalize_dtype(np.float64) == np.float64:
+        return
+    wide = [k for k, v in arrays.items() if v is not None and v.dtype in (np.float64, np.complex128)]
+    if wide:
+        shown = ", ".join(wide[:4]) + (f" and {len(wide) - 4} more" if len(wide) > 4 else "")
+        warnings.warn(
+            f"{path} holds float64 arrays ({shown}) but JAX's 64-bit mode is off, so they load as float32 "
+            "(rounded to about 7 digits): call attnflow.enable_x64() at the start of the program, or load inside "
+            "`with jax.enable_x64(True):`, to keep float64 (np.load reads the file as saved)",
+            stacklevel=_caller_outside_attnflow(),
+        )
 
 
 def _npz_path(path: str | os.PathLike) -> Path:

@@ -1158,3 +1158,45 @@ def test_a_keyword_of_another_package_is_answered_with_this_ones_way(verb, key, 
     with pytest.raises(TypeError, match=message):
         fn(None, 1.0, **{key: 1})
     assert list(inspect.signature(fn).parameters)[:2] == ["setup", "t1"]  # the verb's own signature
+
+
+def test_focus_finite_figure_keeps_its_legends_off_the_data():
+    """``focus-finite``'s figure: the stage markers (on all three panels) are named in one legend
+    below the panels, outside every panel; the first panel's own legend crosses none of its curves,
+    bands or markers (a legend of five long entries there hid the Stage I drop); the SGD entry has
+    one pair of parentheses."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    import attnflow.focus.experiments  # noqa: F401  (registers the experiments)
+    from attnflow.registry import get_experiment
+
+    small = {"m": 2, "mk": 2, "seeds": 2, "n_save": 10, "context": 32, "batch": 4, "dt": 0.2, "t_end": 40.0}
+    rep = get_experiment("focus-finite").run(small, quiet=True)
+    fig = rep.figures["flow_vs_sgd"]
+    FigureCanvasAgg(fig).draw()
+    row = "time of Stage I escape (log d plateau) from t = 0: predicted (R8) T_I, measured (SGD), ratio"
+    t_sgd = rep.summary[row][1]
+    (below,) = fig.legends
+    assert [t.get_text() for t in below.get_texts()] == [
+        "Stage I escape (log d plateau): theory (R8) t=15",
+        f"Stage I escape (log d plateau): SGD t={t_sgd:.3g} (mean of 2)",
+        "Stage II escape (H(pi) plateau): theory (R8) t=102 (off the axis)",  # t_end = 40
+    ]
+    box = below.get_window_extent()
+    assert box.y0 >= 0 and not [ax for ax in fig.axes if box.overlaps(ax.get_window_extent())]
+    for ax in fig.axes:
+        inner = ax.get_legend()
+        assert [t.get_text() for t in inner.get_texts()] == [
+            "population flow: solve",
+            "online SGD: train (mean, min-max of 2)",
+        ]
+    ax = fig.axes[0]
+    inner = ax.get_legend().get_window_extent()
+    drawn = [ln for ln in ax.lines if len(ln.get_xydata())] + list(ax.collections)
+    assert len(drawn) == 8  # the flow, the SGD mean, Stage I's theory line, per seed a line and a triangle, the band
+    hidden = []
+    for artist in drawn:
+        for path in artist.get_paths() if hasattr(artist, "get_paths") else [artist.get_path()]:
+            if artist.get_transform().transform_path(path).intersects_bbox(inner, filled=False):
+                hidden.append(artist.get_label())
+    assert not hidden

@@ -1,6 +1,7 @@
 """Trajectory, integrate, simulate, optim, expect, plot: behaviour and bad input."""
 
 import json
+import re
 import warnings
 
 import jax
@@ -33,6 +34,39 @@ def test_trajectory_roundtrip_and_interp(tmp_path):
     assert tr.select("a").names == ("a",)
     np.testing.assert_array_equal(tr.final()["b"], [1.0, -1.0])
     assert not list(tmp_path.glob("*.tmp"))  # atomic writes leave no temporaries
+
+
+def test_load_of_float64_without_x64_warns_naming_the_arrays_and_enable_x64(tmp_path):
+    """A float64 file (as the CLI writes theory) loads as float64 with JAX's 64-bit mode on; with it
+    off JAX rounds it to float32, and the load says so (the rounding is 1e-8 relative, not 1e-16)."""
+    ts = np.linspace(0.0, 1.0, 5)
+    u = 1.0 / 3.0 + ts  # 1/3 is not a float32: the rounding shows
+    steps = np.arange(5)  # integer stats and observables are no loss of precision: not named
+    p = af.Trajectory(ts, {"u": u, "steps": steps}, t_event=0.5, stats={"num_steps": 7}).save(tmp_path / "theory")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        back = af.Trajectory.load(p)
+    assert back["u"].dtype == np.float64 and back.ts.dtype == np.float64
+    np.testing.assert_array_equal(back["u"], u)
+    message = (
+        rf"^{re.escape(str(p))} holds float64 arrays \(ts, u, t_event\) but JAX's 64-bit mode is off, so they load "
+        r"as float32 \(rounded to about 7 digits\): call attnflow.enable_x64\(\) at the start of the program, or load "
+        r"inside `with jax.enable_x64\(True\):`, to keep float64 \(np.load reads the file as saved\)$"
+    )
+    with jax.enable_x64(False):
+        with pytest.warns(UserWarning, match=message) as seen:
+            low = af.Trajectory.load(p)
+        assert low["u"].dtype == np.float32
+        with pytest.warns(UserWarning, match="holds float64 arrays"):
+            assert af.Trajectory.load(p.with_suffix("")).names == ("u", "steps")  # the name without .npz too
+    assert seen[0].filename == __file__  # the warning points at the caller's load
+    rel = np.abs(np.asarray(low["u"], np.float64) - u) / u
+    assert 1e-9 < rel.max() < 6e-8  # float32 rounding: what the warning is about
+    # a float32 file loses nothing in a float32 session: no warning
+    p32 = af.Trajectory(ts.astype(np.float32), {"u": u.astype(np.float32)}).save(tmp_path / "sim")
+    with jax.enable_x64(False), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert af.Trajectory.load(p32)["u"].dtype == np.float32
 
 
 def test_trajectory_is_a_pytree_and_batches():

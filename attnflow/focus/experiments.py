@@ -118,9 +118,9 @@ def _stage_crossings(ts, loss, pred: dict) -> dict[str, np.ndarray]:
 
 
 def _mark_stages(rep: Report, fig, pred: dict, measured: dict, n_panels: int, label: str, prefix: str = "") -> None:
-    """Mark predicted and measured stage ends on the first ``n_panels`` panels of ``fig`` (legend on
-    the first) and list them in the summary."""
-    for i, ax in enumerate(fig.axes[:n_panels]):
+    """Mark predicted and measured stage ends on the first ``n_panels`` panels of ``fig``, named in
+    one legend below the panels, and list them in the summary."""
+    for ax in fig.axes[:n_panels]:
         rows = mark_times(
             ax,
             _stage_times(pred),
@@ -128,9 +128,13 @@ def _mark_stages(rep: Report, fig, pred: dict, measured: dict, n_panels: int, la
             colors=["C4", "C1"],
             theory_label="theory (R8)",
             measured_label=label,
-            legend=i == 0,
-            legend_kw={"fontsize": 7, "loc": "center left"},
+            legend=False,
         )
+    # the markers are on every panel; their long entries inside a panel hid the drops they mark
+    handles, names = fig.axes[0].get_legend_handles_labels()
+    marks = [(h, n) for h, n in zip(handles, names, strict=True) if n.startswith(_STAGE_EVENTS)]
+    if marks:  # a legend fills its columns first: with both times of both stages, one column per stage
+        fig.legend(*zip(*marks, strict=True), loc="outside lower center", ncols=2, fontsize=7)
     for (k, row), when in zip(rows.items(), ("T_I", "T_I + T_II"), strict=True):
         rep.summary[f"{prefix}time of {k} from t = 0: predicted (R8) {when}, measured ({label}), ratio"] = list(row)
 
@@ -373,8 +377,8 @@ def focus_finite(cfg: FiniteConfig, quiet: bool) -> Report:
         log_time=True,
         log_y=("norm_M",),
         labels={"loss": "population loss", "entropy": "pi-weighted attention entropy", "norm_M": "|W0 W1|"},
-        theory_label="population flow (solve)",
-        simulation_label="online SGD (train)",
+        theory_label="population flow: solve",
+        simulation_label="online SGD: train",  # overlay adds "(mean, min-max of N)"
         time_label="t = dt * step",
         title=f"Population flow vs finite-context SGD (s = {cfg.context}, batch {cfg.batch}, dt = {cfg.dt})",
         ncols=3,
