@@ -4,7 +4,10 @@ One error boundary: every failure is one line on stderr naming what was wrong an
 do, with exit status 2 for bad input (options, paths, sizes) and 1 for a run that failed
 (a divergence, a solver that gave up) or whose checks failed; ``--debug`` shows the
 traceback instead. Ctrl-C prints one line and exits with status 130; SIGTERM (what Slurm
-sends a preempted or timed-out job) takes the same path and exits with status 143.
+sends a preempted or timed-out job) takes the same path and exits with status 143 (before
+`main` takes them over, while JAX is imported, the console script's entry point,
+``attnflow_command``, prints the same line and exits at once). A warning is shown as one line,
+``attnflow: warning: MESSAGE``, without the file and line that raised it.
 
 Results are written to a temporary folder beside ``--out`` and moved into place when the
 run is complete, so ``--out`` holds the previous complete run or the new one, never a mix
@@ -30,6 +33,7 @@ import tempfile
 import threading
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +48,14 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 
 _STOPPING = threading.Event()  # set once main has caught the interrupt: no more re-delivery
+
+
+def _format_warning(message: Any, category: type[Warning], filename: str, lineno: int, line: str | None = None) -> str:
+    """A warning as the command shows it: ``attnflow: warning: MESSAGE`` (``CATEGORY: MESSAGE`` when
+    it is not a plain ``UserWarning``), without the file and line that raised it: for the command's
+    user that is a line inside attnflow or a library, not something to act on."""
+    text = str(message) if category is UserWarning else f"{category.__name__}: {message}"
+    return f"attnflow: warning: {text}\n"
 
 
 SWEEPS = ".attnflow-sweeps"  # OUT/SWEEPS/NAME/sweep-k: the chunks of a run's sweeps, kept between runs
@@ -281,8 +293,14 @@ def _run_one(exp, overrides, stage: Path, quiet: bool, sweeps=None) -> dict:
     with sweeps if sweeps is not None else contextlib.nullcontext([]) as log:
         report = exp.run(overrides, quiet=quiet)
     report.environment["command"] = list(_COMMAND)
-    report.environment["resumed_chunks"] = sum(e["loaded"] for e in log)
     loaded = sum(e["loaded"] for e in log)
+    report.environment["resumed_chunks"] = loaded
+    # what the run's timings cover: the chunks of its sweeps it computed, and those it loaded instead
+    report.environment["sweep_chunks"] = {
+        "total": sum(e["n_chunks"] for e in log),
+        "computed": sum(e["computed"] for e in log),
+        "loaded": loaded,
+    }
     if loaded:
         folder = Path(log[0]["out_dir"]).parent
         line = (
@@ -371,20 +389,28 @@ _COMMAND: list[str] = []  # the command line of this run, recorded in each repor
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``) and return its exit status."""
     argv = _attach_shard_value(sys.argv[1:] if argv is None else list(argv))
     _COMMAND[:] = ["attnflow", *argv]
-    args = _parser(_run_help_options(argv)).parse_args(argv)
-    previous = None
+    args = None
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    handlers: dict[int, Any] = {}  # the signal handlers replaced here, restored on the way out
     unraisablehook = sys.unraisablehook
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
-        _STOPPING.clear()
-        sys.unraisablehook = redelivering_hook(unraisablehook, _STOPPING)
-    try:
+    show = warnings.formatwarning
+    try:  # from the first line: a Ctrl-C while experiments are imported or --help is built is caught too
+        if in_main_thread:
+            _STOPPING.clear()
+            sys.unraisablehook = redelivering_hook(unraisablehook, _STOPPING)
+            handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, _on_sigterm)
+            if getattr(signal.getsignal(signal.SIGINT), "attnflow_early_exit", False):
+                # attnflow_command's handler (exit at once, nothing written yet): Ctrl-C raises from here on
+                handlers[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
+        warnings.formatwarning = _format_warning
+        args = _parser(_run_help_options(argv)).parse_args(argv)
         return _main(args)
     except KeyboardInterrupt as stop:
         _STOPPING.set()
-        if previous is not None:
+        if in_main_thread:
             # a second SIGTERM or Ctrl-C must not cut the clean-up short
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -441,8 +467,10 @@ def main(argv: list[str] | None = None) -> int:
             )
         return EXIT_FAILED if failed else EXIT_BAD_INPUT
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        warnings.formatwarning = show
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        if in_main_thread:
             sys.unraisablehook = unraisablehook
 
 

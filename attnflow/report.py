@@ -16,6 +16,7 @@ import difflib
 import json
 import math
 import numbers
+import re
 import shlex
 import time
 import types
@@ -142,6 +143,9 @@ class Report:
             for k, v in self.timings.items():
                 lines.append(f"| {_cell(k)} | {v:.2f} |")
             lines.append("")
+            reused = _reused_chunks(self.environment.get("sweep_chunks"))
+            if reused:
+                lines += [reused, ""]
         if self.compilations:
             lines.append(
                 f"XLA compilations: {int(self.compilations['count'])}, "
@@ -160,10 +164,11 @@ class Report:
             lines += [
                 f"Ran {env.get('date_utc', '?')} on {env.get('backend', '?')} ({env.get('device_count', '?')} "
                 f"device(s)), Python {env.get('python', '?')}, {env.get('platform', '?')}"
-                + (f"; command: {' '.join(env['command'])}" if env.get("command") else "")
-                + ".",
+                + (", by the command:" if env.get("command") else "."),
                 "",
             ]
+            if env.get("command"):  # shell-quoted, alone in a code block: pasted back, it runs the same
+                lines += [*_code_block(shlex.join(str(a) for a in env["command"])), ""]
         for n in self.notes:
             lines.append(f"- {n}")
         if self.figures:
@@ -207,6 +212,31 @@ def _short(v: Any, most: int = 80) -> str:
 
 def _cut(text: str, most: int = 80) -> str:
     return text if len(text) <= most else text[: most - 4] + " ..."
+
+
+def _reused_chunks(counts: Any) -> str | None:
+    """The sentence under the timings of a run that loaded sweep chunks computed earlier (an interrupted
+    run, the shards of ``--merge``): its timings cover only the chunks it computed. ``counts`` is
+    ``environment["sweep_chunks"]`` (``total``, ``computed``, ``loaded``); None when nothing was loaded."""
+    if not isinstance(counts, Mapping) or not counts.get("loaded"):
+        return None
+    loaded, total, computed = int(counts["loaded"]), int(counts.get("total", 0)), int(counts.get("computed", 0))
+    if not computed:
+        return (
+            f"Timings: this run computed none of its {total} sweep chunks, it loaded them from disk (computed "
+            "earlier), so the timings include no sweep computation."
+        )
+    return (
+        f"Timings: this run computed {computed} of its {total} sweep chunks and loaded {loaded} from disk "
+        "(computed earlier), so the timings cover only part of the sweeps."
+    )
+
+
+def _code_block(text: str) -> list[str]:
+    """``text`` as a fenced markdown code block, its fence longer than any run of backticks in it."""
+    longest = max((len(run) for run in re.findall("`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [f"{fence}bash", text, fence]
 
 
 def _cell(text: Any) -> str:
@@ -432,8 +462,67 @@ def option(default: Any, help: str) -> Any:
 
 
 def option_notes(cls: type) -> dict[str, str]:
-    """``{option: meaning}`` of the configuration dataclass ``cls`` (see `Experiment.option_notes`)."""
-    return {f.name: str(f.metadata["help"]) for f in dataclasses.fields(cls) if "help" in f.metadata}
+    """``{option: meaning}`` of the configuration dataclass ``cls``: each field's ``metadata["help"]``
+    (`option`), else the comment that ends the field's line in the source of ``cls``
+    (``u0: float = 1e-3  # initial strength``; for a field written over several lines, the comment
+    ending its last line), else that of the dataclass ``cls`` inherits the field from (a subclass
+    that changes a default keeps the meaning). Tool directives (``# noqa``, ``# type: ignore``) are
+    no meaning; a class whose source cannot be read has only its ``help``."""
+    comments: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):  # a subclass's own line wins over the one it overrides
+        if dataclasses.is_dataclass(klass):
+            comments.update(_field_comments(klass))
+    notes = {}
+    for f in dataclasses.fields(cls):
+        if "help" in f.metadata:
+            notes[f.name] = str(f.metadata["help"])
+        elif comments.get(f.name):
+            notes[f.name] = comments[f.name]
+    return notes
+
+
+_DIRECTIVES = ("noqa", "type:", "pragma:", "fmt:", "pylint:", "mypy:", "pyright:", "ruff:")
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+    """``{name: comment}`` for each annotated line ``name: T = ...  # comment`` of the class body of
+    ``cls`` (its own source, `inspect.getsource`); empty when the source cannot be read or parsed."""
+    import inspect
+    import io
+    import tokenize
+
+    try:
+        source = inspect.getsource(cls)
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (OSError, TypeError, SyntaxError, tokenize.TokenError):
+        return {}
+    skip = {tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT}
+    out: dict[str, str] = {}
+    depth, body, statement = 0, None, []
+    for tok in tokens:
+        if tok.type == tokenize.INDENT:
+            depth += 1
+        elif tok.type == tokenize.DEDENT:
+            depth -= 1
+        if body is None and tok.type == tokenize.NAME and tok.string == "class":
+            body = depth + 1  # the class statement (decorators come before it): its fields are one level in
+        if tok.type not in (tokenize.NEWLINE, tokenize.ENDMARKER):
+            statement.append(tok)
+            continue
+        words = [t for t in statement if t.type not in skip]
+        if (
+            body is not None
+            and depth == body
+            and len(words) >= 2
+            and words[0].type == tokenize.NAME
+            and words[1].string == ":"
+        ):
+            ending = [t for t in statement if t.type == tokenize.COMMENT and t.start[0] == tok.start[0]]
+            text = ending[-1].string.lstrip("#").strip() if ending else ""
+            if text and not text.lower().startswith(_DIRECTIVES):
+                out[words[0].string] = text
+        statement = []
+    return out
 
 
 def _type_name(tp: Any) -> str:

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import time
 
 import pytest
 
-from attnflow.cli import main
+from attnflow.cli import _parser, main
 
 
 def test_version_and_list(capsys):
@@ -82,6 +83,30 @@ def test_run_writes_outputs(tmp_path, capsys):
         assert len(row.replace("\\|", "").split("|")) - 2 in (2, 4), row
     assert (folder / "modes.png").stat().st_size > 10_000
     assert (folder / "theory.npz").exists() and (folder / "theory.json").exists()
+    # the command line, shell-quoted alone in a code block: pasted back, it is the same command
+    out = shlex.quote(str(tmp_path))
+    line = f"attnflow run deep-linear --set 'dts=[0.02, 0.01]' --set t_end=10 --out {out} --quiet"
+    assert f", by the command:\n\n```bash\n{line}\n```\n" in md
+    words = shlex.split(line)
+    assert words[0] == "attnflow" and _parser().parse_args(words[1:]) == _parser().parse_args(_recorded_argv(summary))
+    assert summary["environment"]["sweep_chunks"] == {"total": 0, "computed": 0, "loaded": 0}
+    assert "Timings: this run" not in md  # deep-linear runs no sweep: its timings are all its own
+
+
+def _recorded_argv(summary):
+    """The command line recorded in ``summary.json``, without its ``attnflow``."""
+    command = summary["environment"]["command"]
+    assert command[0] == "attnflow"
+    return command[1:]
+
+
+def test_a_recorded_command_keeps_its_backticks_inside_the_code_block():
+    from attnflow.report import Report
+
+    command = ["attnflow", "run", "lab", "--set", "label=a```b", "--out", "my out"]
+    md = Report("lab", {}, environment={"command": command}).markdown()
+    assert "by the command:\n\n````bash\nattnflow run lab --set 'label=a```b' --out 'my out'\n````\n" in md
+    assert shlex.split(md.split("````bash\n")[1].split("\n````")[0]) == command
 
 
 @pytest.mark.parametrize(
@@ -296,6 +321,88 @@ def test_ctrl_c_exits_130_and_leaves_out_intact(tmp_path, sig, code, what):
     assert err.strip() == f"attnflow: {what}; --out is unchanged"
     after = {p.name: p.read_bytes() for p in (out / "deep-linear").iterdir()}
     assert after == before and not list(out.glob(".attnflow-*"))
+
+
+# experiments of a user's file, for the command run as its console script does (attnflow_command.main)
+_START_UP_LAB = """
+import time
+import warnings
+from dataclasses import dataclass
+
+from attnflow.report import Report, register
+
+
+@dataclass(frozen=True)
+class Config:
+    seconds: float = 30.0
+
+
+@register("lab-sleepy", config=Config, description="sleeps", sweeps=False)
+def sleepy(cfg, quiet):
+    time.sleep(cfg.seconds)  # far longer than the test waits: every signal comes before the run ends
+    return Report("lab-sleepy", cfg)
+
+
+@register("lab-warner", config=Config, description="warns twice", sweeps=False)
+def warner(cfg, quiet):
+    warnings.warn("t1 = 14 is not a multiple of dt = 0.03", UserWarning, stacklevel=2)
+    warnings.warn("sweep: 1 of 4 grid points failed", RuntimeWarning, stacklevel=2)
+    return Report("lab-warner", cfg)
+"""
+
+_CONSOLE_SCRIPT = "import sys; from attnflow_command import main; sys.exit(main())"
+
+
+def _command(tmp_path, *argv):
+    lab = tmp_path / "start_up_lab.py"
+    lab.write_text(_START_UP_LAB)
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["MPLBACKEND"] = "Agg"
+    argv = [*argv, "--import", str(lab), "--out", str(tmp_path / "out"), "--quiet"]
+    command = [sys.executable, "-c", _CONSOLE_SCRIPT, *argv]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_signal_during_start_up_is_the_one_line_and_its_exit_status(tmp_path):
+    """Ctrl-C or SIGTERM at any moment, also while JAX is imported (where a KeyboardInterrupt is
+    swallowed by JAX's garbage-collection callback or ends the process with a traceback), or
+    while the experiments are imported: the command's one line and exit status 130 (143)."""
+    for sig, after, code, what in [
+        (signal.SIGINT, 0.3, 130, "interrupted"),
+        (signal.SIGINT, 0.7, 130, "interrupted"),
+        (signal.SIGTERM, 1.0, 143, "terminated (SIGTERM)"),
+        (signal.SIGINT, 1.5, 130, "interrupted"),
+    ]:
+        proc = _command(tmp_path, "run", "lab-sleepy")
+        time.sleep(after)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+        assert (proc.returncode, err, out) == (code, f"attnflow: {what}; --out is unchanged\n", ""), after
+        assert not (tmp_path / "out").exists()  # made by the run (if it got so far), left empty: removed
+
+
+def test_the_command_shows_a_warning_as_one_line_without_its_source(tmp_path):
+    proc = _command(tmp_path, "run", "lab-warner")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert err.splitlines() == [
+        "attnflow: warning: t1 = 14 is not a multiple of dt = 0.03",
+        "attnflow: warning: RuntimeWarning: sweep: 1 of 4 grid points failed",
+    ]
+    notes = json.loads((tmp_path / "out" / "lab-warner" / "summary.json").read_text())["notes"]
+    assert notes == [
+        "warning: UserWarning: t1 = 14 is not a multiple of dt = 0.03",
+        "warning: RuntimeWarning: sweep: 1 of 4 grid points failed",
+    ]
+
+
+def test_main_restores_how_python_formats_warnings():
+    import warnings
+
+    before = warnings.formatwarning
+    assert main(["list"]) == 0
+    assert warnings.formatwarning is before
 
 
 def test_library_messages_use_the_commands_option_names():

@@ -55,13 +55,85 @@ def test_import_file_lists_shows_and_runs_it(tmp_path, capsys):
     assert main(["list", "--import", str(path)]) == 0
     assert "lab-a" in capsys.readouterr().out
     assert main(["show", "lab-a", "--import", str(path)]) == 0
-    assert "--set top=3.0" in capsys.readouterr().out
+    assert "  --set top=3.0   float; largest x\n  --set n=8       int; grid points\n" in capsys.readouterr().out
     out = tmp_path / "out"
     assert main(["run", "lab-a", "--import", str(path), "--set", "top=2", "--out", str(out), "--quiet"]) == 0
     s = _summary(out, "lab-a")
     assert s["config"] == {"top": 2.0, "n": 8} and s["passed"]
     assert s["summary"]["sum"] == pytest.approx(sum((2 * i / 7) ** 2 for i in range(8)), rel=1e-12)
     assert get_experiment("lab-a").package == "lab_file_a"
+
+
+# a user's configuration whose options are explained by the comments ending their lines
+COMMENTED = textwrap.dedent(
+    """
+    from dataclasses import dataclass
+
+    from attnflow.report import Report, option, register
+
+
+    @dataclass(frozen=True)
+    class Base:
+        seed: int = 0  # random seed of the data
+        width: int = 3  # columns of the grid
+
+
+    @dataclass(frozen=True)
+    class Config(Base):
+        \"\"\"Options of lab-comments.\"\"\"
+
+        # a comment above a field is not its meaning
+        s: float = 2.0             # mode strength
+        lams: tuple[float, ...] = (
+            0.5,  # an item's comment, not the option's
+            0.7,
+        )  # strengths swept
+        tol: float = option(1e-6, "the check's tolerance")  # metadata wins over this comment
+        width: int = 4  # noqa: E501 (a tool's directive: the meaning stays the base's)
+        k: int = 2  # type: ignore
+        n: int = 8
+
+        class Inner:
+            n: int = 1  # not an option of Config
+
+
+    @register("lab-comments", config=Config, description="comments as meanings", sweeps=False)
+    def run(cfg, quiet):
+        return Report("lab-comments", cfg)
+    """
+)
+
+
+def test_show_takes_an_options_meaning_from_the_comment_ending_its_line(tmp_path, capsys):
+    path = tmp_path / "lab_comments.py"
+    path.write_text(COMMENTED)
+    assert main(["show", "lab-comments", "--import", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "lab-comments [lab_comments]: comments as meanings",
+        "options (--set KEY=VALUE, shown at their defaults):",
+        "  --set seed=0              int; random seed of the data",
+        "  --set width=4             int; columns of the grid",
+        "  --set s=2.0               float; mode strength",
+        "  --set 'lams=[0.5, 0.7]'   list of float; strengths swept",
+        "  --set tol=1e-06           float; the check's tolerance",
+        "  --set k=2                 int",
+        "  --set n=8                 int",
+    ]
+
+
+def test_option_notes_of_a_class_without_source_are_its_help_alone():
+    from attnflow.report import option_notes
+
+    namespace = {"__name__": "lab_without_a_file"}
+    exec(
+        "from dataclasses import dataclass, field\n"
+        "@dataclass\n"
+        "class Config:\n"
+        "    a: int = 1  # not readable: the class has no source file\n"
+        "    b: int = field(default=2, metadata={'help': 'kept'})\n",
+        namespace,
+    )
+    assert option_notes(namespace["Config"]) == {"b": "kept"}
 
 
 def test_shards_of_a_users_experiment_merge_to_the_plain_run(tmp_path, monkeypatch):
@@ -77,6 +149,12 @@ def test_shards_of_a_users_experiment_merge_to_the_plain_run(tmp_path, monkeypat
     merged = _summary(tmp_path / "sharded", "lab-b")
     assert merged["summary"] == _summary(tmp_path / "plain", "lab-b")["summary"]
     assert any("2 of the 2 sweep chunks were loaded" in n for n in merged["notes"])
+    assert merged["environment"]["sweep_chunks"] == {"total": 2, "computed": 0, "loaded": 2}
+    md = (tmp_path / "sharded" / "lab-b" / "summary.md").read_text()
+    assert md.split("| timing | seconds |")[1].split("\n\n")[1] == (
+        "Timings: this run computed none of its 2 sweep chunks, it loaded them from disk (computed earlier), so "
+        "the timings include no sweep computation."
+    )
 
 
 def test_entry_point_adds_experiments(tmp_path, monkeypatch, capsys):

@@ -83,6 +83,15 @@ def test_a_failed_plain_run_keeps_its_chunks_and_the_same_command_goes_on_from_t
     assert resumed["summary"] == full["summary"] and resumed["passed"]
     assert any("1 of the 2 sweep chunks were loaded" in n for n in resumed["notes"])
     assert not any("loaded" in n for n in full["notes"])
+    # the timings of the resumed run are of the one chunk it computed: said under them
+    assert resumed["environment"]["sweep_chunks"] == {"total": 2, "computed": 1, "loaded": 1}
+    assert full["environment"]["sweep_chunks"] == {"total": 2, "computed": 2, "loaded": 0}
+    timings = (out / NAME / "summary.md").read_text().split("| timing | seconds |")[1]
+    assert timings.split("\n\n")[1] == (
+        "Timings: this run computed 1 of its 2 sweep chunks and loaded 1 from disk (computed earlier), so the "
+        "timings cover only part of the sweeps."
+    )
+    assert "Timings: this run" not in (tmp_path / "full" / NAME / "summary.md").read_text()
     assert not (out / ".attnflow-sweeps").exists()
 
 
