@@ -101,7 +101,9 @@ def cycle_figure(
             guide * q[i0] * np.exp(pred["c"] * (tII - wa)),
             "C2--",
             lw=1.2,
-            label=f"predicted slope c(theta_c^1) = {pred['c']:.4f} (guide, x{guide:g})",
+            # the check compares the measured c with the formula averaged along the path: both are named
+            label=f"predicted slope c(theta_c^1) = {pred['c']:.4f} (guide, x{guide:g}); "
+            f"averaged along the path {rates['c_path']:.4f}",
         )
     a4.set_xlabel("t")
     a4.set_ylabel("norm")
