@@ -1,6 +1,7 @@
 """attnflow.qkov: protocol (Setup/solve/train), reduced ODEs, first integrals, reference values, full-matrix
 flow, metrics, bad input."""
 
+import re
 import warnings
 
 import equinox as eqx
@@ -784,6 +785,103 @@ def test_horizons_of_1e15_with_the_step_floor_removed():
     assert float(jnp.max(jnp.abs(qkov.first_integral(tr.ys, s)))) < 1e-6
     with pytest.raises(ValueError, match="dtmin"):
         af.SolverOptions(dtmin=-1.0)
+
+
+def test_horizon_of_1e12_needs_the_step_floor_removed():
+    """docs/qkov.md: FAFO from mu0 = 0.01 crosses its fast stretch near t = 150 with steps below
+    1e-12 t1 = 1 at t1 = 1e12; SolverOptions(dtmin=0) (DEFAULT_SOLVER's tolerances) reaches t1 in
+    553 steps, the first integral held to 4e-10."""
+    s = Setup(parametrisation="FAFO")
+    with pytest.raises(af.MaxStepsError, match=r"dtmin \(default 1e-12 \(t1 - t0\)\) at t = 149\.5"):
+        solve(s, 1e12)
+    tr = solve(s, 1e12, solver=qkov.DEFAULT_SOLVER.replace(dtmin=0))
+    assert float(tr.ts[-1]) == 1e12
+    assert float(tr.final()["loss"]) == pytest.approx(9.98e-14, rel=1e-2)
+    assert float(jnp.max(jnp.abs(first_integral(tr.ys, s)))) < 1e-8
+
+
+L0_REF = float(np.log(4.0))  # the initial loss of Setup(): log(1 + (M - 1)) with M = 4
+
+
+@pytest.mark.parametrize("bad", [-1.0, 0.0, float("nan"), float("inf"), 5.0, L0_REF])
+def test_every_loss_target_verb_refuses_the_same_targets(bad):
+    """solve, state_at_loss, escape_time, reach_loss, authors_rk4, train (flow and descent) and
+    the ratio tools (optimal_ratio, ratio_sensitivity, fixed_loss_slope, pareto_front) refuse a target that is not finite and positive, or not below L(0) = log 4, with one message
+    naming the argument (escape_time's is threshold), before computing anything."""
+    s = Setup()
+    verbs = {
+        "solve": lambda L: solve(s, 1e4, loss_target=L),
+        "state_at_loss": lambda L: state_at_loss(s, L),
+        "escape_time": lambda L: qkov.escape_time(s, L, t1=1e4),
+        "reach_loss": lambda L: qkov.reach_loss(s, L),
+        "authors_rk4": lambda L: authors_rk4(s, loss_target=L),
+        "train": lambda L: train(s, 1e4, loss_target=L),
+        "train (descent)": lambda L: train(s, 1e4, dt=1.0, loss_target=L),
+        "optimal_ratio": lambda L: qkov.optimal_ratio(s, L, 1e4),
+        "ratio_sensitivity": lambda L: qkov.ratio_sensitivity(s, L),
+        "fixed_loss_slope": lambda L: qkov.fixed_loss_slope(s, L),
+        "pareto_front": lambda L: qkov.pareto_front(s, L, [0.1, 1.0]),
+    }
+    for verb, run in verbs.items():
+        name = "threshold" if verb == "escape_time" else "loss_target"
+        if np.isfinite(bad) and bad > 0:
+            msg = f"{name} = {bad!r} must lie below the initial loss L(0) = {L0_REF!r}: the flow only decreases"
+            msg += " the loss"
+        else:
+            msg = f"{name} must be finite and positive, got {bad!r}"
+        with pytest.raises(ValueError) as err:
+            run(bad)
+        assert str(err.value) == msg, verb
+
+
+def test_sweep_over_loss_target_fails_unreachable_points():
+    """A traced target (a sweep axis) that solve, state_at_loss or escape_time cannot reach marks
+    its point failed with the concrete error's message, not a NaN that reads as "not reached by
+    t1"; the reachable point keeps its value (t = 628.736, alpha = 0.79361 at L = 0.05)."""
+    s = Setup()
+    Ls = {"L": np.array([-0.1, 0.05, 3.0])}
+    below = f"must lie below the initial loss L(0) = {L0_REF!r}: the flow only decreases the loss"
+    for name, fn, value in [
+        ("loss_target", lambda L: solve(s, 1e4, loss_target=L, save=af.LinearGrid(2)).t_event, 628.7359),
+        ("loss_target", lambda L: state_at_loss(s, L)["alpha"], 0.793606),
+        ("threshold", lambda L: qkov.escape_time(s, L, t1=1e4), 628.7359),
+    ]:
+        with pytest.warns(RuntimeWarning, match="2 of 3 grid points failed"):
+            res = af.sweep(fn, Ls, progress=False)
+        assert res.status.tolist() == [1, 0, 2]
+        assert res.failures() == [({"L": -0.1}, f"{name} must be finite and positive"), ({"L": 3.0}, f"{name} {below}")]
+        assert float(res.values[1]) == pytest.approx(value, rel=1e-5)
+        assert np.isnan(float(res.values[0])) and np.isnan(float(res.values[2]))
+
+
+def test_train_loss_target_is_the_loss_event():
+    """train(loss_target=L) stops gradient flow where the recorded loss reaches L, as solve does:
+    FAFO at |C| = 100 with factor ratios 4 and 0.25 reaches 0.05 at t = 179.0497 (solve, with the
+    open factorised kappa: 179.0993); gradient descent at dt = 0.5 reads 179.716 on its save
+    points (O(dt)). A traced target (here a sweep axis) that the flow cannot reach fails its point
+    with the concrete error's message; giving loss_target and event is refused, as in solve."""
+    s = Setup(common_correction=True, parametrisation="FAFO", qk_factor_ratio=4.0, ov_factor_ratio=0.25, n_common=100)
+    th = solve(s, 1e4, loss_target=0.05, save=af.LinearGrid(2))
+    assert float(th.t_event) == pytest.approx(179.0993, abs=1e-3)
+    with pytest.warns(RuntimeWarning, match="1 of 2 grid points failed"):
+        flow = af.sweep(
+            lambda L: train(s, 1e4, loss_target=L, save=af.LinearGrid(2)).t_event,
+            {"L": np.array([0.05, 3.0])},
+            progress=False,
+        )
+    assert float(flow.values[0]) == pytest.approx(179.0497, abs=1e-3)
+    assert abs(float(flow.values[0]) / float(th.t_event) - 1) < 5e-4
+    L0 = float(loss(s.initial_state(), s))  # 1.38273: FAFO starts at mu0 = 0.01
+    assert flow.status.tolist() == [0, 2] and flow.failures() == [
+        ({"L": 3.0}, f"loss_target must lie below the initial loss L(0) = {L0!r}: the flow only decreases the loss")
+    ]
+    gd = train(s, 400.0, dt=0.5, loss_target=0.05, save=af.LinearGrid(201))
+    assert float(gd.t_event) == pytest.approx(179.716, abs=1e-2)
+    with pytest.raises(
+        ValueError,
+        match=re.escape("give loss_target or event, not both (loss_target=L is event=lambda t, o: o['loss'] - L)"),
+    ):
+        train(s, 10.0, loss_target=0.05, event=lambda t, o: o["loss"] - 0.05)
 
 
 def test_factorised_qk_common_correction_halves_kappa():

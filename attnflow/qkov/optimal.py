@@ -34,7 +34,16 @@ from ..options import LinearGrid, SolverOptions
 from ..sensitivity import Sensitivity, sensitivity, solver_for_mode
 from ..sweep import sweep
 from .setup import Setup
-from .theory import DEFAULT_SOLVER, alpha, invariant, loss_to_margin, solve, state_at_loss
+from .theory import (
+    DEFAULT_SOLVER,
+    _check_loss_target,
+    _start_loss,
+    alpha,
+    invariant,
+    loss_to_margin,
+    solve,
+    state_at_loss,
+)
 
 __all__ = [
     "OptimalRatio",
@@ -60,9 +69,10 @@ def _check_setup(setup: Any, where: str | None = None) -> Setup:
     return setup
 
 
-def _check_loss(loss_target: Any) -> None:
-    if not V.any_traced(loss_target):
-        V.positive("loss_target", loss_target)
+def _check_loss(setup: Setup, loss_target: Any, initial: dict | None = None) -> None:
+    """`solve`'s check of a loss target (`_check_loss_target`): finite, positive and below the
+    loss at the start (``initial``, checked, or the setup's own)."""
+    _check_loss_target(loss_target, lambda: _start_loss(setup, initial))
 
 
 def default_horizon(setup: Setup, loss_target: Any) -> jax.Array:
@@ -85,7 +95,7 @@ def reach_loss(setup: Setup, loss_target: Any, *, t1: Any = None, solver: Solver
     values if the loss is still above the target there. ``solver``: default `DEFAULT_SOLVER`.
     """
     _check_setup(setup, "qkov.reach_loss")
-    _check_loss(loss_target)
+    _check_loss(setup, loss_target)
     t1 = default_horizon(setup, loss_target) if t1 is None else t1
     tr = solve(setup, t1, loss_target=loss_target, save=LinearGrid(2), solver=solver or DEFAULT_SOLVER)
     end = tr.final()
@@ -130,7 +140,7 @@ def ratio_sensitivity(
     same either way; the time's derivative is not. Traceable (``jit``, ``vmap``, `attnflow.sweep`).
     """
     _check_setup(setup, "qkov.ratio_sensitivity")
-    _check_loss(loss_target)
+    _check_loss(setup, loss_target)
     if eta_max is not None and not V.any_traced(eta_max):
         V.positive("eta_max", eta_max)
 
@@ -152,8 +162,8 @@ def fixed_loss_slope(setup: Setup, loss_target: Any, *, initial: dict | None = N
     chain rule. ``initial``: default the setup's start. Traceable.
     """
     _check_setup(setup)
-    _check_loss(loss_target)
     init = setup.initial_state(initial)
+    _check_loss(setup, loss_target, init)
     st = state_at_loss(setup, loss_target, initial=init)
     ell = loss_to_margin(loss_target, setup.M)
 
@@ -186,7 +196,7 @@ def pareto_front(
     sooner with at least the same ``alpha``, or with larger ``alpha`` no later.
     """
     _check_setup(setup, "qkov.pareto_front")
-    _check_loss(loss_target)
+    _check_loss(setup, loss_target)
     V.positive("eta_max", eta_max)
     r = V.reals("ratios", ratios)
     if r.ndim != 1 or r.size == 0:
@@ -285,7 +295,7 @@ def optimal_ratio(
     is named with the warning.
     """
     _check_setup(setup, "qkov.optimal_ratio")
-    _check_loss(loss_target)
+    _check_loss(setup, loss_target)
     V.positive("time_budget", time_budget)
     V.positive("eta_max", eta_max)
     outer = V.positive_int("outer", outer)

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _validate as V
+from .._errors import check_traced
 from .._jit import filter_jit
 from .._keywords import keyword_hints
 from ..ode import ODE, crossing_time, integrate, observable_event, require_x64, with_progress
@@ -167,29 +168,58 @@ def state_at_loss(setup: Setup, loss_target: Any, *, initial: dict | None = None
     the value and gives the derivatives of the implicit function theorem,
     ``d mu_QK / d p = -(dF / dp) / (dF / d mu_QK)``: differentiable with ``jax.grad`` and
     `attnflow.sensitivity` with respect to every array of ``setup``, ``loss_target`` and
-    ``initial``. Traceable (setup arrays and the target may be sweep axes). The initial loss
-    must exceed ``loss_target``: ``ValueError`` when both are concrete, NaN values when traced.
+    ``initial``. Traceable (setup arrays and the target may be sweep axes). ``loss_target``
+    must be finite, positive and below the initial loss: ``ValueError`` when concrete; traced,
+    a point of `attnflow.sweep` fails with the same message, and elsewhere the values are NaN.
     """
     _check_setup(setup)
     require_x64("qkov.state_at_loss")
     iterations = V.positive_int("iterations", iterations)
-    V.positive("loss_target", loss_target)
     dtype = jnp.result_type(float)
     init = setup.initial_state(initial)
-    _check_below_initial_loss(setup, loss_target, init)
+    _check_loss_target(loss_target, lambda: _start_loss(setup, initial))
     return _state_at_loss(setup, jnp.asarray(loss_target, dtype), init, iterations)
 
 
-def _check_below_initial_loss(setup: Setup, loss_target: Any, init: dict) -> None:
-    """``ValueError`` unless a concrete ``loss_target`` lies below the loss at ``init``."""
-    if V.any_traced((setup, loss_target, init)):
+# the error of solve and train given both loss_target and event
+_LOSS_OR_EVENT = "give loss_target or event, not both (loss_target=L is event=lambda t, o: o['loss'] - L)"
+
+
+def _check_loss_target(loss_target: Any, start_loss: Callable[[], Any], name: str = "loss_target") -> None:
+    """Refuse a loss target the flow cannot reach, for every qkov verb that stops at a loss
+    (`solve`, `state_at_loss`, `escape_time`, `authors_rk4`, `attnflow.qkov.train`, and
+    `attnflow.qkov.reach_loss` through `solve`): every entry of ``loss_target`` must be finite
+    and positive (`L = 0` is reached only as ``t -> inf``, eq. (2)) and below the initial loss
+    ``L0 = start_loss()`` (the flow only decreases the loss). Concrete values raise
+    ``ValueError`` naming ``name``; traced ones (a sweep axis) mark the sweep point failed with
+    the same message (`attnflow._errors.check_traced`), not left to read as "not reached by t1"."""
+    V.positive(name, loss_target)
+    L0 = start_loss()
+    below = "must lie below the initial loss L(0)"
+    why = ": the flow only decreases the loss"
+    if V.any_traced((loss_target, L0)):
+        shown = "" if V.any_traced(L0) else f" = {V.show(L0)}"
+        check_traced(lambda: jnp.any(~(jnp.asarray(loss_target) < L0)), f"{name} {below}{shown}{why}")
         return
-    L0 = np.asarray(loss(init, setup))
-    if np.any(np.asarray(loss_target) >= L0):
-        raise ValueError(
-            f"loss_target = {V.show(loss_target)} must lie below the initial loss L(0) = {V.show(L0)}: "
-            "the flow only decreases the loss"
-        )
+    if np.any(~(np.asarray(loss_target) < np.asarray(L0))):
+        raise ValueError(f"{name} = {V.show(loss_target)} {below} = {V.show(L0)}{why}")
+
+
+def _start_loss(setup: Setup, initial: dict | None) -> Any:
+    """The loss (2) at the start of `solve` (``initial``, already checked by
+    `Setup.initial_state`, or the setup's own start), for `_check_loss_target`: in NumPy when the
+    start is concrete, so that the check gives a number inside a sweep's trace and compiles no
+    JAX program; `loss` of the start when it is traced."""
+    if initial is None:
+        start = {"mu_ov": setup.mu0 if setup.factorised_ov else 0.0, "mu_qk": setup.mu0 if setup.factorised_qk else 0.0}
+    else:
+        start = {k: initial[k] for k in ("mu_ov", "mu_qk")}
+    if V.any_traced(start):
+        return loss(setup.initial_state(initial), setup)
+    mu_ov, mu_qk = (np.asarray(start[k], np.float64) for k in ("mu_ov", "mu_qk"))
+    a = 0.5 * (1.0 + np.tanh(0.5 * (mu_qk + np.log(setup.m / setup.n))))  # alpha (2), a logistic without overflow
+    with np.errstate(over="ignore"):  # a start of loss inf (mu_ov -> -inf) is the number inf, as in `loss`
+        return np.log1p((setup.M - 1.0) * np.exp(-a * mu_ov))
 
 
 @filter_jit
@@ -301,7 +331,9 @@ def solve(
     ``loss_target``: ``None`` (default) integrates to ``t1``; a number stops the solve at the
     first time the loss reaches it (a terminating event): ``traj.t_event`` is that time
     (NaN if the loss stays above the target until ``t1``) and the save points after it hold
-    the event state, so ``traj.final()`` is the state there.
+    the event state, so ``traj.final()`` is the state there. A target that is not finite and
+    positive, or not below the initial loss, raises ``ValueError`` (traced, at a point of
+    `attnflow.sweep`: the point fails with the same message).
     ``event(t, obs) -> scalar`` on the observables ``obs`` (a dict of `attnflow.qkov.OBSERVABLES` at time
     ``t``) stops the solve where it first changes sign, e.g. ``lambda t, o: o["alpha"] - 0.9``;
     ``traj.t_event`` is that time (NaN if it never does) and the save points after it hold the
@@ -317,14 +349,12 @@ def solve(
     """
     require_x64("qkov.solve")
     if loss_target is not None and event is not None:
-        raise ValueError("give loss_target or event, not both (loss_target=L is event=lambda t, o: o['loss'] - L)")
+        raise ValueError(_LOSS_OR_EVENT)
     o = ode(setup, initial=initial)
     args = dict(o.args)
     stop: Callable[[Any, Any, Any], Any] | None = observable_event(event, _solve_observe)
     if loss_target is not None:
-        if not V.any_traced(loss_target):
-            V.positive("loss_target", loss_target)
-        _check_below_initial_loss(setup, loss_target, o.y0)
+        _check_loss_target(loss_target, lambda: _start_loss(setup, initial))
         args["loss_target"] = jnp.asarray(loss_target, jnp.result_type(float))
         stop = _loss_event
     return integrate(
@@ -378,7 +408,7 @@ def authors_rk4(
     Reports on the clock ``t`` of `solve` (``ts = tau / min(eta)``) the same observables;
     ``traj.t_event`` is the time of the stopping step (NaN if the horizon came first).
     ``save`` is read on the step axis (default `AUTHORS_SAVE`); unreached save points hold
-    the final state.
+    the final state. ``loss_target`` is checked as in `solve`.
     """
     require_x64("qkov.authors_rk4 (its reference values are float64)")
     _check_setup(setup)
@@ -390,6 +420,7 @@ def authors_rk4(
     max_steps = int(np.ceil(horizon_tau / d_tau))
     steps = (save or AUTHORS_SAVE).steps(max_steps)
     init = setup.initial_state(initial)
+    _check_loss_target(loss_target, lambda: _start_loss(setup, initial))
     y0 = jnp.stack([init["mu_ov"], init["mu_qk"]])
     tau, ys, k_end, hit = _rk4(
         setup,
@@ -553,5 +584,9 @@ def escape_time(
     `ode`), NaN if it has not by ``t1``. The same verb as `attnflow.focus.escape_time` and
     `attnflow.heads.escape_time`: traceable (``jax.jit``, ``jax.vmap``, `attnflow.sweep`) and
     differentiable with `attnflow.sensitivity` (the event time's derivative, eq. (S1) there).
-    ``ValueError`` for a ``threshold`` not below the start's ``loss``."""
+    ``threshold`` is checked as ``loss_target`` in `solve`: ``ValueError`` unless it is finite,
+    positive and below the start's ``loss`` (traced, a point of `attnflow.sweep` fails with the
+    same message)."""
+    _check_setup(setup)
+    _check_loss_target(threshold, lambda: _start_loss(setup, None), "threshold")
     return crossing_time(ode(setup), "loss", threshold, t1, solver=solver, progress=progress)

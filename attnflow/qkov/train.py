@@ -32,7 +32,8 @@ from .metrics import separability
 from .model import PARAMETRISATIONS, Init, QKOVModel, TorchDefault, circuit_labels, code_model, cross_entropy
 from .observe import OV_READOUTS, QK_READOUTS, _held_out, conserved_quantities, model_observables
 from .setup import Setup, _check_factor_ratio
-from .theory import DEFAULT_SAVE
+from .theory import _LOSS_OR_EVENT, DEFAULT_SAVE, _check_loss_target
+from .theory import _start_loss as _reduced_start_loss
 
 __all__ = [
     "BATCH_SEED_OFFSET",
@@ -76,9 +77,10 @@ effect of the common scores, which the authors' equations (``kappa = 1``) leave 
 
 
 # ----------------------------------------------------------------------------- theory task
-def _flow_field(t, model, setup):
+def _flow_field(t, model, args):
     # dW/dt = -eta_matrix grad L (eq. (9) loss), per factor (Setup.factor_rates); labels are made
     # at trace time
+    setup = args["setup"]
     grads = jax.grad(setup.task.population_loss)(model)
     rates = setup.factor_rates
     return jax.tree_util.tree_map(lambda g, lab: -rates[lab] * g, grads, circuit_labels(grads, per_factor=True))
@@ -108,8 +110,19 @@ class _FlowObserve(eqx.Module):
     conserved: bool = eqx.field(static=True)
     readouts: tuple[str, str] = eqx.field(static=True)
 
-    def __call__(self, t, model, setup):
-        return _observe(model, setup, self.conserved, None, self.readouts)
+    def __call__(self, t, model, args):
+        return _observe(model, args["setup"], self.conserved, None, self.readouts)
+
+
+class _FlowLossEvent(eqx.Module):
+    """Gradient-flow `train`'s ``loss_target`` event, ``loss - loss_target`` on the recorded
+    ``loss``: the target travels in the solve's ``args`` (data, not a closure), so a new or traced
+    target reuses the compiled solve."""
+
+    observe: _FlowObserve = eqx.field(static=True)
+
+    def __call__(self, t, model, args):
+        return self.observe(t, model, args)["loss"] - args["loss_target"]
 
 
 @keyword_hints("qkov.train", D="the sizes are fields of the setup, qkov.Setup(m=..., n=..., b=..., M=...)")
@@ -125,6 +138,7 @@ def train(
     conserved: bool = False,
     save: SaveGrid | None = None,
     solver: SolverOptions | None = None,
+    loss_target: Any = None,
     event: Callable[[Any, Mapping[str, Any]], Any] | None = None,
     return_model: bool = False,
     progress: bool = False,
@@ -173,7 +187,10 @@ def train(
     ``event(t, obs) -> scalar`` (as in `solve`) sets ``t_event``: under gradient flow the
     solve stops there, found by the solver as in `solve`; under descent it is the first time
     the event changes sign on the saved points, placed linearly between them
-    (`attnflow.event_time`), and the run goes on to ``t1``.
+    (`attnflow.event_time`), and the run goes on to ``t1``. ``loss_target=L`` is
+    ``event=lambda t, o: o["loss"] - L`` (give one of the two), checked as in `solve`: finite,
+    positive and below the start's ``loss`` (``ValueError``; traced, at a point of
+    `attnflow.sweep`, the point fails with the same message).
 
     ``return_model=True`` returns ``(trajectory, trained network)``: the `QKOVModel` at ``t1``
     (or at the event, under gradient flow).
@@ -208,6 +225,11 @@ def train(
         if initial is not None:
             raise ValueError("give initial (circuit strengths of the start) or model (a network to train on), not both")
         check_start(model, eqx.filter_eval_shape(setup.model, st), "a QKOVModel of this setup's task")
+    if loss_target is not None:
+        if event is not None:
+            raise ValueError(_LOSS_OR_EVENT)
+        # the recorded loss at t = 0: the reduced loss (2) of the start, or the given network's
+        _check_loss_target(loss_target, lambda: _start_loss(setup, initial, model))
     meta = {
         "theory": "qkov",
         "parametrisation": setup.parametrisation,
@@ -221,15 +243,20 @@ def train(
         require_x64("qkov.train (gradient flow, dt=None; dt=... trains by gradient descent in float32)")
         observe = _FlowObserve(bool(conserved), readouts)
         solver = with_progress(solver, FLOW_SOLVER, progress or None)  # False: the solver as given
+        args = {"setup": setup}
+        stop = observable_event(event, observe)
+        if loss_target is not None:
+            args["loss_target"] = jnp.asarray(loss_target, jnp.result_type(float))
+            stop = _FlowLossEvent(observe)
         return integrate(
             _flow_field,
             setup.model(st) if model is None else model,
             t1,
-            args=setup,
+            args=args,
             save=save,
             solver=solver,
             observe=observe,
-            event=observable_event(event, observe),
+            event=stop,
             meta={**meta, "method": "gradient flow"},
             return_state=return_model,
         )
@@ -257,7 +284,20 @@ def train(
         eval_samples,
         readouts,
     )
+    if loss_target is not None:
+
+        def event(t, obs):
+            return obs["loss"] - loss_target
+
     return run_training(_descend, args, clock=dt, total=total, event=event)
+
+
+def _start_loss(setup: Setup, initial: dict | None, model: QKOVModel | None) -> Any:
+    """The ``loss`` `train` records at ``t = 0``: eq. (2) at the start of `solve`, or the
+    mean-embedding loss of a given ``model``."""
+    if model is None:
+        return _reduced_start_loss(setup, initial)
+    return model_observables(model, setup.task)["loss"]
 
 
 @filter_jit
