@@ -806,8 +806,9 @@ L0_REF = float(np.log(4.0))  # the initial loss of Setup(): log(1 + (M - 1)) wit
 @pytest.mark.parametrize("bad", [-1.0, 0.0, float("nan"), float("inf"), 5.0, L0_REF])
 def test_every_loss_target_verb_refuses_the_same_targets(bad):
     """solve, state_at_loss, escape_time, reach_loss, authors_rk4, train (flow and descent) and
-    the ratio tools (optimal_ratio, ratio_sensitivity, fixed_loss_slope, pareto_front) refuse a target that is not finite and positive, or not below L(0) = log 4, with one message
-    naming the argument (escape_time's is threshold), before computing anything."""
+    the ratio tools (optimal_ratio, ratio_sensitivity, fixed_loss_slope, pareto_front) refuse a
+    target that is not finite and positive, or not below L(0) = log 4, with one message naming the
+    argument (escape_time's is threshold), before computing anything."""
     s = Setup()
     verbs = {
         "solve": lambda L: solve(s, 1e4, loss_target=L),
