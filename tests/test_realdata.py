@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -231,7 +232,7 @@ def qa(qid: str, text: str, start: Any = None, question: str = "Who jumped?", **
     return {
         "id": qid,
         "question": question,
-        "answers": [{"text": text, "answer_start": start}, {"text": "x", "answer_start": 0}],
+        "answers": [{"text": text, "answer_start": start}, {"text": "The", "answer_start": 0}],
         **extra,
     }
 
@@ -252,7 +253,7 @@ def test_squad_window_holds_exactly_the_answer(tmp_path):
         assert " ".join(r.words[s : e + 1]) == " ".join(t for t, _, _ in tokenize(a))
         assert r.relevant.tolist() == [1.0 if s <= i <= e else 0.0 for i in range(8)]
         assert r.label == 0 and r.query_words == ("who", "jumped", "?")
-        assert r.meta["answers"] == (a, "x") and r.meta["question_id"] == r.id
+        assert r.meta["answers"] == (a, "The") and r.meta["question_id"] == r.id
     offsets = [r.meta["offset"] for r in recs]
     assert offsets == [r.meta["offset"] for r in load_squad(path, window=8, seed=3)]
     assert len({tuple(r.meta["offset"] for r in load_squad(path, window=8, seed=k)) for k in range(4)}) > 1
@@ -262,6 +263,11 @@ def test_squad_window_holds_exactly_the_answer(tmp_path):
     assert [r.id for r in load_squad(path, window=2)] == ["q2", "q3", "q5"]  # the 3-word answers skipped
     whole = load_squad(path, window=100)
     assert all(r.words == tuple(full) and r.meta["offset"] == 0 for r in whole)
+    # every distinct gold answer inside the window, the first first: "The" (context word 0) is a second
+    # answer everywhere, and inside an 8-word window only when the window starts at word 0
+    assert all(r.meta["spans"] == ((r.meta["start"], r.meta["end"]), (0, 0)) for r in whole)
+    assert [len(r.meta["spans"]) for r in recs] == [1 + (r.meta["offset"] == 0) for r in recs]
+    assert recs[3].meta["spans"] == ((0, 1), (0, 0))  # "The quick": the window starts at word 0
     d = describe(whole)
     assert d["n"] == 6 and d["labels"] == {0: 6} and d["rationale_coverage"] == 1.0 and d["mean_query_length"] == 3.0
 
@@ -290,6 +296,19 @@ def test_squad_answer_inside_a_word_takes_the_whole_word(tmp_path):
             squad_doc([qa("q1", "fox", "12")]),
             "record 'q1': answers\\[0\\]",
             "field 'answer_start' must be int, got '12'",
+        ),
+        (
+            squad_doc(
+                [
+                    {
+                        "id": "q1",
+                        "question": "?",
+                        "answers": [{"text": "fox", "answer_start": 16}] * 2 + [{"text": "dog", "answer_start": 16}],
+                    }
+                ]
+            ),
+            "record 'q1'",
+            "answers\\[2\\] 'dog' at answer_start 16 does not match the context there: 'fox'",
         ),
         (squad_doc([{"id": "q1", "answers": []}]), "record 'q1'", "missing field 'question'"),
         (squad_doc([{"id": "q1", "question": "?", "answers": []}]), "record 'q1'", "no answers"),
@@ -448,7 +467,7 @@ def test_sva_blimp_tsv_and_folder(tmp_path):
             "line 3",
             "verb_index 3 is outside the sentence's 3 words",
         ),
-        ("Dogs bark .\t0\tbark\tbarks\n", "line 1", "the prefix before the verb has no words"),
+        ("Bark !\t0\tbark\tbarks\n", "line 1", "the prefix before the verb has no words"),
         ("The dogs bark .\t2\tbark\tbarks\t0\t2\n", "line 1", "subject_index 2 must point at a word before the verb"),
         ("The dogs bark .\t2\tbark\tbarks\tx\t1\n", "line 1", "n_attractors 'x' is not an integer"),
         ("The dogs are not here .\t2\tare not\tis\n", "line 1", "verb forms 'are not' / 'is' must each be one token"),
@@ -459,6 +478,27 @@ def test_sva_tsv_malformed(tmp_path, text, where, problem):
     path = write(tmp_path / "bad.tsv.gz", text)
     with raises_at(path, where, problem):
         load_sva(path)
+
+
+def test_sva_tsv_checks_the_verb_forms_against_the_sentence(tmp_path):
+    text = "the dog barks\t2\tbarks\tbark\t0\t1\nthe dogs near the house barks\t5\truns\trun\n"
+    path = write(tmp_path / "forms.tsv", text)
+    with raises_at(
+        path,
+        "line 2",
+        "the sentence's word at verb_index 5 is 'barks', neither the correct form 'runs' nor the wrong form 'run'",
+    ):
+        load_sva(path)
+    swapped = write(tmp_path / "swapped.tsv", "the dog barks\t2\tbark\tbarks\t0\t1\nthe dogs bark .\t2\tbark\tbarks\n")
+    with pytest.warns(UserWarning) as w:
+        recs = load_sva(swapped)
+    assert [str(x.message) for x in w] == [
+        f"{swapped}: on 1 of 2 lines (first: line 1) the sentence holds the wrong form at verb_index, not the "
+        "correct one: are the correct_form and wrong_form columns swapped?"
+    ]
+    # the forms are kept as given; a word with punctuation attached is compared by its first token
+    assert [(r.meta["correct"], r.meta["wrong"]) for r in recs] == [("bark", "barks")] * 2
+    assert len(load_sva(write(tmp_path / "p.tsv", "The dog Barks, loudly\t2\tbarks\tbark\n"))) == 1
 
 
 def test_sva_blimp_malformed(tmp_path):
@@ -589,6 +629,9 @@ def test_real_squad(shared):
     assert len(off) == 83
     assert all(r.relevant.sum() == r.meta["end"] - r.meta["start"] + 1 for r in recs)
     assert [r.meta["offset"] for r in load_squad(path, max_questions=20)] == [r.meta["offset"] for r in recs[:20]]
+    # the distinct gold answers inside the window, scored by evaluate_text (the first is always there)
+    assert all(r.meta["spans"][0] == (r.meta["start"], r.meta["end"]) for r in recs)
+    assert Counter(len(r.meta["spans"]) for r in recs) == {1: 5396, 2: 3958, 3: 1105, 4: 88, 5: 23}
     # window = 16 would skip the 148 answers longer than 16 words (keep 10,422)
     assert sum(r.meta["end"] - r.meta["start"] + 1 > 16 for r in recs) == 148
 
@@ -616,3 +659,28 @@ def test_real_resolve_data(shared, monkeypatch):
     monkeypatch.setenv("ATTNFLOW_DATA", str(shared))
     assert resolve_data(None, "hatexplain/val.jsonl.gz", "hatexplain") == shared / "hatexplain" / "val.jsonl.gz"
     assert resolve_data(None, "blimp", "sva").is_dir()
+
+
+def test_real_hatexplain_floor_is_taken_over_the_examples_that_relevant_mass_averages(shared):
+    import jax
+
+    from attnflow import qkov
+
+    recs = load_hatexplain(shared / "hatexplain" / "val.jsonl.gz")
+    train, held_out = split_records(recs, 0.2, 0)
+    vocab = Vocabulary.build([r.words for r in train], max_size=8000, specials=tuple(qkov.SPECIALS.values()))
+    ev = qkov.encode_text(held_out, vocab, "classify", length=48)
+    keys = jax.random.split(jax.random.PRNGKey(0), 1)
+    models = jax.vmap(lambda k: qkov.make_text_model("classify", len(vocab), 48, key=k, d_model=16, heads=2, mlp=None))(
+        keys
+    )
+    out = qkov.evaluate_text(models, ev)
+    # an untrained model attends uniformly (init 0.02): its relevant mass is the floor, both over the
+    # 222 of 384 posts with a rationale; the mean over all posts (0.1274) is not comparable
+    assert int(np.asarray(ev.relevant > 0).any(axis=-1).sum()) == 222 and len(ev) == 384
+    assert float(out["floor"][0]) == pytest.approx(0.220438, abs=1e-6)
+    assert float(out["relevant_mass"][0]) == pytest.approx(float(out["floor"][0]), abs=1e-6)
+    assert float(np.mean(qkov.uniform_relevant_mass(ev))) == pytest.approx(0.127441, abs=1e-6)
+    # evaluate_text's separability is the public function's on the same attention
+    sep = qkov.separability(out["attention"][0], ev.relevant, ev.keys)
+    assert float(out["separability"][0]) == pytest.approx(float(sep), rel=1e-6)

@@ -355,7 +355,9 @@ def test_each_real_data_experiment_runs_on_a_file_given_with_set_data(tmp_path, 
     rows = rep.summary[key]
     # every tiny task is learnable: the faster-QK runs reach at least 80% (accuracy or span F1)
     assert [r[0] for r in rows] == [1.0, 3.0] and rows[1][1] >= 0.8 and all(r[2] >= 0 for r in rows)
-    assert len(rep.summary["verdict"]) == 1 and rep.summary["verdict"][0].startswith("r = 3:")
+    assert len(rep.summary["verdict"]) == 1 and rep.summary["verdict"][0].startswith(
+        "r = 3 against the baseline r = 1 (the smallest ratio):"
+    )
     assert {"metrics_vs_ratio", "dtap_r1", "dtap_r3", "examples"} <= set(rep.figures)
     if name == "qkov-sva":
         assert rep.summary["accuracy with 1 attractor(s) (40 items) [r, mean, CI]"][1][:2] == [3.0, 1.0]
@@ -392,7 +394,162 @@ def test_verdict_reads_the_interval_of_the_difference_and_the_cost():
     }
     r3, r10 = verdict(table, "accuracy")
     # r = 3: mass +0.25 > hypot(0.13, 0.15) = 0.198 and AC +0.74 > 0.469, but 3 points of accuracy lost
-    assert r3.startswith("r = 3:") and "(-3.0 points)" in r3 and "but cost more than 2 points" in r3
+    assert r3.startswith("r = 3 against the baseline r = 1 (the smallest ratio): relevant mass 0.400 -> 0.650")
+    assert "(-3.0 points)" in r3 and "but cost more than 2 points" in r3
     assert "control (every group x 3): relevant mass 0.570, AC 0.830, accuracy 98.0" in r3
     # r = 10: mass +0.05 is inside the interval of the difference
     assert "did not raise both" in r10 and "control" not in r10
+
+
+# ----------------------------------------------------------------------------- probe findings
+def test_standalone_metrics_weight_relevance_and_exclude_padding_as_evaluate_text_does():
+    from attnflow.qkov import relevant_mass, separability
+
+    # example 0: 3 real tokens + 2 padding; weights as HateXplain gives them (means of 0/1 masks)
+    a = jnp.array([[0.5, 0.3, 0.2, 0.0, 0.0], [0.1, 0.2, 0.3, 0.2, 0.2]])
+    rel = jnp.array([[1 / 3, 0.0, 0.0, 0.0, 0.0], [0.0, 2 / 3, 0.0, 0.0, 1 / 3]])
+    keys = jnp.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
+    # sum_i r_i a_i: 0.5 / 3 and 0.2 * 2/3 + 0.2 / 3
+    np.testing.assert_allclose(relevant_mass(a, rel, keys), [0.5 / 3, 0.2], rtol=1e-6)
+    # max over R minus min over the other keys: 0.5 - 0.2 (padding is not the minimum), 0.2 - 0.1
+    assert float(separability(a, rel, keys)) == pytest.approx((0.3 + 0.1) / 2)
+    assert float(separability(a, rel)) == pytest.approx((0.5 + 0.1) / 2)  # without keys padding's 0 is the min
+    # an example without relevant tokens is left out, and none at all gives NaN, not -inf
+    none = jnp.zeros_like(rel)
+    assert float(separability(a, rel.at[1].set(0.0), keys)) == pytest.approx(0.3)
+    assert np.isnan(float(separability(a, none, keys)))
+    np.testing.assert_allclose(relevant_mass(a, none, keys), [0.0, 0.0])
+    with pytest.raises(ValueError, match=r"keys must have the shape of the attention \(2, 5\), got \(5,\)"):
+        relevant_mass(a, rel, keys[0])
+
+
+class _FixedSpan(eqx.Module):
+    """A span model whose logits are given: start and end pointers peak where told."""
+
+    z: jax.Array
+    task: str = eqx.field(static=True, default="span")
+
+    def __call__(self, batch, key_mask=None):
+        keys = batch.keys if key_mask is None else batch.keys & key_mask
+        a = keys / jnp.maximum(jnp.sum(keys, axis=-1, keepdims=True), 1)
+        return self.z, a
+
+
+def test_span_f1_and_exact_match_take_the_best_gold_answer():
+    # context "a b c d" after a 2-word question: positions 3..6; gold answers (1, 2) and (1, 1) in the window
+    r = rec("abcd", [0, 1, 1, 0], query=("d", "a"), start=1, end=2, spans=((1, 2), (1, 1), (3, 3)))
+    b = encode_text([r, r], VOCAB, "span", 8, question_length=2)
+    assert b.gold.tolist() == [[[4, 5], [4, 4], [6, 6]]] * 2
+    z = np.full((1, 2, 2, 8), -10.0, np.float32)
+    z[0, 0, 0, 4] = z[0, 0, 1, 4] = 10.0  # example 0 predicts (4, 4): exactly the second answer
+    z[0, 1, 0, 5] = z[0, 1, 1, 6] = 10.0  # example 1 predicts (5, 6): F1 2/3 against (4, 5) and (6, 6)
+    out = evaluate_text(_FixedSpan(jnp.asarray(z)), b)
+    # against the first answer alone example 0 would score F1 2/3 and no exact match
+    np.testing.assert_allclose(out["f1"], [(1.0 + 2 / 3) / 2], rtol=1e-6)
+    np.testing.assert_allclose(out["exact"], [0.5])
+    np.testing.assert_allclose(out["accuracy"], [0.5])
+    assert out["correct"].tolist() == [[True, False]]
+    # uniform attention over 4 keys, 2 of them relevant: the floor, and the relevant mass equals it
+    np.testing.assert_allclose(out["floor"], [0.5])
+    np.testing.assert_allclose(out["relevant_mass"], [0.5], rtol=1e-6)
+    # an answer outside the window is not scored; a record without spans has only its first answer
+    b1 = encode_text([rec("abcd", [0, 1, 1, 0], query=("d", "a"), start=1, end=2)], VOCAB, "span", 8, 2)
+    assert b1.gold.tolist() == [[[4, 5]]]
+
+
+def test_evaluate_text_floor_and_relevant_mass_are_nan_without_relevant_tokens():
+    r = rec("abc", [0, 0, 0], query=("d",), start=0, end=0)
+    b = encode_text([r], VOCAB, "span", 6, question_length=1)
+    z = jnp.zeros((1, 1, 2, 6))
+    out = evaluate_text(_FixedSpan(z), b)
+    assert np.isnan(out["floor"][0]) and np.isnan(out["relevant_mass"][0]) and np.isnan(out["separability"][0])
+
+
+def test_verdict_with_one_seed_gives_the_numbers_and_no_claim():
+    from attnflow.qkov.text_experiments import verdict
+    from attnflow.qkov.texttrain import mean_ci
+
+    def row(r, v):
+        return [r, *mean_ci([v])]
+
+    table = {
+        "qk": {
+            "relevant_mass": [row(1, 0.300), row(10, 0.301)],
+            "ac": [row(1, 0.200), row(10, 0.201)],
+            "accuracy": [row(1, 0.9), row(10, 0.9)],
+        }
+    }
+    assert verdict(table, "accuracy") == [
+        "r = 10 against the baseline r = 1 (the smallest ratio): relevant mass 0.300 -> 0.301, AC 0.200 -> 0.201, "
+        "accuracy 90.0 -> 90.0 (+0.0 points): no verdict: one seed per ratio gives no confidence interval "
+        "(run with seeds >= 2)"
+    ]
+    # the baseline is the smallest ratio, whatever it is
+    table2 = {m: [[3.0, *v[0][1:]], [30.0, *v[1][1:]]] for m, v in table["qk"].items()}
+    assert verdict({"qk": table2}, "accuracy")[0].startswith("r = 30 against the baseline r = 3 (the smallest ratio)")
+
+
+def test_sva_run_without_subjects_stops_before_training_naming_subject_index(tmp_path):
+    from attnflow.registry import get_experiment, load_all
+
+    load_all()
+    path = _sva_file(tmp_path / "agree4.tsv")
+    four = [ln.rsplit("\t", 2)[0] for ln in path.read_text().splitlines()]
+    path.write_text("\n".join(four))
+    with pytest.raises(ValueError) as e:
+        get_experiment("qkov-sva").run({"data": str(path), "base_rate": TINY_RATE, **TINY}, quiet=True)
+    assert str(e.value) == (
+        "none of the 40 evaluation examples has a relevant token, so relevant mass, AC, ACMC, separability and "
+        f"DTAP would measure nothing: no evaluation item of {path} has a known subject. A TSV gives it in the "
+        "optional sixth column, subject_index (0-based word index of the subject; -1, or a 4-column line, leaves "
+        "it unknown)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("divisions", "why"),
+    [
+        ({"train": ["p0", "p1"], "val": ["p2"]}, "has no division 'test'"),
+        ({"train": ["p0", "p1"], "test": ["nobody"]}, "division 'test' holds none of the 200 loaded posts"),
+    ],
+)
+def test_hatexplain_divisions_without_a_test_division_are_named(tmp_path, divisions, why):
+    from attnflow.registry import get_experiment, load_all
+
+    load_all()
+    data = _hatexplain_file(tmp_path / "data.jsonl.gz")
+    div = tmp_path / "div.json"
+    div.write_text(json.dumps(divisions))
+    found = ", ".join(f"{k!r} ({len([i for i in v if i != 'nobody'])} posts)" for k, v in divisions.items())
+    msg = f"divisions file {div}: {why} (the run trains on 'train' and evaluates on 'test'); divisions found: {found}"
+    with pytest.raises(ValueError) as e:
+        get_experiment("qkov-hatexplain").run({"data": str(data), "divisions": str(div), **TINY}, quiet=True)
+    assert str(e.value) == msg
+
+
+def test_figures_show_the_floor_in_a_legend_and_the_thresholds_in_the_labels():
+    from attnflow.qkov.text_experiments import metrics_figure
+
+    rows = {m: [[1.0, 0.3, 0.01], [3.0, 0.4, 0.02]] for m in ("relevant_mass", "ac", "acmc", "accuracy")}
+    fig = metrics_figure({"qk": rows}, ["accuracy", "relevant_mass", "ac", "acmc"], 0.25, "t", 0.5, 0.5)
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["uniform attention (floor, 0.250)", "QK group x r"]
+    labels = [ax.get_ylabel() for ax in fig.axes if ax.get_visible()]
+    assert labels[2:] == ["AC (share with A_rel >= tau_a = 0.5)", "ACMC (and p_true >= tau_p = 0.5)"]
+    floor_line = next(ln for ln in fig.axes[1].get_lines() if ln.get_label().startswith("uniform"))
+    assert floor_line.get_zorder() > max(c.get_zorder() for c in fig.axes[1].get_lines() if c is not floor_line)
+
+
+def test_sgd_schedule_applies_coupled_l2_decay_through_the_momentum():
+    from attnflow.qkov.texttrain import _sgdw
+
+    lr, mom, wd = 0.1, 0.9, 0.5
+    opt = _sgdw(lr, momentum=mom, wd=wd)
+    theta = jnp.array([2.0])
+    s = opt.init(theta)
+    g1, g2 = jnp.array([1.0]), jnp.array([-1.0])
+    u1, s = opt.update(g1, s, theta)
+    m1 = 1.0 + wd * 2.0  # the decay enters the momentum buffer with the gradient
+    np.testing.assert_allclose(u1, [-lr * m1])
+    theta = theta + u1
+    u2, s = opt.update(g2, s, theta)
+    np.testing.assert_allclose(u2, [-lr * (mom * m1 + (-1.0 + wd * float(theta[0])))], rtol=1e-6)

@@ -35,9 +35,27 @@ DTAP_EDGES = MappingProxyType(
 """DTAP bin edges of the paper per dataset (`dtap` uses the same edges on both axes by default)."""
 
 
-def relevant_mass(a: jax.Array, relevant: jax.Array) -> jax.Array:
-    """``A_rel = sum_{i in R} a_i`` per example: the attention mass on the relevant positions."""
-    return jnp.sum(jnp.where(relevant, a, 0.0), axis=-1)
+def _keys_mask(a: jax.Array, keys: Any) -> jax.Array:
+    if keys is None:
+        return jnp.ones(a.shape, bool)
+    keys = jnp.asarray(keys)
+    if keys.shape != a.shape:
+        raise ValueError(f"keys must have the shape of the attention {a.shape}, got {keys.shape}")
+    return keys.astype(bool)
+
+
+def relevant_mass(a: jax.Array, relevant: jax.Array, keys: Any = None) -> jax.Array:
+    """``A_rel = sum_{i in keys} r_i a_i`` per example: the attention mass on the relevant
+    positions, each weighted by its relevance ``r_i`` in ``[0, 1]`` (a boolean mask gives
+    ``sum_{i in R} a_i``; HateXplain's mean rationale masks give fractional weights).
+
+    ``a``, ``relevant`` and ``keys`` have shape (..., L); ``keys`` (bool, default: every
+    position) marks the real tokens, so padding never counts. An example without relevant
+    tokens has ``A_rel = 0``. `attnflow.qkov.evaluate_text` averages this over the examples
+    that have relevant tokens."""
+    a = jnp.asarray(a)
+    r = jnp.asarray(relevant).astype(a.dtype)
+    return jnp.sum(jnp.where(_keys_mask(a, keys), r * a, 0.0), axis=-1)
 
 
 def _edges(e: Any) -> np.ndarray:
@@ -84,11 +102,28 @@ def dtap(a_rel: Any, p_true: Any, edges_attention: Any = DTAP_EDGES["synthetic"]
     return jnp.mean(jax.vmap(one)(a_rel.reshape(-1, a_rel.shape[-1]), p_true.reshape(-1, p_true.shape[-1])), axis=0)
 
 
-def separability(a: jax.Array, relevant: jax.Array) -> jax.Array:
-    """Mean over examples of ``max_{i in R} a_i - min_{i not in R} a_i``."""
-    mx = jnp.max(jnp.where(relevant, a, -jnp.inf), axis=-1)
-    mn = jnp.min(jnp.where(relevant, jnp.inf, a), axis=-1)
-    return jnp.mean(mx - mn)
+def _separability_per_example(a: jax.Array, relevant: jax.Array, keys: Any = None) -> jax.Array:
+    """``max_{i in R} a_i - min_{i in keys, i not in R} a_i`` per example, ``R`` the positions
+    with ``relevant > 0`` (padding, outside ``keys``, is in neither set); NaN for an example
+    without a relevant position or without a non-relevant key."""
+    a = jnp.asarray(a)
+    k = _keys_mask(a, keys)
+    rel = (jnp.asarray(relevant) > 0) & k
+    mx = jnp.max(jnp.where(rel, a, -jnp.inf), axis=-1)
+    mn = jnp.min(jnp.where(k & ~rel, a, jnp.inf), axis=-1)
+    ok = jnp.any(rel, axis=-1) & jnp.any(k & ~rel, axis=-1)
+    return jnp.where(ok, mx - mn, jnp.nan)
+
+
+def separability(a: jax.Array, relevant: jax.Array, keys: Any = None) -> jax.Array:
+    """Mean of ``max_{i in R} a_i - min_{i in keys, i not in R} a_i`` (``R``: the positions with
+    ``relevant > 0``) over the examples that have both a relevant position and a non-relevant
+    key; NaN when none has. ``keys`` (bool, shape of ``a``, default: every
+    position) marks the real tokens: padding is never the minimum."""
+    s = _separability_per_example(a, relevant, keys)
+    ok = jnp.isfinite(s)
+    n = jnp.sum(ok)
+    return jnp.where(n > 0, jnp.sum(jnp.where(ok, s, 0.0)) / jnp.maximum(n, 1), jnp.nan)
 
 
 def _threshold(name: str, value: float) -> None:

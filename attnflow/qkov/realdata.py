@@ -27,6 +27,7 @@ import gzip
 import json
 import os
 import re
+import warnings
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -85,7 +86,8 @@ DATA_FORMATS: Mapping[str, str] = MappingProxyType(
             "true and 'one_prefix_prefix', 'one_prefix_word_good', 'one_prefix_word_bad'; two-prefix "
             "records are skipped), or TSV lines 'sentence<TAB>verb_index<TAB>correct_form<TAB>wrong_form' "
             "with optional '<TAB>n_attractors<TAB>subject_index' (0-based indices into the whitespace-split "
-            "sentence; -1 = unknown; '#' lines and blank lines skipped); plain or .gz; or a folder of "
+            "sentence; -1 = unknown; the sentence's word at verb_index is the correct form, or the wrong one "
+            "with a warning; '#' lines and blank lines skipped); plain or .gz; or a folder of "
             "*.jsonl, *.jsonl.gz, *.tsv, *.tsv.gz files."
         ),
     }
@@ -261,7 +263,8 @@ class TextRecord:
         SQuAD: the question's tokens; otherwise empty.
     meta : mapping
         HateXplain: ``n_annotators``, ``has_rationale`` (bool). SQuAD: ``start``, ``end`` (inclusive
-        indices of the answer in ``words``), ``answers`` (the answer texts), ``question_id``,
+        indices of the first answer in ``words``), ``answers`` (the answer texts), ``spans`` (the
+        ``(start, end)`` of every distinct gold answer inside ``words``), ``question_id``,
         ``offset`` (index of ``words[0]`` in the whole context), ``n_context`` (words in the whole
         context). SVA: ``correct``, ``wrong`` (single-token verb forms), ``continuation`` (words
         after the verb shared by both forms, e.g. ``("with",)`` for "works with" / "work with";
@@ -590,7 +593,9 @@ def load_squad(
         ``tokenize(context)``; ``query_words``: ``tokenize(question)``; ``relevant``: 1 on the
         answer words (the context tokens overlapping the first answer's characters
         ``[answer_start, answer_start + len(text))``), 0 elsewhere; ``label``: 0;
-        ``meta``: ``start``, ``end`` (inclusive), ``answers`` (all answer texts), ``offset``,
+        ``meta``: ``start``, ``end`` (inclusive), ``answers`` (all answer texts), ``spans``
+        (``(start, end)`` of every distinct gold answer lying wholly inside the window, the first
+        answer first; what `attnflow.qkov.evaluate_text` scores against), ``offset``,
         ``n_context``. Questions with ``is_impossible: true`` (v2.0) are skipped.
 
     Raises
@@ -689,6 +694,12 @@ def load_squad(
                 offset = int(rng.integers(lo, hi + 1))
                 words = tuple(t for t, _, _ in spans[offset : offset + window])
                 start, end = first_w - offset, last_w - offset
+                gold = [(start, end)]
+                for j, ans in enumerate(answers[1:], 1):
+                    span = _answer_words(ans, j, context, starts, ends, where)
+                    inside = (span[0] - offset, span[1] - offset)
+                    if inside[0] >= 0 and inside[1] < len(words) and inside not in gold:
+                        gold.append(inside)
                 relevant = np.zeros(len(words))
                 relevant[start : end + 1] = 1.0
                 records.append(
@@ -702,6 +713,7 @@ def load_squad(
                             "start": start,
                             "end": end,
                             "answers": tuple(ans["text"] for ans in answers),
+                            "spans": tuple(gold),
                             "question_id": qid,
                             "offset": offset,
                             "n_context": n,
@@ -715,6 +727,24 @@ def load_squad(
             f"{n_long} with an answer longer than window = {window} words)"
         )
     return records
+
+
+def _answer_words(
+    ans: Mapping[str, Any], j: int, context: str, starts: list[int], ends: list[int], where: str
+) -> tuple[int, int]:
+    """First and last (inclusive) context word of ``answers[j]``, checked against the context."""
+    text = ans["text"]
+    begin = _need(ans, "answer_start", int, f"{where}: answers[{j}]")
+    stop = begin + len(text)
+    if not text.strip() or begin < 0 or stop > len(context) or context[begin:stop] != text:
+        raise ValueError(
+            f"{where}: answers[{j}] {_show(text)} at answer_start {begin} does not match the context there: "
+            f"{_show(context[max(begin, 0) : stop])}"
+        )
+    first_w, last_w = bisect.bisect_right(ends, begin), bisect.bisect_left(starts, stop) - 1
+    if first_w > last_w:
+        raise ValueError(f"{where}: answers[{j}] {_show(text)} covers no word of the context")
+    return first_w, last_w
 
 
 # --------------------------------------------------------------------------------------------
@@ -755,7 +785,11 @@ def load_sva(path: str | os.PathLike) -> list[TextRecord]:
     unknown; without them n_attractors is -1 and the subject unknown). Lines starting with ``#``,
     blank lines and a first line whose second column reads ``verb_index`` (a header) are skipped.
     Each whitespace word before ``verb_index`` is tokenized; ``subject_index`` points at the
-    first token of its word. ``id``: ``"<file stem>:<line>"``; ``source``: the file stem.
+    first token of its word. ``id``: ``"<file stem>:<line>"``; ``source``: the file stem. The
+    sentence's word at ``verb_index`` (its first token under `tokenize`) must be the correct
+    form (the sentence is the grammatical one); the wrong form there draws a ``UserWarning``
+    per file (the two form columns may be swapped: the records keep them as given), any other
+    word is an error.
 
     Verb forms are lowercased and must be one token under `tokenize` each, or (BLiMP has a
     hundred such pairs, e.g. "works with" / "work with") a verb followed by the same words in
@@ -766,7 +800,8 @@ def load_sva(path: str | os.PathLike) -> list[TextRecord]:
     ------
     ValueError
         Naming the file and line: bad JSON, a missing or mistyped field, a TSV line with a
-        wrong number of columns, a non-integer or out-of-range index, verb forms that are not
+        wrong number of columns, a non-integer or out-of-range index, a TSV sentence whose word
+        at ``verb_index`` is neither verb form, verb forms that are not
         single tokens (as above) or are equal, an empty prefix; or no item at all.
     """
     root = _existing(path, "load_sva")
@@ -875,6 +910,7 @@ def _sva_blimp(path: Path, text: str) -> tuple[list[TextRecord], int]:
 
 def _sva_tsv(path: Path, text: str) -> tuple[list[TextRecord], int]:
     records: list[TextRecord] = []
+    swapped: list[int] = []
     stem = _stem(path)
     seen_data = False
     for i, line in _lines(text):
@@ -907,6 +943,15 @@ def _sva_tsv(path: Path, text: str) -> tuple[list[TextRecord], int]:
                     f"{where}: subject_index {subj_word} must point at a word before the verb "
                     f"(0..{verb - 1}) or be -1 (unknown)"
                 )
+        good, bad, _ = _verb_forms(correct, wrong, where)
+        at_verb = (_words(split[verb]) or [""])[0]
+        if at_verb == bad:
+            swapped.append(i)
+        elif at_verb != good:
+            raise ValueError(
+                f"{where}: the sentence's word at verb_index {verb} is {split[verb]!r}, neither the correct form "
+                f"{correct!r} nor the wrong form {wrong!r}"
+            )
         words: list[str] = []
         subject: int | None = None
         for j, w in enumerate(split[:verb]):
@@ -914,6 +959,12 @@ def _sva_tsv(path: Path, text: str) -> tuple[list[TextRecord], int]:
                 subject = len(words)
             words += _words(w)
         records.append(_sva_record(f"{stem}:{i}", words, correct, wrong, n_attr, subject, stem, where))
+    if swapped:
+        warnings.warn(
+            f"{path}: on {len(swapped)} of {len(records)} lines (first: line {swapped[0]}) the sentence holds the "
+            "wrong form at verb_index, not the correct one: are the correct_form and wrong_form columns swapped?",
+            stacklevel=3,
+        )
     return records, 0
 
 

@@ -37,15 +37,19 @@ from .texttrain import (
     ratio_lanes,
     ratio_table,
     train_text,
-    uniform_relevant_mass,
 )
 
 __all__: list[str] = []
 
-METRICS = ("accuracy", "f1", "relevant_mass", "ac", "acmc", "separability", "comprehensiveness", "sufficiency")
+METRICS = ("accuracy", "exact", "f1", "relevant_mass", "ac", "acmc", "separability", "comprehensiveness", "sufficiency")
+_MIN_EPOCHS_LOSS_CHECK = 5
+"""Fewest epochs for the check that training lowered the loss: the first epoch is mostly
+warm-up, and a shorter run need not lower its loss by 5%."""
+
 _LABELS = {
     "accuracy": "accuracy",
-    "f1": "span F1",
+    "exact": "exact match (word positions)",
+    "f1": "span F1 (word positions)",
     "relevant_mass": "relevant attention mass",
     "ac": "AC (share with A_rel >= tau_a)",
     "acmc": "ACMC (and p_true >= tau_p)",
@@ -115,15 +119,24 @@ def run_real(
     cfg: Any,
     quiet: bool,
     encode_kw: dict | None = None,
+    no_relevant_hint: str = "",
 ) -> tuple[Lanes, dict[str, np.ndarray], TextBatch, RD.Vocabulary]:
     """Train the ratio x seed grid on ``train`` and evaluate on ``evaluation``; fills ``rep``
-    with the per-ratio table, the floor, the checks, the verdict and the figures."""
+    with the per-ratio table, the floor, the checks, the verdict and the figures. Stops
+    before training with a ``ValueError`` (ending in ``no_relevant_hint``) when no evaluation
+    example has a relevant token: then no attention metric would measure anything."""
     rep.summary["training data: counts, labels, relevant-token coverage (describe)"] = RD.describe(train)
     rep.summary["evaluation data (describe)"] = RD.describe(evaluation)
     vocab = _vocabulary(train, cfg)
     kw = encode_kw or {}
     tr = encode_text(train, vocab, task, cfg.length, **kw)
     ev = encode_text(evaluation, vocab, task, cfg.length, **kw)
+    has_rel = np.asarray(jnp.any(ev.relevant > 0, axis=-1))
+    if not has_rel.any():
+        raise ValueError(
+            f"none of the {len(ev)} evaluation examples has a relevant token, so relevant mass, AC, ACMC, "
+            f"separability and DTAP would measure nothing{no_relevant_hint}"
+        )
     lanes = ratio_lanes(cfg.ratios, range(cfg.seeds), cfg.base_rate, cfg.fast_groups, cfg.control)
     rep.summary["examples: train, evaluation; vocabulary size; lanes (ratio x seed x kind)"] = [
         len(tr),
@@ -157,10 +170,9 @@ def run_real(
             top_percent=cfg.top_percent,
         )
     rep.timings["evaluation"] = tm.seconds
-    floor = np.asarray(uniform_relevant_mass(ev))
-    has_rel = np.asarray(jnp.any(ev.relevant > 0, axis=-1))
-    out["floor"] = np.full(len(lanes), floor[has_rel].mean())
-    names = [m for m in METRICS if not (m == "f1" and task != "span")]
+    floor = float(out["floor"][0])  # uniform attention, over the examples with relevant tokens
+    # span: accuracy is the exact match, shown under its own name
+    names = [m for m in METRICS if (m in ("f1", "exact")) == (task == "span") or m not in ("f1", "exact", "accuracy")]
     table = ratio_table(lanes, out, names)
     for kind, rows in table.items():
         who = "QK group x r" if kind == "qk" else "control: every group x r"
@@ -168,20 +180,26 @@ def run_real(
             rep.summary[f"{who}: {m} [r, mean, 95% CI half-width over {cfg.seeds} seeds]"] = [
                 [round(x, 4) for x in row] for row in rr
             ]
-    rep.summary["relevant mass under uniform attention over the real tokens (the floor)"] = float(floor[has_rel].mean())
+    rep.summary["relevant mass under uniform attention over the real tokens (the floor)"] = floor
     rep.summary["examples with relevant tokens (evaluation)"] = int(has_rel.sum())
     rep.notes.append(
         "Padding is masked from attention: the read-out row attends only to real tokens, and the relevant mass, AC, "
         "ACMC and DTAP are measured on the evaluation examples that have relevant tokens."
     )
     # software checks: every lane learned, attention rows are distributions over the keys
-    drop = float(np.max(history[:, -1] / history[:, 0]))
-    rep.check("training loss, last epoch / first epoch, worst lane", drop, 0.95)
+    if history.shape[1] >= _MIN_EPOCHS_LOSS_CHECK:
+        drop = float(np.max(history[:, -1] / history[:, 0]))
+        rep.check("training loss, last epoch / first epoch, worst lane", drop, 0.95)
+    else:
+        rep.notes.append(
+            f"check of the training loss (last epoch / first epoch < 0.95 in every lane) skipped: it needs at least "
+            f"{_MIN_EPOCHS_LOSS_CHECK} epochs, this run has {history.shape[1]}"
+        )
     row_sums = np.sum(out["attention"], axis=-1)
     rep.check("attention row sums, max |sum - 1|", float(np.max(np.abs(row_sums - 1.0))), 1e-4)
     score = "f1" if task == "span" else "accuracy"
     rep.summary["verdict"] = verdict(table, score)
-    rep.figures["metrics_vs_ratio"] = metrics_figure(table, names, float(floor[has_rel].mean()), rep.name)
+    rep.figures["metrics_vs_ratio"] = metrics_figure(table, names, floor, rep.name, cfg.tau_a, cfg.tau_p)
     r_max = max(cfg.ratios)
     for r in sorted({min(cfg.ratios), r_max}):
         i = lanes.select("qk", r)
@@ -204,31 +222,35 @@ def run_real(
 
 
 def verdict(table: dict[str, dict[str, list]], score: str) -> list[str]:
-    """One sentence per ratio r > 1: did the QK intervention raise relevant mass and AC over
-    r = 1 (the 95% interval of the difference of the two means, half-width
-    ``sqrt(h_r^2 + h_1^2)``, above zero), what did it cost in ``score``, and what did the
-    every-group control reach at the same r?"""
+    """One sentence per ratio r above the baseline, the smallest ratio r_0 (1 in the defaults):
+    did the QK intervention raise relevant mass and AC over r_0 (the 95% interval of the
+    difference of the two means, half-width ``sqrt(h_r^2 + h_0^2)``, above zero), what did it
+    cost in ``score``, and what did the every-group control reach at the same r? Without an
+    interval (one seed per ratio: ``mean_ci`` gives a NaN half-width) each sentence gives the
+    numbers and says that there is no verdict."""
     rows = table["qk"]
     control = table.get("all", {})
     base = {m: rows[m][0] for m in ("relevant_mass", "ac", score)}
+    r0 = base[score][0]
     lines = []
     for j in range(1, len(rows[score])):
         r = rows[score][j][0]
         d = {m: rows[m][j][1] - base[m][1] for m in base}
-        raised = {}
-        for m in ("relevant_mass", "ac"):
-            half = float(np.hypot(rows[m][j][2], base[m][2]))
-            raised[m] = d[m] - (half if np.isfinite(half) else 0.0) > 0
+        halves = {m: float(np.hypot(rows[m][j][2], base[m][2])) for m in ("relevant_mass", "ac")}
+        raised = {m: d[m] - halves[m] > 0 for m in halves}
         cost = -100 * d[score]
         both = raised["relevant_mass"] and raised["ac"]
-        if both and cost <= 2.0:
+        if not all(np.isfinite(h) for h in halves.values()):
+            answer = "no verdict: one seed per ratio gives no confidence interval (run with seeds >= 2)"
+        elif both and cost <= 2.0:
             answer = "faster QK raised relevant attention and AC without costing more than 2 points"
         elif both:
             answer = "faster QK raised relevant attention and AC but cost more than 2 points"
         else:
             answer = "faster QK did not raise both relevant attention and AC beyond the seed-to-seed spread"
         line = (
-            f"r = {r:g}: relevant mass {base['relevant_mass'][1]:.3f} -> {rows['relevant_mass'][j][1]:.3f}, "
+            f"r = {r:g} against the baseline r = {r0:g} (the smallest ratio): "
+            f"relevant mass {base['relevant_mass'][1]:.3f} -> {rows['relevant_mass'][j][1]:.3f}, "
             f"AC {base['ac'][1]:.3f} -> {rows['ac'][j][1]:.3f}, {score} {100 * base[score][1]:.1f} -> "
             f"{100 * rows[score][j][1]:.1f} ({-cost:+.1f} points): {answer}"
         )
@@ -243,9 +265,18 @@ def verdict(table: dict[str, dict[str, list]], score: str) -> list[str]:
     return lines
 
 
-def metrics_figure(table: dict[str, dict[str, list]], names: Sequence[str], floor: float, title: str) -> Figure:
+def metrics_figure(
+    table: dict[str, dict[str, list]],
+    names: Sequence[str],
+    floor: float,
+    title: str,
+    tau_a: float | None = None,
+    tau_p: float | None = None,
+) -> Figure:
     """Each metric against r (log axis), QK intervention and every-group control, error bars =
-    95% CI over seeds; the uniform-attention floor on the relevant-mass panel."""
+    95% CI over seeds; the uniform-attention floor on the relevant-mass panel; one legend for
+    the figure, below the panels. ``tau_a``, ``tau_p``: the thresholds, shown in the AC and
+    ACMC axis labels."""
     n = len(names)
     ncols = 3
     nrows = -(-n // ncols)
@@ -258,12 +289,21 @@ def metrics_figure(table: dict[str, dict[str, list]], names: Sequence[str], floo
             a = np.asarray(rows[m], float)
             ax.errorbar(a[:, 0], a[:, 1], yerr=np.nan_to_num(a[:, 2]), color=c, marker=mk, capsize=3, label=lab)
         if m == "relevant_mass":
-            ax.axhline(floor, color="gray", ls="--", label="uniform attention (floor)")
+            # drawn above the data and dotted black, so a curve near the floor does not hide it
+            ax.axhline(floor, color="k", ls=":", lw=1.5, zorder=5, label=f"uniform attention (floor, {floor:.3f})")
+        label = _LABELS[m]
+        if tau_a is not None:
+            label = label.replace("tau_a", f"tau_a = {tau_a:g}")
+        if tau_p is not None:
+            label = label.replace("tau_p", f"tau_p = {tau_p:g}")
         ax.set_xscale("log")
         ax.set_xlabel("learning-rate ratio r")
-        ax.set_ylabel(_LABELS[m])
+        ax.set_ylabel(label, fontsize=8)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
+    # the legend of the relevant-mass panel holds every entry (both kinds and the floor)
+    with_floor = axes[list(names).index("relevant_mass")] if "relevant_mass" in names else axes[0]
+    handles, labels = with_floor.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize=8)
     for ax in axes[n:]:
         ax.set_visible(False)
     fig.suptitle(f"{title}: metrics against r (error bars: 95% CI over seeds)")
@@ -299,7 +339,9 @@ def examples_figure(
         ax.set_xticks(x, words, rotation=70, fontsize=7)
         ax.set_ylabel("attention weight")
         ax.set_xlim(-0.7, keys.size - 0.3)
-    axes[0].legend(fontsize=7, ncols=3)
+    # below the panels: inside the first one it would cover its bars or the relevant-token strip
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize=8)
     fig.suptitle("example inputs: read-out attention, and the relevant tokens beneath")
     return fig
 
@@ -332,6 +374,18 @@ def qkov_hatexplain(cfg: HateXplainConfig, quiet: bool) -> Report:
     records = _records(cfg, "hatexplain/val.jsonl.gz", "hatexplain", RD.load_hatexplain)
     if cfg.divisions:
         parts = RD.official_split(records, cfg.divisions)
+        for name in ("train", "test"):
+            if not parts.get(name):
+                found = ", ".join(f"{k!r} ({len(v)} posts)" for k, v in parts.items()) or "none"
+                why = (
+                    f"has no division {name!r}"
+                    if name not in parts
+                    else f"division {name!r} holds none of the {len(records)} loaded posts"
+                )
+                raise ValueError(
+                    f"divisions file {cfg.divisions}: {why} (the run trains on 'train' and evaluates on 'test'); "
+                    f"divisions found: {found}"
+                )
         train, evaluation = parts["train"], parts["test"]
         rep.notes.append("split: the official HateXplain train / test divisions")
     else:
@@ -345,7 +399,7 @@ def qkov_hatexplain(cfg: HateXplainConfig, quiet: bool) -> Report:
     rep.summary["train label counts (hatespeech, normal, offensive)"] = np.bincount(
         [r.label for r in train], minlength=3
     ).tolist()
-    run_real(rep, "classify", "hatexplain", train, evaluation, cfg, quiet)
+    run_real(rep, "classify", "hatexplain", train, evaluation, cfg, quiet, None, ": no evaluation post has a rationale")
     return rep
 
 
@@ -424,11 +478,16 @@ class SvaConfig(_Common):
 )
 def qkov_sva(cfg: SvaConfig, quiet: bool) -> Report:
     rep = Report("qkov-sva", asdict(cfg))
-    records = _records(cfg, "blimp", "sva", RD.load_sva)
+    path = RD.resolve_data(cfg.data, "blimp", "sva")
+    records = RD.load_sva(path)
     train, evaluation = RD.split_records(records, cfg.eval_fraction, cfg.split_seed)
     rep.summary["items: train, evaluation"] = [len(train), len(evaluation)]
+    hint = (
+        f": no evaluation item of {path} has a known subject. A TSV gives it in the optional sixth column, "
+        "subject_index (0-based word index of the subject; -1, or a 4-column line, leaves it unknown)"
+    )
     lanes, out, _, _ = run_real(
-        rep, "agree", "sva", train, evaluation, cfg, quiet, {"verb_relevant": cfg.verb_relevant}
+        rep, "agree", "sva", train, evaluation, cfg, quiet, {"verb_relevant": cfg.verb_relevant}, hint
     )
     n_attr = np.asarray([r.meta.get("n_attractors", -1) for r in evaluation])
     for k in sorted(set(n_attr.tolist())):

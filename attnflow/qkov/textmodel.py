@@ -76,7 +76,9 @@ class TextBatch(eqx.Module):
     averaged into the query (the question of a span item; else none); ``relevant`` (B, L)
     float weights in [0, 1] (zero off the keys); ``label`` (B,) class, or the answer's start
     position (span); ``end`` (B,) the answer's end position (span; else 0); ``candidates``
-    (B, 2) ids of the correct and the wrong verb form (agree; else 0).
+    (B, 2) ids of the correct and the wrong verb form (agree; else 0); ``gold`` (B, G, 2) the
+    start and end positions of every gold answer that fits (span: the first is ``label``,
+    ``end``; rows past an example's own answers repeat its first; else ``label``, 0).
     """
 
     tokens: jax.Array
@@ -87,6 +89,7 @@ class TextBatch(eqx.Module):
     label: jax.Array
     end: jax.Array
     candidates: jax.Array
+    gold: jax.Array
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -111,8 +114,9 @@ def encode_text(
     weights, and 1 at the verb position with ``verb_relevant`` (the paper's definition, made
     for inputs that contain the verb; here the verb position holds only the placeholder, so
     by default only the subject counts). ``span``: the first ``question_length`` question words,
-    ``<sep>``, then the context (answers that do not fit are an error: crop the context with
-    the loader's ``window``). ``vocab`` must hold the task's `SPECIALS` word.
+    ``<sep>``, then the context (a first answer that does not fit is an error: crop the context
+    with the loader's ``window``); ``gold`` holds every answer of ``meta["spans"]`` that fits.
+    ``vocab`` must hold the task's `SPECIALS` word.
     """
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
@@ -133,6 +137,7 @@ def encode_text(
     label = np.zeros(n, np.int32)
     end = np.zeros(n, np.int32)
     candidates = np.zeros((n, 2), np.int32)
+    golds: list[list[tuple[int, int]]] = []
     sid = vocab.id(special)
     for b, rec in enumerate(records):
         words, rel = list(rec.words), np.asarray(rec.relevant, float)
@@ -173,6 +178,15 @@ def encode_text(
             keys[b, q + 1 : q + 1 + len(w)] = True
             relevant[b, q + 1 : q + 1 + len(w)] = rel[: len(w)]
             query[b], label[b], end[b] = q, q + 1 + s, q + 1 + e
+            # the other gold answers that fit (SQuAD scores the best match over all of them)
+            spans = [(int(s2), int(e2)) for s2, e2 in rec.meta.get("spans", ()) if 0 <= int(s2) <= int(e2) < len(w)]
+            golds.append([(label[b], end[b])] + [(q + 1 + s2, q + 1 + e2) for s2, e2 in spans if (s2, e2) != (s, e)])
+    width = max((len(g) for g in golds), default=1)
+    gold = np.zeros((n, width, 2), np.int32)
+    gold[:, :, 0] = label[:, None]
+    gold[:, :, 1] = end[:, None]
+    for b, g in enumerate(golds):
+        gold[b, : len(g)] = g
     return TextBatch(
         tokens=jnp.asarray(tokens),
         keys=jnp.asarray(keys),
@@ -182,6 +196,7 @@ def encode_text(
         label=jnp.asarray(label),
         end=jnp.asarray(end),
         candidates=jnp.asarray(candidates),
+        gold=jnp.asarray(gold),
     )
 
 

@@ -24,7 +24,7 @@ import optax
 from .. import _validate as V
 from .._jit import filter_jit
 from ..optim import per_circuit
-from .metrics import CONFIDENCES, DTAP_EDGES, comprehensiveness_sufficiency, dtap
+from .metrics import CONFIDENCES, DTAP_EDGES, comprehensiveness_sufficiency, dtap, relevant_mass, separability
 from .textmodel import CIRCUIT_GROUPS, TextAttention, TextBatch, text_circuit_labels, text_loss
 
 __all__ = [
@@ -43,8 +43,10 @@ __all__ = [
 class TextSchedule:
     """Optimisation of `train_text`: ``epochs`` passes over the training examples in batches
     of ``batch`` (a seeded shuffle per epoch and lane, the last partial batch dropped);
-    ``optimizer`` ``"adamw"`` (weight decay ``weight_decay``) or ``"sgd"`` (heavy-ball
-    ``momentum``, decoupled weight decay); a linear warm-up over the first ``warmup``
+    ``optimizer`` ``"adamw"`` (decoupled weight decay ``weight_decay``) or ``"sgd"``
+    (heavy-ball ``momentum`` with coupled L2 decay: ``g + weight_decay * theta`` enters the
+    momentum buffer, ``m <- momentum * m + g + weight_decay * theta``, ``theta <- theta - lr * m``,
+    so the decay is scaled by the rate and carried by the momentum); a linear warm-up over the first ``warmup``
     fraction of the steps, then cosine decay to zero; gradients clipped to global norm
     ``clip`` (``None``: no clipping)."""
 
@@ -100,7 +102,8 @@ class TextSchedule:
 
 
 def _sgdw(learning_rate: Any, momentum: float = 0.9, wd: float = 0.0) -> optax.GradientTransformation:
-    """SGD with heavy-ball momentum and weight decay scaled by the learning rate."""
+    """SGD with heavy-ball momentum and coupled L2 weight decay: ``wd * theta`` is added to the
+    gradient before the momentum (not decoupled, unlike AdamW's)."""
     return optax.chain(optax.add_decayed_weights(wd), optax.sgd(learning_rate, momentum=momentum))
 
 
@@ -246,8 +249,10 @@ def _epoch(params, opt_state, static, keys, rates, train, epoch, schedule, steps
 
 
 def uniform_relevant_mass(batch: TextBatch) -> jax.Array:
-    """Relevant mass under uniform attention over the keys, per example: the floor that
-    trained attention must beat."""
+    """Relevant mass under uniform attention over the keys, per example:
+    ``sum_{i in keys} r_i / |keys|``, the floor that trained attention must beat. Compare its
+    mean over the examples with relevant tokens (``evaluate_text``'s ``floor``) with
+    ``evaluate_text``'s ``relevant_mass``, which averages over those examples only."""
     n = jnp.sum(batch.keys, axis=-1)
     return jnp.sum(jnp.where(batch.keys, batch.relevant, 0.0), axis=-1) / jnp.maximum(n, 1)
 
@@ -282,13 +287,25 @@ def evaluate_text(
 ) -> dict[str, np.ndarray]:
     """Metrics of each lane's model (``models`` stacked along a leading lane axis) on ``batch``.
 
-    Per lane: ``accuracy`` (classify, agree) or span ``f1`` and ``exact`` (span; the best
-    span of at most ``max_span`` words), ``relevant_mass`` (mean over examples with relevant
-    tokens of ``A_rel = sum_i r_i a_i``, ``r`` the relevant weights), ``ac`` (share with
+    Per lane: ``accuracy`` (classify, agree: the share of correct answers; span: the same as
+    ``exact``); span ``f1`` and ``exact`` (span; the predicted span is the best of at most
+    ``max_span`` words; ``exact`` is the share whose start and end positions equal those of
+    some gold answer, ``f1`` the mean of the word-position overlap F1, the maximum over the
+    gold answers in ``batch.gold``, as the official SQuAD script takes the maximum over its
+    answers; unlike that script, words are compared by position, after `tokenize`'s
+    lowercasing and punctuation splitting, with no removal of articles or punctuation; for
+    classify and agree ``f1`` equals ``accuracy``), ``relevant_mass`` (mean over examples with
+    relevant tokens of ``A_rel = sum_i r_i a_i`` over the keys, `attnflow.qkov.relevant_mass`,
+    ``r`` the relevant weights), ``floor`` (the same mean under uniform attention over the
+    keys, `uniform_relevant_mass`, over the same examples: the value ``relevant_mass`` must
+    beat; these averages over the examples with relevant tokens are NaN when there are none),
+    ``ac`` (share with
     ``A_rel >= tau_a``), ``acmc`` (and confidence ``>= tau_p``; ``tau_a = tau_p = 0.1`` and
     ``confidence="true_prob"`` by default, as `attnflow.qkov.confident_concentration`: the
     confidence is ``p_true``, or with ``"pred_prob"`` the predicted answer's probability, or
-    with ``"correct"`` 1 for a correct answer, else 0), ``separability``,
+    with ``"correct"`` 1 for a correct answer, else 0; span: ``p_true`` is that of the first
+    gold answer's start and end), ``separability`` (`attnflow.qkov.separability` with the keys;
+    NaN when no example has both relevant and other keys),
     ``comprehensiveness`` and ``sufficiency`` (top ``top_percent`` percent of the keys), and
     ``dtap`` (lanes, bins, bins), percent of the examples with relevant tokens per bin of
     ``A_rel`` (rows) and ``p_true`` (columns, `attnflow.qkov.dtap`). Per example (lanes, B):
@@ -319,14 +336,19 @@ def evaluate_text(
 @filter_jit
 def _evaluate(models, batch, tau_a, tau_p, confidence, top_percent, max_span):
     has_relevant = jnp.any(batch.relevant > 0, axis=-1)
-    w = has_relevant / jnp.maximum(jnp.sum(has_relevant), 1)
+    n_relevant = jnp.sum(has_relevant)
+    # NaN, not 0, when no example has a relevant token: then nothing is measured
+    w = jnp.where(n_relevant > 0, has_relevant / jnp.maximum(n_relevant, 1), jnp.nan)
+    floor = jnp.sum(w * uniform_relevant_mass(batch))
 
     def one(model):
         z, a = model(batch)
         if model.task == "span":
             start, end = jax.vmap(lambda zz: _best_span(zz, max_span))(z)
-            f1 = _span_f1(start, end, batch.label, batch.end)
-            correct = (start == batch.label) & (end == batch.end)
+            # the best match over the gold answers, as the official SQuAD script (here on word positions)
+            gs, ge = batch.gold[..., 0], batch.gold[..., 1]
+            f1 = jnp.max(_span_f1(start[:, None], end[:, None], gs, ge), axis=-1)
+            correct = jnp.any((start[:, None] == gs) & (end[:, None] == ge), axis=-1)
             p = jax.nn.softmax(z, axis=-1)
             p_true = (
                 jnp.take_along_axis(p[:, 0], batch.label[:, None], 1)[:, 0]
@@ -344,12 +366,7 @@ def _evaluate(models, batch, tau_a, tau_p, confidence, top_percent, max_span):
             correct = jnp.argmax(z, -1) == target
             f1 = correct.astype(z.dtype)
         conf = {"true_prob": p_true, "pred_prob": p_pred, "correct": correct.astype(p_true.dtype)}[confidence]
-        a_rel = jnp.sum(a * batch.relevant, axis=-1)
-        rel = batch.relevant > 0
-        mx = jnp.max(jnp.where(rel, a, -jnp.inf), axis=-1)
-        mn = jnp.min(jnp.where(batch.keys & ~rel, a, jnp.inf), axis=-1)
-        sep_ok = has_relevant & jnp.isfinite(mn)
-        separability = jnp.sum(jnp.where(sep_ok, mx - mn, 0.0)) / jnp.maximum(jnp.sum(sep_ok), 1)
+        a_rel = relevant_mass(a, batch.relevant, batch.keys)
 
         def model_for_eraser(b, key_mask=None):
             zz, aa = model(b, key_mask)
@@ -358,11 +375,13 @@ def _evaluate(models, batch, tau_a, tau_p, confidence, top_percent, max_span):
         cs = comprehensiveness_sufficiency(model_for_eraser, batch, top_percent, lengths=jnp.sum(batch.keys, axis=-1))
         return {
             "accuracy": jnp.mean(correct),
+            "exact": jnp.mean(correct),
             "f1": jnp.mean(f1),
             "relevant_mass": jnp.sum(w * a_rel),
             "ac": jnp.sum(w * (a_rel >= tau_a)),
             "acmc": jnp.sum(w * ((a_rel >= tau_a) & (conf >= tau_p))),
-            "separability": separability,
+            "separability": separability(a, batch.relevant, batch.keys),
+            "floor": floor,
             "comprehensiveness": cs["comprehensiveness"],
             "sufficiency": cs["sufficiency"],
             "a_rel": a_rel,
