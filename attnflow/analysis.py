@@ -232,12 +232,22 @@ def detect_plateaus(
     change per unit log-time, ``|d log y / d log t|``, stays below ``rel_tol``.
 
     Returns ``[{"t_start", "t_end", "level"}]`` in time order (``level``: the mean of ``y``
-    over the plateau). Saves at ``t <= 0`` are ignored.
+    over the plateau). Saves at ``t <= 0`` are ignored, and so is a save that repeats the time
+    before it (the saves after an event all hold the event time: no stretch of time, not a
+    plateau). A value ``y <= 0`` at a kept save is refused (``log y``).
     """
     V.positive("rel_tol", rel_tol)
     ts, y = np.asarray(ts, dtype=float), np.asarray(y, dtype=float)
     keep = ts > 0
     t, L = ts[keep], y[keep]
+    new = np.concatenate([[True], t[1:] != t[:-1]]) if t.size else np.ones(0, bool)
+    t, L = t[new], L[new]
+    bad = np.flatnonzero(L <= 0)
+    if bad.size:
+        raise ValueError(
+            f"detect_plateaus needs a positive curve (a loss: its log is taken), but y = {L[bad[0]]:.6g} "
+            f"at t = {t[bad[0]]:.6g}"
+        )
     rate = np.abs(np.diff(np.log(L))) / np.maximum(np.diff(np.log(t)), 1e-300)
     flat = rate < rel_tol
     out = []
@@ -270,12 +280,11 @@ def fit_line(
     x: Real[ArrayLike, "*n"] | Sequence[float], y: Real[ArrayLike, "*n"] | Sequence[float], level: float = 0.95
 ) -> LineFit:
     """Least-squares line through the finite points ``(x, y)`` (at least 2; the interval
-    needs 3)."""
+    needs 3). ``level``, the confidence of the interval, lies in ``(0, 1)``."""
     from scipy import stats
 
     xs, ys = np.asarray(x, dtype=float).ravel(), np.asarray(y, dtype=float).ravel()
-    if xs.shape != ys.shape:
-        raise ValueError(f"x and y must have the same number of points, got {xs.size} and {ys.size}")
+    _check_fit_input(xs, ys, level)
     ok = np.isfinite(xs) & np.isfinite(ys)
     xs, ys = xs[ok], ys[ok]
     n = xs.size
@@ -290,6 +299,15 @@ def fit_line(
     return LineFit(float(slope), float(intercept), se, (float(slope - q * se), float(slope + q * se)), n)
 
 
+def _check_fit_input(xs: np.ndarray, ys: np.ndarray, level: Any) -> None:
+    """``ValueError`` unless ``xs`` and ``ys`` have as many points and ``level`` is in ``(0, 1)``
+    (at 0 the interval has width zero, at 1 and beyond it is infinite or NaN)."""
+    if xs.shape != ys.shape:
+        raise ValueError(f"x and y must have the same number of points, got {xs.size} and {ys.size}")
+    if isinstance(level, bool) or not isinstance(level, int | float | np.integer | np.floating) or not 0 < level < 1:
+        raise ValueError(f"level (the confidence of the interval) must be in (0, 1), got {level!r}")
+
+
 def fit_power_law(
     x: Real[ArrayLike, "*n"] | Sequence[float], y: Real[ArrayLike, "*n"] | Sequence[float], level: float = 0.95
 ) -> LineFit:
@@ -297,8 +315,9 @@ def fit_power_law(
     are left out with a ``RuntimeWarning`` counting them); ``slope`` is the exponent ``p`` and
     ``intercept`` is ``log C``."""
     x, y = np.asarray(x, dtype=float).ravel(), np.asarray(y, dtype=float).ravel()
+    _check_fit_input(x, y, level)
     ok = (x > 0) & (y > 0) & np.isfinite(x) & np.isfinite(y)
-    if not ok.all() and x.shape == y.shape:
+    if not ok.all():
         warnings.warn(
             f"fit_power_law: left out {int((~ok).sum())} of {ok.size} points that are not positive and finite "
             "(a fit in log-log needs x > 0 and y > 0)",

@@ -121,6 +121,34 @@ def _psd_sqrt_jvp(primals, tangents):
     return S, U @ inner @ Ut
 
 
+_COV_NOT_PSD_TRACED = (
+    "cov must be symmetric and positive semidefinite (up to 1e-8 of its largest entry), but a traced cov "
+    "(in a jit, vmap, sweep or ODE field) is not; its values are not shown"
+)
+
+
+def _checked_cov(cov: Any) -> Any:
+    """``cov`` (a matrix, or a stack of them on leading axes), refused unless symmetric and
+    positive semidefinite up to ``1e-8`` of its largest entry, as `attnflow._validate.covariance`
+    refuses a concrete one. Traced, through `attnflow._errors.fail_if`: an error when the program
+    runs, a failed point inside `attnflow.sweep`. Rounding-size negative eigenvalues pass (and
+    `psd_sqrt` clips them); beyond that, `psd_sqrt` would silently root another matrix."""
+    if not V.any_traced(cov):
+        if jnp.ndim(cov) == 2:
+            V.covariance("cov", cov)
+        else:  # a stack: each matrix as one
+            for c in np.asarray(cov).reshape((-1,) + np.shape(cov)[-2:]):
+                V.covariance("cov", c)
+        return cov
+    from ._errors import fail_if
+
+    c = jnp.asarray(cov)
+    scale = 1e-8 * jnp.maximum(jnp.max(jnp.abs(c)), 1e-300)
+    asym = jnp.max(jnp.abs(c - jnp.swapaxes(c, -1, -2)))
+    low = jnp.min(jnp.linalg.eigvalsh(0.5 * (c + jnp.swapaxes(c, -1, -2))))
+    return fail_if(c, (asym > scale) | ~(low >= -scale), _COV_NOT_PSD_TRACED)
+
+
 class GaussianBank(eqx.Module):
     """A fixed bank of standard normal draws ``z`` of shape ``(n, dim)``.
 
@@ -158,10 +186,12 @@ class GaussianBank(eqx.Module):
         x = self.z
         if cov is not None:
             shape = jnp.shape(cov)
-            if shape[-2:] != (self.dim, self.dim):
-                raise ValueError(f"cov must have shape ({self.dim}, {self.dim}) for this bank, got {shape}")
-            if len(shape) == 2:
-                V.covariance("cov", cov)
+            if shape == () and self.dim == 1:  # a variance, as gauss_hermite takes for one variable
+                cov = jnp.reshape(jnp.asarray(cov), (1, 1))
+            elif shape[-2:] != (self.dim, self.dim):
+                one = " (or, in dim 1, a variance)" if self.dim == 1 else ""
+                raise ValueError(f"cov must have shape ({self.dim}, {self.dim}){one} for this bank, got shape {shape}")
+            cov = _checked_cov(cov)
         if mean is not None and jnp.shape(mean)[-1:] != (self.dim,):
             raise ValueError(f"mean must have {self.dim} entries for this bank, got shape {jnp.shape(mean)}")
         if sqrt_cov is None and cov is not None:
@@ -213,13 +243,16 @@ def gauss_hermite(f: Callable[[jax.Array], Any], n_points: int, mean: Any, cov: 
     scalar, as ``gauss_hermite(lambda x: x**2, 10, 0.0, 1.0)`` = 1.
     """
     scalar = jnp.ndim(mean) == 0
-    if scalar and jnp.ndim(cov) not in (0, 2):
-        raise ValueError(f"cov of a scalar mean must be a variance (a number), got shape {jnp.shape(cov)}")
+    given = jnp.shape(cov)
+    if scalar and len(given) not in (0, 2):
+        raise ValueError(f"cov of a scalar mean must be a variance (a number), got shape {given}")
     mean = jnp.atleast_1d(jnp.asarray(mean, dtype=jnp.result_type(float)))
-    cov = jnp.atleast_2d(jnp.asarray(cov, dtype=mean.dtype))
-    if cov.shape != (mean.shape[0], mean.shape[0]):
-        raise ValueError(f"cov must have shape {(mean.shape[0],) * 2}, got {cov.shape}")
-    V.covariance("cov", cov)
+    d = mean.shape[0]
+    if not (given == (d, d) or (given == () and d == 1)):
+        one = " (or, for one variable, a variance)" if d == 1 else ""
+        shown = jnp.shape(mean)
+        raise ValueError(f"cov must have shape ({d}, {d}){one} for a mean of shape {shown}, got shape {given}")
+    cov = _checked_cov(jnp.reshape(jnp.asarray(cov, dtype=mean.dtype), (d, d)))
     nodes, weights = hermite_rule(n_points, mean.shape[0])
     x = mean + jnp.asarray(nodes, mean.dtype) @ psd_sqrt(cov).T
     vals = jax.vmap((lambda xi: f(xi[0])) if scalar else f)(x)

@@ -268,6 +268,25 @@ def _ok(result) -> jax.Array:
     return (result == diffrax.RESULTS.successful) | (result == diffrax.RESULTS.event_occurred)
 
 
+_SPLIT_COMPLEX = (
+    "attnflow integrates real states (its error norms and checks are for real numbers): split a complex "
+    "state z into real and imaginary parts, {'re': z.real, 'im': z.imag}, with the field returning "
+    "{'re': dz.real, 'im': dz.imag}"
+)
+
+
+def _refuse_complex(what: str, tree: Any) -> None:
+    """``ValueError`` naming the first complex leaf of ``tree`` (arrays or shapes) and how to split it:
+    a complex ``y0`` would be cast to the real dtype (its imaginary part dropped)."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        dt = getattr(leaf, "dtype", None)
+        if dt is None:
+            dt = np.result_type(leaf)
+        if jnp.issubdtype(dt, jnp.complexfloating):
+            where = f" (at {jax.tree_util.keystr(path)})" if path else ""
+            raise ValueError(f"integrate: {what}{where}, dtype {jnp.dtype(dt)}; {_SPLIT_COMPLEX}")
+
+
 def integrate(
     field: Callable[[Any, Any, Any], Any] | ODE,
     y0: Any,
@@ -356,6 +375,9 @@ def integrate(
         raise ValueError(f"observe must be callable (t, y, args) -> {{name: array}}, got {observe!r}")
     if not jax.tree_util.tree_leaves(y0):
         raise ValueError(f"y0 must contain at least one array, got {y0!r}")
+    if jnp.issubdtype(jnp.dtype(dtype), jnp.complexfloating):
+        raise ValueError(f"integrate: dtype must be a real floating dtype, got {jnp.dtype(dtype)}; {_SPLIT_COMPLEX}")
+    _refuse_complex("y0 is complex", y0)
     V.finite_tree("y0", y0)
     if not V.any_traced((t0, t1)):
         t0f, t1f = V.finite_scalar("t0", t0), V.finite_scalar("t1", t1)
@@ -386,6 +408,7 @@ def integrate(
         )(t0, y0, dyn_args)
     except (TypeError, AttributeError, KeyError, IndexError) as err:
         raise ValueError(f"field(t, y, args) failed on the initial state: {type(err).__name__}: {err}") from None
+    _refuse_complex("field returns a complex dy/dt", out_struct)
     V.matches_state("", out_struct, y0)
     obs = _Observer(observe or _default_observe)
     _check_observe(obs, t0, y0, args)

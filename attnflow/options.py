@@ -18,6 +18,7 @@ A grid gives times on ``[t0, t1]`` (`SaveGrid.times`, traceable) and integer ste
 from __future__ import annotations
 
 import abc
+import math
 import os
 import sys
 import types
@@ -259,6 +260,14 @@ class TimeGrid(SaveGrid):
         return steps
 
 
+def _whole_as_int(value: Any) -> Any:
+    """A whole float (``max_steps=1e5``, the common way to write it) as the int Diffrax needs;
+    anything else as given, for `attnflow._validate.positive_int` to accept or refuse by name."""
+    if isinstance(value, float | np.floating) and math.isfinite(value) and float(value).is_integer():
+        return int(value)
+    return value
+
+
 class SolverOptions(eqx.Module):
     """How `integrate` (and every theory package's ``solve``) solves an ODE.
 
@@ -294,7 +303,7 @@ class SolverOptions(eqx.Module):
     rtol: Any = 1e-8
     atol: Any = 1e-10
     dt0: Any = None
-    max_steps: int = eqx.field(static=True, default=100_000)
+    max_steps: int = eqx.field(static=True, default=100_000, converter=lambda v: _whole_as_int(v))
     stepsize_controller: diffrax.AbstractStepSizeController | None = None
     adjoint: diffrax.AbstractAdjoint | None = None
     progress: bool = eqx.field(static=True, default=False)

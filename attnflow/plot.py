@@ -24,7 +24,9 @@ __all__ = ["overlay", "family", "heatmap", "mark_times", "save_figure"]
 _COLORS = ["C0", "C1", "C2", "C3", "C4", "C5", "C6", "C7", "C8", "C9"]
 
 
-def _as_runs(simulations: Trajectory | Sequence[Trajectory] | None) -> list[Trajectory]:
+def _as_runs(simulations: Any) -> list[Trajectory]:
+    """`overlay`'s runs (one value of its ``simulations`` mapping, or the whole of it) as a list of
+    unbatched trajectories: a batched one, and each batched item of a list, gives one per run."""
     if simulations is None:
         return []
     from .sweep import SweepResult
@@ -49,7 +51,20 @@ def _as_runs(simulations: Trajectory | Sequence[Trajectory] | None) -> list[Traj
             return [simulations]
         flat = simulations.ts.reshape(-1, simulations.ts.shape[-1])
         return [simulations_batch(simulations, i) for i in range(flat.shape[0])]
-    return list(simulations)
+    if not isinstance(simulations, Sequence) or isinstance(simulations, str):
+        raise ValueError(
+            f"overlay: simulations must be a Trajectory, a SweepResult of runs, a list of them or a mapping "
+            f"label -> runs, got {type(simulations).__name__}"
+        )
+    runs = []
+    for i, item in enumerate(simulations):  # each item as a lone one: a batched run is its seeds
+        if not isinstance(item, Trajectory | SweepResult):
+            raise ValueError(
+                f"overlay: simulations[{i}] must be a Trajectory (batched or not) or a SweepResult of runs, "
+                f"got {type(item).__name__}"
+            )
+        runs += _as_runs(item)
+    return runs
 
 
 def _failed(traj: Trajectory) -> bool:

@@ -27,6 +27,7 @@ import optimistix as optx
 from jax.flatten_util import ravel_pytree
 
 from . import _validate as V
+from ._errors import fail_if
 
 if TYPE_CHECKING:
     from .ode import ODE
@@ -95,7 +96,14 @@ def fixed_point(
         sol = optx.least_squares(fn, solver, y_guess, args=targs, max_steps=max_steps, throw=False, adjoint=adjoint)
     else:
         sol = optx.root_find(fn, solver, y_guess, args=targs, max_steps=max_steps, throw=False, adjoint=adjoint)
-    if throw and not V.any_traced((y_guess, args)):
+    if throw and V.any_traced((sol.value, y_guess, args)):
+        # the residual cannot be looked at: fail as integrate's traced solve does (an error under
+        # jit / vmap, the point marked failed inside a sweep), not hand back the last iterate
+        res_leaves = jax.tree_util.tree_leaves(fn(sol.value, targs))
+        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in res_leaves]))
+        not_root = (sol.result != optx.RESULTS.successful) | ~finite
+        return fail_if(sol.value, not_root, _NOT_CONVERGED_TRACED)
+    if throw:
         res = fn(sol.value, targs)
         size = max(float(jnp.max(jnp.abs(x))) for x in jax.tree_util.tree_leaves(res))
         if sol.result != optx.RESULTS.successful or not np.isfinite(size):
@@ -109,6 +117,12 @@ def fixed_point(
                 "try another initial guess, more max_steps, or a damped solver (optx.LevenbergMarquardt)"
             )
     return sol.value
+
+
+_NOT_CONVERGED_TRACED = (
+    "fixed_point: root find did not converge (traced: the residual is not shown; call it outside jit "
+    "for the numbers); try another initial guess, more max_steps, or a damped solver (optx.LevenbergMarquardt)"
+)
 
 
 class _Residual(eqx.Module):
@@ -201,8 +215,12 @@ def spectrum(
     # in float32 the Jacobian's rounding (~1e-7 |J|) exceeds the default tol of `unstable`:
     # null directions would count as unstable
     require_x64("spectrum")
+    V.finite_tree("spectrum: y", y)
     y = _as_float64(y)
     J = jacobian(field, y, args, t)
+    if not V.any_traced(J) and not np.all(np.isfinite(np.asarray(J))):
+        bad = tuple(int(i) for i in np.argwhere(~np.isfinite(np.asarray(J)))[0])
+        raise ValueError(f"spectrum: the Jacobian of the field at y is not finite; entry {bad} is {float(J[bad])}")
     _, unravel = ravel_pytree(y)
     B = None if basis is None else jnp.asarray(basis, dtype=J.dtype)
     if B is not None:
@@ -218,8 +236,6 @@ def spectrum(
     if traced:
         symmetric = bool(symmetric)  # the values cannot be looked at: the general eig unless told
         if symmetric:  # checked as it runs: eigh of a non-symmetric matrix is silently another matrix's
-            from ._errors import fail_if
-
             not_symmetric = jnp.max(jnp.abs(J - J.T)) > 1e-8 * (1 + jnp.max(jnp.abs(J)))
             J = fail_if(J, not_symmetric, "spectrum: symmetric=True, but the Jacobian is not symmetric")
     else:

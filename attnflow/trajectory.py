@@ -73,7 +73,30 @@ def versions() -> dict[str, str]:
 def _freeze_meta(meta: Mapping[str, Any] | None) -> str:
     # Metadata travels as a canonical JSON string: hashable (so it can sit in a pytree's
     # static part under jit/vmap) and exactly what `save` writes.
-    return json.dumps(dict(meta or {}), sort_keys=True, default=json_default)
+    if meta is not None and not isinstance(meta, Mapping):
+        raise ValueError(f"meta must be a mapping key -> JSON-serialisable value, got {type(meta).__name__}")
+    meta = dict(meta or {})
+    try:
+        return json.dumps(meta, sort_keys=True, default=_json_value)
+    except (TypeError, ValueError):
+        pass
+    for key, value in meta.items():  # which entry: a repr would be stored, and read back as a string
+        try:
+            json.dumps(value, default=_json_value)
+        except (TypeError, ValueError) as err:
+            raise ValueError(
+                f"meta[{key!r}] must be JSON-serialisable (numbers, strings, lists, dicts, arrays), "
+                f"got {type(value).__name__} {value!r:.80} ({err})"
+            ) from None
+    return json.dumps(meta, sort_keys=True, default=_json_value)  # a non-string key: json's own error
+
+
+def _json_value(obj: Any) -> Any:
+    """`attnflow._io.json_default` for arrays, NumPy scalars and paths; anything else refused
+    (``TypeError``), where json_default would store its ``repr``."""
+    if isinstance(obj, np.ndarray | jax.Array | np.generic | Path):
+        return json_default(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON-serialisable")
 
 
 @jax.tree_util.register_pytree_node_class

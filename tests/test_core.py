@@ -3,6 +3,7 @@
 import json
 import re
 import warnings
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -730,6 +731,117 @@ def test_overlay_draws_runs_on_other_clocks_one_by_one():
     assert "(mean, min-max of 2)" in ax.get_legend_handles_labels()[1][0]
 
 
+def test_small_input_checks_name_the_value():
+    # a whole float max_steps (1e5) is the int Diffrax needs; a fractional one is refused by name
+    opts = af.SolverOptions(max_steps=1e3)
+    assert opts.max_steps == 1000 and type(opts.max_steps) is int
+    tr = af.integrate(lambda t, y, a: -y, 1.0, 1.0, save=af.LinearGrid(2), solver=opts)
+    assert float(tr.final()["y"]) == pytest.approx(np.exp(-1.0), rel=1e-7)
+    with pytest.raises(ValueError) as err:
+        af.SolverOptions(max_steps=100.5)
+    assert str(err.value) == "max_steps must be an integer >= 1, got 100.5"
+    # the confidence level of fit_line / fit_power_law lies in (0, 1)
+    for level in (1.5, 0.0, 1.0, float("nan")):
+        for fit in (af.fit_line, af.fit_power_law):
+            with pytest.raises(ValueError) as err:
+                fit([1.0, 2.0, 4.0, 8.0], [1.0, 2.1, 3.9, 8.2], level=level)
+            assert str(err.value) == f"level (the confidence of the interval) must be in (0, 1), got {level!r}"
+    with pytest.raises(ValueError) as err:  # as fit_line says it, not NumPy's broadcast error
+        af.fit_power_law([1.0, 2.0, 3.0], [1.0, 2.0])
+    assert str(err.value) == "x and y must have the same number of points, got 3 and 2"
+    # spectrum at a non-finite state, or where the field's Jacobian is not finite
+    with pytest.raises(ValueError) as err:
+        af.spectrum(lambda t, y, a: y - y**3, jnp.array([jnp.nan]), None)
+    assert str(err.value) == "spectrum: y must be finite; entry (0,) is nan"
+    with pytest.raises(ValueError) as err:
+        af.spectrum(lambda t, y, a: jnp.sqrt(y), jnp.array([0.0, 1.0]), None)
+    assert str(err.value) == "spectrum: the Jacobian of the field at y is not finite; entry (0, 0) is inf"
+    # Trajectory metadata is JSON: an entry that is not is refused by key (not stored as its repr)
+    tr = af.Trajectory(jnp.linspace(0.0, 1.0, 3), {"u": jnp.ones(3)}, {"seed": 1})
+    with pytest.raises(ValueError) as err:
+        tr.with_meta(config={"sizes": {1, 2}})
+    assert str(err.value) == (
+        "meta['config'] must be JSON-serialisable (numbers, strings, lists, dicts, arrays), got dict "
+        "{'sizes': {1, 2}} (set is not JSON-serialisable)"
+    )
+    with pytest.raises(ValueError, match=r"^meta\['dtype'\] must be JSON-serialisable .* got _ScalarMeta"):
+        af.Trajectory(tr.ts, tr.ys, {"dtype": jnp.float64})
+    kept = tr.with_meta(sizes=np.arange(2), scale=np.float64(0.5), folder=Path("/tmp/run"))
+    assert kept.meta == {"seed": 1, "sizes": [0, 1], "scale": 0.5, "folder": "/tmp/run"}
+
+
+def test_integrate_refuses_complex_states_naming_the_leaf():
+    split = (
+        "attnflow integrates real states (its error norms and checks are for real numbers): split a complex "
+        "state z into real and imaginary parts, {'re': z.real, 'im': z.imag}, with the field returning "
+        "{'re': dz.real, 'im': dz.imag}"
+    )
+    with pytest.raises(ValueError) as err:  # not cast to float64 with the imaginary part dropped
+        af.integrate(lambda t, z, a: 1j * z, jnp.array([1.0 + 1.0j]), 1.0)
+    assert str(err.value) == f"integrate: y0 is complex, dtype complex128; {split}"
+    with pytest.raises(ValueError) as err:
+        af.integrate(lambda t, y, a: -y, {"a": 1.0, "b": jnp.ones(2) * 1j}, 1.0)
+    assert str(err.value) == f"integrate: y0 is complex (at ['b']), dtype complex128; {split}"
+    with pytest.raises(ValueError) as err:  # a complex field on a real state: not Diffrax's error
+        af.integrate(lambda t, y, a: -y * (1 + 1j), jnp.ones(1), 1.0)
+    assert str(err.value) == f"integrate: field returns a complex dy/dt, dtype complex128; {split}"
+    with pytest.raises(ValueError) as err:
+        af.integrate(lambda t, y, a: -y, jnp.ones(1), 1.0, dtype=jnp.complex128)
+    assert str(err.value) == f"integrate: dtype must be a real floating dtype, got complex128; {split}"
+    # the split form: z' = i z from 1 + i, z(pi / 2) = i (1 + i) = -1 + i
+    tr = af.integrate(
+        lambda t, z, a: {"re": -z["im"], "im": z["re"]},
+        {"re": jnp.ones(1), "im": jnp.ones(1)},
+        np.pi / 2,
+        save=af.LinearGrid(2),
+        solver=af.SolverOptions(rtol=1e-10, atol=1e-12),
+    )
+    np.testing.assert_allclose([tr["re"][-1, 0], tr["im"][-1, 0]], [-1.0, 1.0], atol=1e-8)
+
+
+def test_detect_plateaus_skips_repeated_save_times_and_refuses_a_non_positive_curve():
+    # y = 1 / t, then the saves after an event repeat t = 8: no plateau (the repeats are no time)
+    assert af.detect_plateaus([1.0, 2.0, 4.0, 8.0, 8.0, 8.0], [1.0, 0.5, 0.25, 0.125, 0.125, 0.125]) == []
+    got = af.detect_plateaus([1.0, 2.0, 4.0, 8.0, 8.0], [1.0, 1.0, 1.0, 0.5, 0.5])
+    assert got == [{"t_start": 1.0, "t_end": 4.0, "level": 1.0}]
+    # an event-terminated solve: L = (1 - u)^2 falls fastest at the event, where no plateau is
+    tr = af.integrate(
+        lambda t, u, a: u * (1 - u),
+        1e-4,
+        50.0,
+        observe=lambda t, u, a: {"loss": (1 - u) ** 2},
+        event=lambda t, u, a: u - 0.99,
+        save=af.LogGrid(100, t_min=1e-2),
+    )
+    plateaus = af.detect_plateaus(tr.ts, tr["loss"], rel_tol=1e-2)
+    assert len(plateaus) == 1 and plateaus[0]["t_start"] == pytest.approx(0.01)
+    assert plateaus[0]["t_end"] < 3.0 < float(tr.t_event)
+    with pytest.raises(ValueError) as err:
+        af.detect_plateaus([0.0, 1.0, 2.0], [-5.0, 1.0, -1.0])  # t = 0 is skipped
+    assert str(err.value) == "detect_plateaus needs a positive curve (a loss: its log is taken), but y = -1 at t = 2"
+
+
+def test_overlay_unbatches_each_batched_item_of_a_list():
+    """A batched trajectory inside a list (or a mapping's list) is its runs, as a lone one is:
+    three seeds and one run on its own clock are four runs, one legend entry."""
+    ts = jnp.linspace(0, 4, 9)
+    seeds = af.Trajectory(jnp.stack([ts] * 3), {"y": jnp.stack([ts, 2 * ts, 3 * ts])})
+    other = af.Trajectory(jnp.linspace(0, 4, 5), {"y": -jnp.linspace(0, 4, 5)})
+    for sims in ([seeds, other], {"simulation": [seeds, other]}):
+        ax = next(x for x in af.overlay(None, sims, "y").axes if x.get_visible())
+        assert ax.get_legend_handles_labels()[1] == ["simulation (4 runs, own save times)"]
+        assert [len(line.get_xdata()) for line in ax.lines] == [9, 9, 9, 5]
+        np.testing.assert_allclose(ax.lines[2].get_ydata(), 3 * ts)
+        assert len(ax.get_legend().get_texts()) == 1
+    ax = next(x for x in af.overlay(None, [seeds, seeds], "y").axes if x.get_visible())  # one clock: one band
+    assert ax.get_legend_handles_labels()[1] == ["simulation (mean, min-max of 6)"]
+    np.testing.assert_allclose(ax.lines[0].get_ydata(), 2 * ts)
+    with pytest.raises(ValueError) as err:
+        af.overlay(None, [seeds, "run"], "y")
+    said = "overlay: simulations[1] must be a Trajectory (batched or not) or a SweepResult of runs, got str"
+    assert str(err.value) == said
+
+
 def test_overlay_draws_labelled_groups_of_runs_apart():
     """``{label: runs}``: each group its own marker and legend entry (runs at two sizes are not
     merged into one band); a batched group is its mean and band."""
@@ -954,7 +1066,7 @@ def test_saddle_and_expectation_tools_refuse_what_they_cannot_do():
     with pytest.raises(ValueError, match="cov must be symmetric"):
         af.gauss_hermite(lambda x: x[0] * x[1], 5, jnp.zeros(2), jnp.array([[1.0, 0.9], [0.0, 1.0]]))
     bank = af.GaussianBank(0, 256, 2)
-    with pytest.raises(ValueError, match=r"cov must have shape \(2, 2\) for this bank, got \(3, 3\)"):
+    with pytest.raises(ValueError, match=r"cov must have shape \(2, 2\) for this bank, got shape \(3, 3\)"):
         bank.expect(lambda x: x[0], cov=jnp.eye(3))
     with pytest.raises(ValueError, match="eps = 2.0 must be below r = 1.0"):
         af.escape_time(1.0, 2.0)
