@@ -1038,3 +1038,14 @@ def test_quadrature_warnings_name_the_users_line():
     messages = [(w.filename, str(w.message)) for w in caught]
     assert [m[:22] for _, m in messages] == ["derive.Setup: the per-", "GaussHermite(points=24"]
     assert {f for f, _ in messages} == {__file__}
+
+
+def test_a_record_keeps_whether_the_quadrature_was_given():
+    f = derive.soft_committee
+    s = derive.Setup(f, f, 0.1 * jnp.eye(2), 0.5 * jnp.eye(2))
+    pinned = s.replace(quadrature=derive.GaussHermite(16))  # equal to the default, but given
+    assert s.record()["quadrature_default"] is True and "quadrature_default" not in pinned.record()
+    back, pinned_back = (derive.Setup.from_record(x.record()) for x in (s, pinned))
+    assert jax.tree_util.tree_structure(back) == jax.tree_util.tree_structure(s)
+    assert back.replace(noise=0.1).quadrature == derive.GaussHermite(13, noise_points=2)
+    assert pinned_back.replace(noise=0.1).quadrature == derive.GaussHermite(16)

@@ -574,6 +574,27 @@ class Setup(AbstractSetup):
         given.update(changes)
         return Setup(**given)
 
+    def record(self) -> dict[str, Any]:
+        """`attnflow.setup.AbstractSetup.record`, with ``"quadrature_default": True`` after the
+        quadrature when it was left out at construction: `from_record` then gives it back as
+        the default of the recorded model, which `replace` lets follow the model, as the
+        original does."""
+        out = super().record()
+        if self._default_rule:
+            items = list(out.items())
+            at = [k for k, _ in items].index("quadrature") + 1
+            out = dict(items[:at] + [("quadrature_default", True)] + items[at:])
+        return out
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Setup:
+        """`attnflow.setup.AbstractSetup.from_record`; a record with ``"quadrature_default": True``
+        (`record` of a setup whose quadrature was left out) leaves it out again."""
+        if isinstance(record, dict) and record.get("quadrature_default", False):
+            record = {k: v for k, v in record.items() if k != "quadrature_default"}
+            record["quadrature"] = None
+        return super().from_record(record)
+
     def initial_state(self) -> dict[str, Any]:
         """The start of `attnflow.derive.solve`: ``{"R": R0, "Q": Q0[, "v": v0]}``."""
         y = {"R": self.R0, "Q": self.Q0}
