@@ -802,6 +802,7 @@ def test_plateau_is_the_symmetric_fixed_point_and_its_rate_times_the_escape():
         derive.plateau(s.replace(eta=jnp.array([0.2, 1.0])))
 
 
+@pytest.mark.slow
 def test_plateau_followed_along_the_learning_rate_and_its_derivative():
     """fixed_point_branch follows the plateau (Jacobian singular along Q_01 - Q_10) along eta: plateau's
     states and escape rates at each rate; d Q*/d eta by jax.jacfwd equals central differences."""

@@ -178,6 +178,7 @@ def _paper(r):
     return qkov.paper_setup(ratio=r)
 
 
+@pytest.mark.slow
 def test_dalpha_dlogr_matches_finite_differences_and_first_integral():
     """d alpha / d log r at fixed loss through the event-terminated ODE (eq. (11)), against central
     differences (1e-5 relative) and the implicit-function derivative of the first integral (eq. (12)),

@@ -317,6 +317,7 @@ def test_fixed_step_rk4_is_a_solver_option():
     assert int(fixed.stats["num_steps"]) == 200
 
 
+@pytest.mark.slow
 def test_three_heads_linearise_on_the_drifting_plateau():
     """H = 3: the root of the equal-heads field found from Q = sigma0^2 I (q_hh = 0.051) lies on a
     curve of near-roots (relaxation rate 1.5e-4 against 0.11) far from the flow's plateau
@@ -342,6 +343,7 @@ def test_three_heads_linearise_on_the_drifting_plateau():
         plateau_state(s, traj, 20.0)
 
 
+@pytest.mark.slow
 def test_drifting_plateau_escape_time_follows_the_integrated_rate():
     """Spec section 9: on a drifting plateau (H = 3) the heads split where int lambda dt = ln(D)/2
     (+ O(1)); `plateau_rates` integrates the rate along the equal-heads flow and

@@ -707,6 +707,7 @@ def test_optimal_ratio_result_prints_its_numbers_and_certifies_itself():
         ok.converged(tol=0.0)
 
 
+@pytest.mark.slow
 def test_optimal_ratio_warns_when_no_ratio_meets_the_budget():
     """A budget shorter than the fastest time to the loss (at r = 1) is unreachable: the
     result is returned with a RuntimeWarning naming the time it takes and the budget."""
