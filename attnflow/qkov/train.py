@@ -243,16 +243,16 @@ def train(
         require_x64("qkov.train (gradient flow, dt=None; dt=... trains by gradient descent in float32)")
         observe = _FlowObserve(bool(conserved), readouts)
         solver = with_progress(solver, FLOW_SOLVER, progress or None)  # False: the solver as given
-        args = {"setup": setup}
-        stop = observable_event(event, observe)
+        flow_args: dict[str, Any] = {"setup": setup}
+        stop: Any = observable_event(event, observe)
         if loss_target is not None:
-            args["loss_target"] = jnp.asarray(loss_target, jnp.result_type(float))
+            flow_args["loss_target"] = jnp.asarray(loss_target, jnp.result_type(float))
             stop = _FlowLossEvent(observe)
         return integrate(
             _flow_field,
             setup.model(st) if model is None else model,
             t1,
-            args=args,
+            args=flow_args,
             save=save,
             solver=solver,
             observe=observe,
