@@ -27,7 +27,7 @@ import optimistix as optx
 from jax.flatten_util import ravel_pytree
 
 from . import _validate as V
-from ._errors import fail_if
+from ._errors import check_traced, fail_if
 
 if TYPE_CHECKING:
     from .ode import ODE
@@ -365,11 +365,19 @@ def escape_time(lam: Any, eps: Any, r: Any = 1.0) -> jax.Array:
     """Linearised escape time ``log(r / eps) / lam`` from an unstable point.
 
     ``lam``: top unstable rate (> 0); ``eps``: initial size of the unstable component;
-    ``r``: the O(1) distance at which the escape is declared.
+    ``r``: the O(1) distance at which the escape is declared. Concrete values outside these
+    ranges raise ``ValueError``; traced ones give NaN there (a failed point in
+    `attnflow.sweep`, with the message), not a negative or meaningless time.
     """
     V.positive("lam (unstable rate)", lam)
     V.positive("eps", eps)
     V.positive("r", r)
     if not V.any_traced((eps, r)) and np.any(np.asarray(eps) >= np.asarray(r)):
         raise ValueError(f"eps = {V.show(eps)} must be below r = {V.show(r)}: the escape starts inside the distance r")
-    return jnp.log(jnp.asarray(r) / jnp.asarray(eps)) / jnp.asarray(lam)
+    lam, eps, r = jnp.asarray(lam), jnp.asarray(eps), jnp.asarray(r)
+    time = jnp.log(r / eps) / lam
+    if not V.any_traced((lam, eps, r)):
+        return time
+    valid = (lam > 0) & (eps > 0) & (eps < r)
+    check_traced(lambda: ~jnp.all(valid), "escape_time: lam (unstable rate) and eps must be positive, eps below r")
+    return jnp.where(valid, time, jnp.nan)

@@ -119,3 +119,16 @@ def test_gaussian_cov_forms_and_messages_name_what_was_passed():
     with pytest.raises(ValueError) as err:
         bank.expect(lambda x: x[0], cov=np.ones(2))
     assert str(err.value) == "cov must have shape (1, 1) (or, in dim 1, a variance) for this bank, got shape (2,)"
+
+
+def test_escape_time_traced_out_of_range_is_nan_not_a_negative_time():
+    """Concrete bad input raises; traced (a user's jit) it gives NaN, and a sweep point fails."""
+    with pytest.raises(ValueError, match="lam .unstable rate. must be finite and positive"):
+        af.escape_time(-1.0, 1e-3)
+    assert np.isnan(float(jax.jit(af.escape_time)(-1.0, 1e-3)))
+    assert np.isnan(float(jax.jit(af.escape_time)(2.0, 2.0)))  # eps not below r = 1
+    assert float(jax.jit(af.escape_time)(2.0, 1e-3)) == pytest.approx(np.log(1e3) / 2, rel=1e-14)
+    with pytest.warns(RuntimeWarning, match="1 of 3 grid points failed"):
+        res = af.sweep(lambda eps: af.escape_time(2.0, eps), {"eps": np.array([1e-3, 1e-2, 2.0])}, progress=False)
+    assert res.status[:2].tolist() == [0, 0] and res.status[2] != 0 and np.isnan(res.values[2])
+    assert res.failures()[0][1] == "escape_time: lam (unstable rate) and eps must be positive, eps below r"
