@@ -47,8 +47,8 @@ def test_fixed_point_traced_non_convergence_fails_like_integrate():
 
 
 COV_TRACED = (
-    "cov must be symmetric and positive semidefinite (up to 1e-8 of its largest entry), but a traced cov "
-    "(in a jit, vmap, sweep or ODE field) is not; its values are not shown"
+    "cov must be symmetric and positive semidefinite (up to 1e-6 of its largest entry, traced), but a traced "
+    "cov (in a jit, vmap, sweep or ODE field) is not; its values are not shown"
 )
 _INDEFINITE = jnp.array([[1.0, 2.0], [2.0, 1.0]])  # eigenvalues 3, -1
 _ASYMMETRIC = jnp.array([[1.0, 0.9], [0.1, 1.0]])
@@ -76,6 +76,11 @@ def test_traced_cov_is_checked_as_a_concrete_one(expect):
     # a rounding-size negative eigenvalue (1e-12 of 2) is clipped, not refused: E[x0 x1] = cov_01
     near = jnp.ones((2, 2)) - 1e-12 * jnp.eye(2)
     assert float(jax.jit(_gh)(near)) == pytest.approx(1.0, abs=1e-9)
+    # traced, an integration-error-size one too (1e-7 of 2: refused concretely, passed traced)
+    off = jnp.ones((2, 2)) - 1e-7 * jnp.eye(2)
+    with pytest.raises(ValueError, match="smallest eigenvalue"):
+        _gh(off)
+    assert float(jax.jit(_gh)(off)) == pytest.approx(1.0, abs=1e-6)
     # in a sweep the point fails with the message; the good point keeps E[x0 x1] (exact for G-H)
     with pytest.warns(RuntimeWarning, match="1 of 2 grid points failed: q=2.0: cov must be symmetric"):
         res = af.sweep(lambda q: expect(jnp.array([[1.0, q], [q, 1.0]])), {"q": np.array([0.5, 2.0])}, progress=False)
