@@ -405,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
             if getattr(signal.getsignal(signal.SIGINT), "attnflow_early_exit", False):
                 # attnflow_command's handler (exit at once, nothing written yet): Ctrl-C raises from here on
                 handlers[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
-        warnings.formatwarning = _format_warning
+        if in_main_thread:  # process-wide: a call from another thread leaves it alone
+            warnings.formatwarning = _format_warning
         args = _parser(_run_help_options(argv)).parse_args(argv)
         return _main(args)
     except KeyboardInterrupt as stop:
@@ -467,7 +468,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         return EXIT_FAILED if failed else EXIT_BAD_INPUT
     finally:
-        warnings.formatwarning = show
+        if in_main_thread:
+            warnings.formatwarning = show
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
         if in_main_thread:

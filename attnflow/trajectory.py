@@ -92,9 +92,12 @@ def _freeze_meta(meta: Mapping[str, Any] | None) -> str:
 
 
 def _json_value(obj: Any) -> Any:
-    """`attnflow._io.json_default` for arrays, NumPy scalars and paths; anything else refused
-    (``TypeError``), where json_default would store its ``repr``."""
-    if isinstance(obj, np.ndarray | jax.Array | np.generic | Path):
+    """`attnflow._io.json_default` for real or boolean arrays and NumPy scalars, and paths;
+    anything else (a complex or datetime value too) refused (``TypeError``), where json_default
+    would store its ``repr``."""
+    if isinstance(obj, Path):
+        return json_default(obj)
+    if isinstance(obj, np.ndarray | jax.Array | np.generic) and np.dtype(obj.dtype).kind in "biuf":
         return json_default(obj)
     raise TypeError(f"{type(obj).__name__} is not JSON-serialisable")
 

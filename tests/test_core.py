@@ -766,6 +766,9 @@ def test_small_input_checks_name_the_value():
     )
     with pytest.raises(ValueError, match=r"^meta\['dtype'\] must be JSON-serialisable .* got _ScalarMeta"):
         af.Trajectory(tr.ts, tr.ys, {"dtype": jnp.float64})
+    for value in (np.complex128(1 + 2j), np.datetime64("2020-01-01"), np.array([1j])):  # once stored as repr
+        with pytest.raises(ValueError, match=r"^meta\['x'\] must be JSON-serialisable"):
+            tr.with_meta(x=value)
     kept = tr.with_meta(sizes=np.arange(2), scale=np.float64(0.5), folder=Path("/tmp/run"))
     assert kept.meta == {"seed": 1, "sizes": [0, 1], "scale": 0.5, "folder": "/tmp/run"}
 

@@ -1050,3 +1050,17 @@ def test_a_record_keeps_whether_the_quadrature_was_given():
     assert jax.tree_util.tree_structure(back) == jax.tree_util.tree_structure(s)
     assert back.replace(noise=0.1).quadrature == derive.GaussHermite(13, noise_points=2)
     assert pinned_back.replace(noise=0.1).quadrature == derive.GaussHermite(16)
+
+
+def test_a_quadrature_of_ones_own_with_the_one_argument_rule_still_works():
+    """``rule(dim)`` of a user's Quadrature written before the noise argument: called with it only
+    under label noise."""
+
+    class Midpoints(derive.Quadrature):
+        def rule(self, dim):
+            return derive.GaussHermite(12).rule(dim)
+
+    R0, Q0 = 0.1 * jnp.eye(2), 0.5 * jnp.eye(2)
+    own = derive.Setup(derive.soft_committee, derive.soft_committee, R0, Q0, quadrature=Midpoints())
+    ref = own.replace(quadrature=derive.GaussHermite(12))
+    np.testing.assert_allclose(derive.vector_field(own, R0, Q0)["Q"], derive.vector_field(ref, R0, Q0)["Q"], rtol=1e-13)

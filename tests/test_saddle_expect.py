@@ -137,3 +137,10 @@ def test_escape_time_traced_out_of_range_is_nan_not_a_negative_time():
         res = af.sweep(lambda eps: af.escape_time(2.0, eps), {"eps": np.array([1e-3, 1e-2, 2.0])}, progress=False)
     assert res.status[:2].tolist() == [0, 0] and res.status[2] != 0 and np.isnan(res.values[2])
     assert res.failures()[0][1] == "escape_time: lam (unstable rate) and eps must be positive, eps below r"
+
+
+def test_a_non_finite_traced_cov_is_left_to_the_caller():
+    """A NaN covariance (a diverged ODE state) is not called 'not positive semidefinite': the NaN
+    reaches the result, where integrate names a diverged state."""
+    bad = jnp.full((2, 2), jnp.nan)
+    assert np.isnan(float(jax.jit(_gh)(bad)))

@@ -70,7 +70,11 @@ def rule(setup: Setup) -> Rule:
     """The nodes and weights of ``setup.quadrature`` in ``setup.dim`` dimensions, as arrays (data,
     so a jitted field does not bake them in); with `SingleLocation` data each node also carries
     its amplitudes ``theta`` and signal location (`attnflow.derive.DataModel.nodes`)."""
-    z, w = setup.quadrature.rule(setup.dim, setup.noise is not None)
+    # a rule of the user's own may predate the noise argument: it is passed only with label noise
+    if setup.noise is None:
+        z, w = setup.quadrature.rule(setup.dim)
+    else:
+        z, w = setup.quadrature.rule(setup.dim, True)
     return setup.data.nodes(z, w, setup.quadrature)
 
 
