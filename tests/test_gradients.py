@@ -498,7 +498,11 @@ def test_focus_sensitivity_bad_input():
     with pytest.raises(ValueError, match="lazy"):
         cyclic = focus.MarkovChain(np.ones(3) / 3, np.roll(np.eye(3), 1, axis=1))  # stationary, not lazy
         focus.escape_time_sensitivity(s.replace(chain=cyclic))
-    # traced thresholds (a sweep): the point below the floor fails with the reason, not a silent NaN
+
+
+@pytest.mark.slow
+def test_focus_escape_time_below_the_floor_fails_its_sweep_point():
+    """Traced thresholds (a sweep): the point below the floor fails with the reason, not a silent NaN."""
     small = focus.Setup(m=2, mk=2, eps=1e-2)
     with pytest.warns(RuntimeWarning, match="thr=0.5: focus.escape_time: the threshold .loss. is never reached"):
         res = af.sweep(lambda thr: focus.escape_time(small, thr), {"thr": np.array([0.7, 0.5])}, progress=False)
@@ -558,6 +562,7 @@ def test_focus_stage_two_with_negative_c_ends_at_its_rate_abs_c():
     assert float(focus.stage_predictions(iid)["c"]) == 0.0 and float(focus.stage_predictions(iid)["T_II"]) == np.inf
 
 
+@pytest.mark.slow
 def test_event_time_derivatives_and_unfired_events():
     """Logistic u' = u (1 - u), u(0) = 0.1: the event u = c fires at t = log(9 c / (1 - c)), d t / d c =
     1 / (c (1 - c)), in both modes and per entry of a batch. An event that never fires has t_event NaN

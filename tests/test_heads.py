@@ -398,6 +398,7 @@ def test_anisotropic_gaussian_with_a_full_covariance_is_a_rotated_diagonal_one()
     assert np.all(np.asarray(flat.sample(jax.random.PRNGKey(2), 5))[:, 1] == 0.5)
 
 
+@pytest.mark.slow
 def test_spectrum_of_four_heads_lies_in_the_sector_the_cyclic_field_keeps():
     """H = 4 with cyclic copies: the antisymmetric sector is the complement of the cyclically
     invariant states (a circulant Q), which the field's Jacobian keeps invariant, so every

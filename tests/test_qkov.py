@@ -744,6 +744,7 @@ def test_factorised_qk_rate_in_both_query_modes_matches_the_full_matrices():
         assert float(jnp.max(jnp.abs(qkov.first_integral(tr.ys, s)))) < 1e-7
 
 
+@pytest.mark.slow
 def test_online_sgd_records_the_networks_own_loss_and_attention():
     """Online SGD leaves the invariant manifold, where the mean-embedding loss is a projection:
     train records loss and alpha on EVAL_SAMPLES held-out sequences of the fixed seed EVAL_SEED
