@@ -421,6 +421,9 @@ def test_standalone_metrics_weight_relevance_and_exclude_padding_as_evaluate_tex
     np.testing.assert_allclose(relevant_mass(a, none, keys), [0.0, 0.0])
     with pytest.raises(ValueError, match=r"keys must have the shape of the attention \(2, 5\), got \(5,\)"):
         relevant_mass(a, rel, keys[0])
+    # annotator counts are not relevances: the mass would pass 1
+    with pytest.raises(ValueError, match=r"relevances in \[0, 1\] .*; entry \(1, 1\) is 2$"):
+        relevant_mass(a, rel.at[1, 1].set(2.0), keys)
 
 
 class _FixedSpan(eqx.Module):

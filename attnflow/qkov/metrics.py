@@ -52,7 +52,17 @@ def relevant_mass(a: jax.Array, relevant: jax.Array, keys: Any = None) -> jax.Ar
     ``a``, ``relevant`` and ``keys`` have shape (..., L); ``keys`` (bool, default: every
     position) marks the real tokens, so padding never counts. An example without relevant
     tokens has ``A_rel = 0``. `attnflow.qkov.evaluate_text` averages this over the examples
-    that have relevant tokens."""
+    that have relevant tokens. Concrete relevances outside ``[0, 1]`` (annotator counts, say)
+    raise ``ValueError`` naming the first."""
+    if not V.any_traced(relevant):
+        given = np.asarray(relevant, dtype=float)
+        bad = np.argwhere(~((given >= 0.0) & (given <= 1.0)))
+        if bad.size:
+            at = tuple(int(i) for i in bad[0])
+            raise ValueError(
+                f"relevant must hold relevances in [0, 1] (a mask or fractions; divide counts by the number of "
+                f"annotators); entry {at} is {given[at]:g}"
+            )
     a = jnp.asarray(a)
     r = jnp.asarray(relevant).astype(a.dtype)
     return jnp.sum(jnp.where(_keys_mask(a, keys), r * a, 0.0), axis=-1)
