@@ -906,6 +906,7 @@ def test_field_and_error_refuse_overlaps_no_weights_have():
     assert np.isfinite(float(derive.generalisation_error(s, [[0.7]], [[0.5]])))  # on the boundary side: 0.49 <= 0.5
 
 
+@pytest.mark.slow
 def test_minibatch_divides_the_eta2_term_in_theory_and_in_sgd():
     """Mean gradient of B samples a step: same drift, eta^2 term / B (docs, "Mini-batches"). The
     linear model's field against its closed form, and SGD at B = 8 (eta = 1.5, D = 2000) against
@@ -933,6 +934,7 @@ def test_minibatch_divides_the_eta2_term_in_theory_and_in_sgd():
     assert derive.Setup.from_record(s8.record()).minibatch == 8
 
 
+@pytest.mark.slow
 def test_one_learning_rate_per_student_unit():
     """eta of shape (K,): row k of W steps at eta_k; the field is diag(eta) E[delta nu^T] and
     diag(eta) E[delta lam^T] + transpose + diag(eta) E[delta delta^T] diag(eta); SGD follows it."""

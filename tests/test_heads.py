@@ -584,6 +584,7 @@ def test_scalar_target_noise_term_matches_sgd():
         ScalarTarget(-0.5)
 
 
+@pytest.mark.slow
 def test_minibatch_and_weight_decay_follow_the_ode():
     """Minibatch B on the clock t = steps / D divides the eta^2 term by B; weight decay adds -eta gamma M and
     -2 eta gamma Q. SGD follows the B = 8 ODE, not the B = 1 one."""
