@@ -106,9 +106,11 @@ def event_time(traj: Trajectory, event: Callable[[Any, Mapping[str, Any]], Any])
     real number, or a boolean (then the first save time at which it holds, the first one
     included, as a solve stops at once on an event true at its start). A `solve`
     stops at its event, found by a root find of the ODE to solver accuracy; here the event is
-    read on saved points, so its resolution is that of the save grid. Every package's
-    ``train(..., event=...)`` records this time as ``t_event``. Batched trajectories (a sweep,
-    ``vmap``) give one time per run. Traceable.
+    read on saved points, so its resolution is that of the save grid. A ``train(..., event=...)``
+    that runs on to ``t1`` records this time as ``t_event`` (deeplinear, focus, heads, derive, and
+    qkov's gradient descent, ``dt=...``); qkov's default gradient-flow ``train`` is a solve and
+    stops at its event as ``solve`` does. Batched trajectories (a sweep, ``vmap``) give one time
+    per run. Traceable.
     """
     from .ode import _NamedObservables  # the same KeyError listing the names as in `solve`
 
@@ -158,7 +160,8 @@ def check_saved_event(event: Any, traj: Any) -> None:
 
 def with_event_time(traj: Trajectory, event: Any) -> Trajectory:
     """``traj`` with ``t_event`` the time of `event_time` (``traj`` itself for ``event=None``):
-    what every package's ``train(..., event=...)`` returns."""
+    what a ``train(..., event=...)`` that runs on to ``t1`` returns (every package's but qkov's
+    gradient flow, which stops at the event)."""
     if event is None:
         return traj
     return Trajectory(traj.ts, traj.ys, traj.meta, event_time(traj, event), traj.stats)
@@ -209,8 +212,10 @@ def growth_rate(
     ts: Real[ArrayLike, " T"] | Sequence[float], y: Real[ArrayLike, " T"] | Sequence[float], lo: float, hi: float
 ) -> float:
     """Least-squares slope of ``log y`` against ``t`` over the first contiguous stretch of
-    saves with ``lo <= y <= hi``: a measured exponential rate (NaN with fewer than 3 points)."""
-    ts, y = np.asarray(ts, dtype=float), np.asarray(y, dtype=float)
+    saves with ``lo <= y <= hi``: a measured exponential rate (NaN with fewer than 3 points).
+    One run: ``ts`` and ``y`` 1-D of one length (``ValueError`` otherwise; a batched trajectory's
+    run ``i`` is ``traj.batch(i)``)."""
+    ts, y = _one_run("growth_rate", ts, y)
     inside = (y >= lo) & (y <= hi)
     idx = np.flatnonzero(inside)
     if idx.size < 3:
@@ -234,10 +239,12 @@ def detect_plateaus(
     Returns ``[{"t_start", "t_end", "level"}]`` in time order (``level``: the mean of ``y``
     over the plateau). Saves at ``t <= 0`` are ignored, and so is a save that repeats the time
     before it (the saves after an event all hold the event time: no stretch of time, not a
-    plateau). A value ``y <= 0`` at a kept save is refused (``log y``).
+    plateau). A value ``y <= 0`` at a kept save is refused (``log y``). One run: ``ts`` and
+    ``y`` 1-D of one length (``ValueError`` otherwise; a batched trajectory's run ``i`` is
+    ``traj.batch(i)``).
     """
     V.positive("rel_tol", rel_tol)
-    ts, y = np.asarray(ts, dtype=float), np.asarray(y, dtype=float)
+    ts, y = _one_run("detect_plateaus", ts, y)
     keep = ts > 0
     t, L = ts[keep], y[keep]
     new = np.concatenate([[True], t[1:] != t[:-1]]) if t.size else np.ones(0, bool)
@@ -263,6 +270,20 @@ def detect_plateaus(
         else:
             i += 1
     return out
+
+
+def _one_run(what: str, ts: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``ts`` and ``y`` as float arrays of one run: 1-D, of one length; ``ValueError`` naming
+    their shapes otherwise (the rows of a batch would be read as one curve)."""
+    t, v = np.asarray(ts, dtype=float), np.asarray(y, dtype=float)
+    if t.ndim != 1 or v.ndim != 1:
+        raise ValueError(
+            f"{what} takes one run: ts and y must be 1-D, got shapes {t.shape} and {v.shape}; pass one run "
+            "(traj.batch(i).ts, traj.batch(i)[name]) or loop over the runs"
+        )
+    if t.shape != v.shape:
+        raise ValueError(f"{what}: ts and y must have one value per save time, got shapes {t.shape} and {v.shape}")
+    return t, v
 
 
 class LineFit(NamedTuple):

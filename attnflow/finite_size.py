@@ -26,7 +26,7 @@ from jaxtyping import ArrayLike, Real
 
 from . import _validate as V
 from .analysis import fit_power_law
-from .trajectory import Trajectory
+from .trajectory import Trajectory, _checked_pair
 
 __all__ = ["FiniteSizeFit", "fit_finite_size", "trajectory_gap"]
 
@@ -34,7 +34,7 @@ __all__ = ["FiniteSizeFit", "fit_finite_size", "trajectory_gap"]
 def trajectory_gap(
     reference: Trajectory,
     other: Trajectory,
-    names: Iterable[str] | None = None,
+    names: str | Iterable[str] | None = None,
     *,
     reduce: Literal["rms", "max"] = "rms",
 ) -> np.ndarray:
@@ -44,67 +44,35 @@ def trajectory_gap(
     element of ``other`` if their times differ) and the gap is the Euclidean norm over the
     named observables and their components, ``d(t) = sqrt(sum_name |y_other(t) - y_ref(t)|^2)``;
     it is reduced over time to ``sqrt(mean_t d(t)^2)`` (``reduce="rms"``) or ``max_t d(t)``
-    (``reduce="max"``). ``names`` default to the observables the two share.
+    (``reduce="max"``). ``names`` (one name or several) default to the observables the two
+    share.
 
     ``reference`` is unbatched (one theory for every run of ``other``) or batched with axes that
     lead ``other``'s, as in `attnflow.compare`: the same batch shape pairs the runs one to one, and
     a theory over ``(eta,)`` against runs over ``(eta, seed)`` measures each curve against the seeds
     of its ``eta``. Each reference curve must cover the save times of the runs it is measured
-    against. Returns an array of ``other``'s batch shape (a 0-d array for an unbatched
+    against. The input is checked as `attnflow.compare` checks it, with the same messages (a name
+    on one side only, no shared name, other shapes per save time, save times past the reference's
+    span up to float32 rounding, a `attnflow.SweepResult` for ``res.values``: ``ValueError``), so
+    the two accept the same pairs. Returns an array of ``other``'s batch shape (a 0-d array for an unbatched
     ``other``); a batch element with a non-finite value (a failed sweep point), or measured
     against a failed reference curve (NaN times), gives NaN.
     """
-    if not isinstance(reference, Trajectory) or not isinstance(other, Trajectory):
-        raise ValueError(
-            f"reference and other must be Trajectory objects, got {type(reference).__name__} and {type(other).__name__}"
-        )
     if reduce not in ("rms", "max"):
         raise ValueError(f"reduce must be 'rms' or 'max', got {reduce!r}")
-    names = tuple(names) if names is not None else tuple(n for n in other.names if n in reference)
-    if not names:
-        raise ValueError(f"no common observables: {sorted(reference.names)} vs {sorted(other.names)}")
-    for n in names:
-        for side, tr in (("reference", reference), ("other", other)):
-            if n not in tr:
-                raise ValueError(f"no observable {n!r} in {side}; it has {sorted(tr.names)}")
-    rb, ob = reference.batch_shape, other.batch_shape
-    if rb and rb != ob[: len(rb)]:
-        raise ValueError(
-            f"reference has batch shape {rb} and other {ob}: trajectory_gap needs an unbatched reference, or a "
-            "reference whose batch axes lead other's (theory over (eta,) against runs over (eta, seed)); "
-            "index with .batch(i)"
-        )
+    # compare's checks, and its messages: the two accept the same pairs
+    names = _checked_pair(reference, other, names, "trajectory_gap")
+    rb = reference.batch_shape
     R = int(np.prod(rb, dtype=int))  # reference curves; each is measured against S runs of other
     t_ref = np.asarray(reference.ts, dtype=float).reshape(R, -1)  # (R, T_ref)
     ts = np.asarray(other.ts, dtype=float)
     batch, T = ts.shape[:-1], ts.shape[-1]
     rows = ts.reshape(R, -1, T)  # (R, S, T)
     ref_ok = np.all(np.isfinite(t_ref), axis=-1)  # a failed reference curve (NaN times) gives NaN gaps
-    for r in np.flatnonzero(ref_ok).tolist():
-        lo, hi = t_ref[r, 0], t_ref[r, -1]
-        slack = 1e-9 * max(hi - lo, 1.0)
-        with np.errstate(invalid="ignore"):
-            o_lo, o_hi = np.nanmin(rows[r], initial=np.inf), np.nanmax(rows[r], initial=-np.inf)
-        if o_lo < lo - slack or o_hi > hi + slack:
-            which = (
-                f"reference curve {tuple(int(i) for i in np.unravel_index(r, rb))} covers"
-                if rb
-                else "the reference covers"
-            )
-            raise ValueError(
-                f"{which} t in [{lo:.6g}, {hi:.6g}] but other is saved at "
-                f"t in [{o_lo:.6g}, {o_hi:.6g}]: solve the theory over the whole simulation"
-            )
     sq = np.zeros(rows.shape)  # (R, S, T)
     for n in names:
-        a = np.asarray(reference[n], dtype=float)
-        fr = a.shape[len(rb) + 1 :]
-        a = a.reshape(R, t_ref.shape[1], -1)  # (R, T_ref, F)
-        b = np.asarray(other[n], dtype=float)
-        feature = b.shape[len(batch) + 1 :]
-        if a.shape[-1] != int(np.prod(feature, dtype=int)):
-            raise ValueError(f"observable {n!r} has components {fr} in reference and {feature} in other")
-        b = b.reshape(rows.shape + (-1,))  # (R, S, T, F)
+        a = np.asarray(reference[n], dtype=float).reshape(R, t_ref.shape[1], -1)  # (R, T_ref, F)
+        b = np.asarray(other[n], dtype=float).reshape(rows.shape + (-1,))  # (R, S, T, F): same F, checked
         for r in range(R):
             if not ref_ok[r]:
                 sq[r] = np.nan

@@ -45,12 +45,20 @@ def _as_runs(simulations: Any) -> list[Trajectory]:
             raise ValueError(
                 f"overlay: a SweepResult of runs must have Trajectory values, got {type(simulations.values).__name__}"
             )
-        simulations = simulations.values
+        return _runs_of(simulations.values)  # its axes are seed axes, checked above
     if isinstance(simulations, Trajectory):
-        if simulations.ts.ndim == 1:
-            return [simulations]
-        flat = simulations.ts.reshape(-1, simulations.ts.shape[-1])
-        return [simulations_batch(simulations, i) for i in range(flat.shape[0])]
+        if len(simulations.batch_shape) > 1:
+            # its axes are unnamed: two of them are a grid (rates x seeds), whose runs a band would pool as seeds
+            shape = simulations.batch_shape
+            lead = "ijklmnopqrstuvw"[: len(shape) - 1]
+            pick = lead if len(lead) == 1 else f"({', '.join(lead)})"
+            raise ValueError(
+                f"overlay: simulations has batch shape {shape}, more than one batch axis (a grid of parameters "
+                f"and seeds?), and a band is drawn over one axis of seeds: pick a point with traj.batch({pick}) "
+                "(its runs along the last axis), or res.sel(...) of its SweepResult, or draw the points side by "
+                "side with af.family"
+            )
+        return _runs_of(simulations)
     if not isinstance(simulations, Sequence) or isinstance(simulations, str):
         raise ValueError(
             f"overlay: simulations must be a Trajectory, a SweepResult of runs, a list of them or a mapping "
@@ -65,6 +73,14 @@ def _as_runs(simulations: Any) -> list[Trajectory]:
             )
         runs += _as_runs(item)
     return runs
+
+
+def _runs_of(traj: Trajectory) -> list[Trajectory]:
+    """The runs of ``traj``, unbatched: itself, or one per entry of its batch axes."""
+    if traj.ts.ndim == 1:
+        return [traj]
+    flat = traj.ts.reshape(-1, traj.ts.shape[-1])
+    return [simulations_batch(traj, i) for i in range(flat.shape[0])]
 
 
 def _failed(traj: Trajectory) -> bool:
@@ -136,8 +152,10 @@ def overlay(
 ) -> Figure:
     """Theory (lines) against simulations (markers or seed band), one panel per observable.
 
-    ``simulations`` may be one `Trajectory`, a batched one (leading seed axes), an
-    `attnflow.SweepResult` of runs (a sweep over seeds) or a list. Several
+    ``simulations`` may be one `Trajectory`, a batched one over one axis of seeds (more batch
+    axes, a grid of parameters and seeds, are refused with a ``ValueError`` naming the batch
+    shape: pick a point with ``traj.batch(i)``), an `attnflow.SweepResult` of runs (a sweep
+    over seeds) or a list of them. Several
     runs saved at the same times are drawn as their mean ``m`` (markers) and a shaded band, per
     save time over the ``n`` runs: ``band="minmax"`` (the default) from the smallest to the largest
     run, ``"std"`` ``m +- sd`` with ``sd`` the sample standard deviation (``ddof = 1``, as
@@ -151,6 +169,9 @@ def overlay(
     10 components) or by ``component_labels`` (one list for every panel, or ``{name: list}``,
     indexed by the flattened entry); a square matrix symmetric at every saved time (an overlap
     matrix ``Q``) draws each off-diagonal entry once (its upper triangle).
+    A panel whose observable the theory or a group of runs lacks says so in its legend
+    (``"simulation (no 'loss' recorded)"``): names differ between theory and training? rename
+    one side (`Trajectory.rename`).
     At most ``max_markers`` simulation points are drawn per curve (evenly in save index).
     Failed runs of a sweep (NaN times) are left out, and their number is in the legend (a group
     whose runs all failed keeps its legend entry, "(all N runs failed)", "(the run failed)").
@@ -208,11 +229,17 @@ def overlay(
                 if col_labels[c] is not None:
                     lab = f"{theory_label} {col_labels[c]}"
                 ax.plot(t, y[:, j], "-", color=_COLORS[c % 10], lw=1.8, label=lab)
+        elif theory is not None:  # said, not left to a missing line (names differ? rename one side)
+            ax.plot([], [], "-", color="0.5", lw=1.8, label=f"{theory_label} (no {name!r} recorded)")
         for g, (label, group) in enumerate(groups):
             if not group:
                 ax.plot([], [], _MARKERS[g % len(_MARKERS)], color="0.5", mfc="none", label=label)
                 continue
             sim = [r for r in group if name in r]
+            if not sim:
+                missing = f"{label} (no {name!r} recorded)"
+                ax.plot([], [], _MARKERS[g % len(_MARKERS)], color="0.5", mfc="none", label=missing)
+                continue
             _draw_runs(ax, name, sim, cols, label, _MARKERS[g % len(_MARKERS)], max_markers, band)
         _style_panel(ax, name, log_time, log_y, time_label, labels)
         ax.legend(fontsize=7, framealpha=0.6)  # the least-covering place, and data shows through

@@ -383,7 +383,13 @@ class SweepResult:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> SweepResult:
-        """A result written by `SweepResult.save` (``path`` with or without ``.npz``)."""
+        """A result written by `SweepResult.save` (``path`` with or without ``.npz``). Axes,
+        statuses and array values load as NumPy arrays, as saved; `Trajectory` values as JAX
+        arrays, as `Trajectory.load` gives them: float64 ones stay float64 with JAX's 64-bit mode
+        on, and with it off are rounded to float32 with a ``UserWarning`` naming them and
+        `attnflow.enable_x64`."""
+        from .trajectory import _warn_if_narrowed
+
         path = Path(path)
         if path.suffix != ".npz":
             path = path.with_name(path.name + ".npz")
@@ -406,9 +412,11 @@ class SweepResult:
                 arrays = {k: data[k] for k in data.files}
             dims = info["dims"]
             coords = {d: arrays[f"coord_{j}"] for j, d in enumerate(dims)}
-            values = _decode_values(info["values"], arrays)
+            loaded: dict[str, Any] = {}
+            values = _decode_values(info["values"], arrays, loaded)
         except (ValueError, KeyError, TypeError, OSError) as err:
             raise ValueError(f"{path} is not a sweep result saved by attnflow ({type(err).__name__}: {err})") from None
+        _warn_if_narrowed(path, loaded)  # the trajectories' arrays, as Trajectory.load warns
         return cls(dims, coords, values, info.get("meta"), arrays["status"], info.get("messages", ()))
 
     def to_xarray(self):
@@ -425,7 +433,7 @@ class SweepResult:
         Needs the optional dependency xarray (``pip install "attnflow[xarray]"``).
         """
         from ._io import optional_import
-        from .trajectory import Trajectory
+        from .trajectory import Trajectory, _free_name
 
         xr = optional_import("xarray", "SweepResult.to_xarray")
         data: dict[str, Any] = {}
@@ -434,8 +442,7 @@ class SweepResult:
 
         def add(name, arr, extra_dims=()):
             """Store a variable; returns its name (``<name>_value`` when an axis or ``status`` has it)."""
-            if name in self.dims or name == "status":  # xarray keeps one variable per name
-                name = f"{name}_value"
+            name = _free_name(name, {*self.dims, "status"})  # xarray keeps one variable per name
             arr = np.asarray(arr)
             n_extra = arr.ndim - grid - len(extra_dims)
             dims = self.dims + tuple(extra_dims) + tuple(f"{name}_dim{j}" for j in range(n_extra))
@@ -517,23 +524,28 @@ def _encode_values(value: Any, arrays: dict[str, np.ndarray]) -> Any:
     raise ValueError(f"SweepResult.save: cannot store a value of type {type(value).__name__}")
 
 
-def _decode_values(spec: Any, arrays: Mapping[str, np.ndarray]) -> Any:
-    """The inverse of `_encode_values`."""
+def _decode_values(
+    spec: Any, arrays: Mapping[str, np.ndarray], loaded: dict[str, Any] | None = None, prefix: str = ""
+) -> Any:
+    """The inverse of `_encode_values`. The arrays that become a `Trajectory`'s (JAX arrays, of
+    the dtypes JAX's configuration allows) are recorded in ``loaded`` by their path (``"ts"``,
+    ``"loss"``, ``"run.t_event"``), for `SweepResult.load`'s warning on float64 ones."""
     from .trajectory import Trajectory
 
     kind = spec["kind"]
     if kind == "trajectory":
-        return Trajectory(
-            arrays[f"v_{spec['ts']}"],
-            {k: arrays[f"v_{i}"] for k, i in spec["ys"].items()},
-            spec.get("meta") or {},
-            None if spec["t_event"] is None else arrays[f"v_{spec['t_event']}"],
-            {k: arrays[f"v_{i}"] for k, i in spec["stats"].items()},
-        )
+        ts = arrays[f"v_{spec['ts']}"]
+        ys = {k: arrays[f"v_{i}"] for k, i in spec["ys"].items()}
+        t_event = None if spec["t_event"] is None else arrays[f"v_{spec['t_event']}"]
+        stats = {k: arrays[f"v_{i}"] for k, i in spec["stats"].items()}
+        if loaded is not None:
+            loaded.update({f"{prefix}{k}": v for k, v in {"ts": ts, **ys, "t_event": t_event}.items()})
+            loaded.update({f"{prefix}stats[{k!r}]": v for k, v in stats.items()})
+        return Trajectory(ts, ys, spec.get("meta") or {}, t_event, stats)
     if kind == "dict":
-        return {k: _decode_values(v, arrays) for k, v in spec["items"].items()}
+        return {k: _decode_values(v, arrays, loaded, f"{prefix}{k}.") for k, v in spec["items"].items()}
     if kind in ("tuple", "list"):
-        items = [_decode_values(v, arrays) for v in spec["items"]]
+        items = [_decode_values(v, arrays, loaded, f"{prefix}[{i}].") for i, v in enumerate(spec["items"])]
         return tuple(items) if kind == "tuple" else items
     if kind == "none":
         return None

@@ -16,7 +16,7 @@ import json
 import math
 import os
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,16 @@ def name_list(names: str | Iterable[str] | None, default: Iterable[str]) -> tupl
         if not isinstance(n, str):
             raise ValueError(f"observable names must be strings, got {n!r}")
     return out
+
+
+def _free_name(name: str, taken: Container[str]) -> str:
+    """``name``, or ``name`` with ``_value`` appended (as often as needed) when ``taken`` has it:
+    the name under which `Trajectory.to_xarray`, `Trajectory.to_pandas` and
+    `attnflow.SweepResult.to_xarray` store a value named like a coordinate, an axis or a column
+    of their own (an observable ``t`` becomes ``t_value``)."""
+    while name in taken:
+        name = f"{name}_value"
+    return name
 
 
 def flatten_names(d: Mapping, prefix: str = "") -> dict:
@@ -275,13 +285,49 @@ class Trajectory:
         return Trajectory(self.ts, ys, self.meta, self.t_event, self.stats)
 
     def batch(self, index: Any) -> Trajectory:
-        """Index the leading batch axes (e.g. one seed or one learning rate of a sweep)."""
+        """Index the leading batch axes (e.g. one seed or one learning rate of a sweep), as NumPy
+        indexes an array of shape `batch_shape`: ``traj.batch(1)``, ``traj.batch((0, 2))``,
+        ``traj.batch((slice(None), 0))``. An ``...`` stands for the batch axes the rest leaves out,
+        never the time or feature axes (``traj.batch((..., 0))`` is the first entry of the last
+        batch axis). An index taking more axes than there are batch axes raises ``ValueError``
+        naming it and the batch shape."""
         if not self.batch_shape:
             raise ValueError("this trajectory has no batch axes to index")
+        index = self._batch_index(index)
         ts = self.ts[index]
         ys = {k: v[index] for k, v in self.ys.items()}
         t_event = None if self.t_event is None else self.t_event[index]
         return Trajectory(ts, ys, self.meta, t_event, {k: v[index] for k, v in self.stats.items()})
+
+    def _batch_index(self, index: Any) -> tuple[Any, ...]:
+        """``index`` as a tuple that reaches no further than the batch axes, its ``...`` spelt out
+        as the batch axes it stands for: indexing ``ts`` with more would silently slice the save
+        times (and the feature axes of the observables) instead of raising."""
+        nb = len(self.batch_shape)
+        items = index if isinstance(index, tuple) else (index,)
+        taken = 0
+        for item in items:
+            if item is None or item is Ellipsis or isinstance(item, bool | np.bool_):
+                continue  # a new axis (None, a scalar mask) takes none; ... takes what the others leave
+            if isinstance(item, slice | int | np.integer):
+                taken += 1
+            else:  # an array index: a boolean mask takes its dimensions, integers one axis
+                arr = item if isinstance(item, jax.Array | np.ndarray) else np.asarray(item)
+                taken += arr.ndim if arr.dtype == bool else 1
+        shown = _show_index(items)
+        dots = [j for j, item in enumerate(items) if item is Ellipsis]
+        if len(dots) > 1:
+            raise ValueError(f"batch: index {shown} has more than one '...'")
+        if taken > nb:
+            raise ValueError(
+                f"batch: index {shown} takes {taken} axes, but this trajectory has {nb} batch "
+                f"{'axis' if nb == 1 else 'axes'} (batch shape {self.batch_shape}); batch indexes the batch axes only "
+                "(save times: traj.at(t) or traj.resample(t); a component: traj[name][..., j])"
+            )
+        if dots:
+            i = dots[0]
+            items = items[:i] + (slice(None),) * (nb - taken) + items[i + 1 :]
+        return items
 
     def mean(self, axis: int | tuple[int, ...] | None = None) -> Trajectory:
         """The average over batch axes (default: all of them), e.g. over the seeds of a sweep of
@@ -389,17 +435,26 @@ class Trajectory:
 
     def resample(self, t: Any, log_time: bool = False) -> Trajectory:
         """This trajectory interpolated onto the time grid ``t``: of shape ``(k,)`` for every run,
-        or ``batch_shape + (k,)`` for each run its own (as `at`)."""
+        or ``batch_shape + (k,)`` for each run its own (as `at`). Every time must lie within the
+        span of the run it is read from, ``[ts[0], ts[-1]]`` up to the rounding `compare` allows:
+        ``ValueError`` naming the time and the span otherwise (`at` holds the end values there,
+        and a trajectory relabelled onto such times would pass `compare`'s range check)."""
+        given = getattr(t, "dtype", None)  # a float32 clock's rounding counts as inside, as in compare
+        given = given if given is not None and np.issubdtype(given, np.floating) else self.ts.dtype
         t = jnp.atleast_1d(jnp.asarray(t, dtype=self.ts.dtype))
         ys = self.at(t, log_time=log_time)  # checks the shape of t
         ts = jnp.broadcast_to(t, self.batch_shape + t.shape[-1:])
+        _check_span(self.ts, ts, "resample", given)
         return Trajectory(ts, ys, self.meta, self.t_event, self.stats)
 
     # --- interop ---------------------------------------------------------------------
     def to_xarray(self, batch_dims: Iterable[str] | None = None):
         """An ``xarray.Dataset``: one variable per observable on dimensions
         ``(*batch_dims, "t", name_dim0, ...)``, with ``t`` as a coordinate (per batch element
-        when the batch elements have their own times) and ``meta`` in ``attrs``.
+        when the batch elements have their own times, then named ``time``), ``t_event`` a variable
+        on the batch dimensions, and ``meta`` in ``attrs``. An observable named ``t``, ``time``,
+        ``t_event`` or like a batch dimension is stored as ``<name>_value``, as in
+        `attnflow.SweepResult.to_xarray`.
 
         Needs the optional dependency xarray (``pip install "attnflow[xarray]"``).
         """
@@ -412,7 +467,7 @@ class Trajectory:
         ts = np.asarray(self.ts)
         shared = ts.ndim == 1 or bool(np.all(ts == ts.reshape(-1, ts.shape[-1])[0]))
         data = {}
-        for k, v in self.ys.items():
+        for k, v in self._columns_named(bdims).items():
             v = np.asarray(v)
             feat = tuple(f"{k}_dim{j}" for j in range(v.ndim - ts.ndim))
             data[k] = (bdims + ("t",) + feat, v)
@@ -421,9 +476,21 @@ class Trajectory:
             data["t_event"] = (bdims, np.asarray(self.t_event))
         return xr.Dataset(data, coords=coords, attrs={"meta": self._meta})
 
+    def _columns_named(self, batch_dims: tuple[str, ...]) -> dict[str, Any]:
+        """The observables under the names `to_xarray` and `to_pandas` store them by: an
+        observable named like the time (``t``, ``time``), ``t_event`` or a batch axis gets
+        ``_value`` appended (`_free_name`), so that it overwrites none of them."""
+        reserved = {"t", "time", "t_event", *batch_dims}
+        out: dict[str, Any] = {}
+        for k, v in self.ys.items():
+            out[k if k not in reserved else _free_name(k, reserved | set(self.ys) | set(out))] = v
+        return out
+
     def to_pandas(self):
         """A ``pandas.DataFrame`` in long form: one row per (batch index, save time), one column
-        per scalar observable (and per component of a vector observable, ``name[i, j]``).
+        per scalar observable (and per component of a vector observable, ``name[i, j]``), after
+        the columns ``batch0``, ... and ``t``. An observable named ``t``, ``time``, ``t_event`` or
+        ``batch<i>`` is stored as ``<name>_value``, as in `to_xarray`.
 
         Needs the optional dependency pandas (``pip install "attnflow[xarray]"`` brings it).
         """
@@ -437,7 +504,7 @@ class Trajectory:
             cols[f"batch{i}"] = np.repeat(idx, T)
             del size
         cols["t"] = ts.reshape(-1)
-        for k, v in self.ys.items():
+        for k, v in self._columns_named(tuple(f"batch{i}" for i in range(len(self.batch_shape)))).items():
             v = np.asarray(v).reshape((n_batch * T,) + v.shape[ts.ndim :])
             if v.ndim == 1:
                 cols[k] = v
@@ -498,7 +565,8 @@ class Trajectory:
 
 
 def _warn_if_narrowed(path: Path, arrays: Mapping[str, Any]) -> None:
-    """A ``UserWarning`` naming the arrays of a saved trajectory that JAX would round from 64 to
+    """A ``UserWarning`` naming the arrays of a saved trajectory (`Trajectory.load`) or of the
+    trajectories of a saved sweep (`attnflow.SweepResult.load`) that JAX would round from 64 to
     32 bits (its 64-bit mode off): the CLI saves theory in float64, and rounding it to float32 on
     load would silently turn a 1e-10 agreement with a closed form into 1e-7."""
     if jax.dtypes.canonicalize_dtype(np.float64) == np.float64:
@@ -514,6 +582,23 @@ def _warn_if_narrowed(path: Path, arrays: Mapping[str, Any]) -> None:
         )
 
 
+def _show_index(items: tuple[Any, ...]) -> str:
+    """An index as it is written in brackets: ``(slice(None), 0)`` as ``[:, 0]``, an array as
+    ``<int64 array of shape (2,)>``."""
+
+    def one(item: Any) -> str:
+        if item is Ellipsis:
+            return "..."
+        if isinstance(item, slice):
+            text = ":".join("" if x is None else str(x) for x in (item.start, item.stop))
+            return text if item.step is None else f"{text}:{item.step}"
+        if isinstance(item, jax.Array | np.ndarray) and item.ndim > 0:
+            return f"<{item.dtype} array of shape {tuple(item.shape)}>"
+        return f"{item!r:.40}"
+
+    return "[" + ", ".join(one(item) for item in items) + "]"
+
+
 def _npz_path(path: str | os.PathLike) -> Path:
     """The ``.npz`` file of a trajectory named ``path``: ``path`` itself when it ends in ``.npz``,
     else ``path`` with ``.npz`` appended (a name such as ``eta0.5`` keeps its dot: ``eta0.5.npz``),
@@ -525,7 +610,7 @@ def _npz_path(path: str | os.PathLike) -> Path:
 def compare(
     reference: Trajectory,
     other: Trajectory,
-    names: Iterable[str] | None = None,
+    names: str | Iterable[str] | None = None,
     log_time: bool = False,
     relative: bool = False,
     floor: float = 1e-12,
@@ -544,29 +629,15 @@ def compare(
     ``per_run=True`` ``{name: array of other's batch shape}`` (the gap of each run).
     ``other``'s save times must lie within ``reference``'s (a theory solved to ``t1`` says
     nothing past it): ``ValueError`` otherwise. Failed runs (NaN, from a sweep) give NaN gaps.
+
+    ``names`` (one name or several) must be on both sides: ``ValueError`` naming the side that
+    lacks one and the names it has. ``names=None`` compares the observables the two share and
+    leaves out those on one side only (theory and training record different extras); none
+    shared is a ``ValueError``. Both arguments are trajectories: a `attnflow.SweepResult` of
+    runs is refused with a ``ValueError`` saying to pass ``res.values``.
     """
-    names = name_list(names, (n for n in other.names if n in reference))
-    if not names:
-        raise ValueError(f"no common observables: {sorted(reference.names)} vs {sorted(other.names)}")
+    names = _checked_pair(reference, other, names, "compare")
     rb, ob = reference.batch_shape, other.batch_shape
-    if rb and rb != ob[: len(rb)]:
-        raise ValueError(
-            f"reference has batch shape {rb} and other {ob}: compare needs an unbatched reference, or a "
-            "reference whose batch axes lead other's (theory over (eta,) against runs over (eta, seed)); "
-            "index with .batch(i)"
-        )
-    for n in names:
-        for which, tr in (("reference", reference), ("other", other)):
-            if n not in tr:
-                raise KeyError(f"compare: {which} has no observable {n!r}; it has {sorted(tr.names)}")
-    for n in names:
-        fr, fo = np.shape(reference[n])[len(rb) + 1 :], np.shape(other[n])[len(ob) + 1 :]
-        if fr != fo:
-            raise ValueError(
-                f"compare: observable {n!r} has shape {fr} per save time in reference and {fo} in other "
-                "(different sizes? compare the runs of one setup, or pick a slice with .select/.batch)"
-            )
-    _check_within(reference, other)
     out: dict[str, Any] = {}
     for n in names:
 
@@ -586,8 +657,67 @@ def compare(
     return out
 
 
-def _check_within(reference: Trajectory, other: Trajectory) -> None:
-    """``ValueError`` when ``other`` was saved at times outside ``reference``'s span."""
+def _checked_pair(reference: Any, other: Any, names: str | Iterable[str] | None, what: str) -> tuple[str, ...]:
+    """The observables `compare` (or `attnflow.trajectory_gap`, ``what``) measures, after the
+    checks the two share: both are trajectories (a `attnflow.SweepResult` is refused, naming its
+    ``.values``); ``names`` (one or several) are on both sides, ``None`` the shared ones (at least
+    one); the reference is unbatched or its batch axes lead other's; each observable has the
+    same shape per save time on both sides; other's save times lie within the reference's
+    (`_check_within`). ``ValueError`` naming the side and the value otherwise."""
+    from .sweep import SweepResult
+
+    for side, tr in (("reference", reference), ("other", other)):
+        if isinstance(tr, SweepResult):
+            raise ValueError(
+                f"{what}: {side} is a SweepResult over {tr.dims}; pass its trajectories, res.values (batch shape "
+                f"{tr.shape}, one run per grid point), or one point, res.sel({tr.dims[0]}=...)"
+            )
+        if not isinstance(tr, Trajectory):
+            raise ValueError(f"{what}: {side} must be a Trajectory, got {type(tr).__name__}")
+    if names is None:
+        names = tuple(n for n in other.names if n in reference)
+        if not names:
+            raise ValueError(
+                f"{what}: no common observables: reference has {sorted(reference.names)}, other has "
+                f"{sorted(other.names)}; rename one side's (traj.rename(loss='population_loss')) or compare "
+                "other quantities"
+            )
+    names = name_list(names, ())
+    if not names:
+        raise ValueError(f"{what}: names is empty; give observable names, or None for the shared ones")
+    for n in names:
+        for side, tr in (("reference", reference), ("other", other)):
+            if n not in tr:
+                raise ValueError(f"{what}: {side} has no observable {n!r}; it has {sorted(tr.names)}")
+    rb, ob = reference.batch_shape, other.batch_shape
+    if rb and rb != ob[: len(rb)]:
+        raise ValueError(
+            f"{what}: reference has batch shape {rb} and other {ob}: {what} needs an unbatched reference, or a "
+            "reference whose batch axes lead other's (theory over (eta,) against runs over (eta, seed)); "
+            "index with .batch(i)"
+        )
+    for n in names:
+        fr, fo = np.shape(reference[n])[len(rb) + 1 :], np.shape(other[n])[len(ob) + 1 :]
+        if fr != fo:
+            raise ValueError(
+                f"{what}: observable {n!r} has shape {fr} per save time in reference and {fo} in other "
+                "(different sizes? compare the runs of one setup, or pick a slice with .select/.batch)"
+            )
+    _check_within(reference, other, what)
+    return names
+
+
+def _time_slack(lo: Any, hi: Any, *dtypes: Any) -> Any:
+    """How far a time may lie outside the span ``[lo, hi]`` and still count as inside: the
+    rounding of two time grids (``dt * steps`` against ``linspace``), float32 ones included."""
+    eps = max(np.finfo(d).eps for d in dtypes)
+    return 16 * eps * (1.0 + np.maximum(np.abs(lo), np.abs(hi)))
+
+
+def _check_within(reference: Trajectory, other: Trajectory, what: str = "compare") -> None:
+    """``ValueError`` when ``other`` was saved at times outside ``reference``'s span (by more
+    than `_time_slack`), naming the run of ``other`` and the curve of a batched ``reference``;
+    ``what`` (``"compare"``, ``"trajectory_gap"``) starts the message."""
     if isinstance(reference.ts, jax.core.Tracer) or isinstance(other.ts, jax.core.Tracer):
         return
     r, o = np.asarray(reference.ts, dtype=float), np.asarray(other.ts, dtype=float)
@@ -599,11 +729,9 @@ def _check_within(reference: Trajectory, other: Trajectory) -> None:
     extra = max(o.ndim - 1 - lo_r.ndim, 0)
     lo_r, hi_r = lo_r.reshape(lo_r.shape + (1,) * extra), hi_r.reshape(hi_r.shape + (1,) * extra)
     o_first, o_last = o[..., 0], o[..., -1]
-    # rounding of the two time grids (dt * steps against linspace), float32 ones included
-    eps = max(np.finfo(np.asarray(reference.ts).dtype).eps, np.finfo(np.asarray(other.ts).dtype).eps)
     try:
-        slack = 16 * eps * (1.0 + np.maximum(np.abs(lo_r), np.abs(hi_r)))
-        with np.errstate(invalid="ignore"):
+        slack = _time_slack(lo_r, hi_r, np.asarray(reference.ts).dtype, np.asarray(other.ts).dtype)
+        with np.errstate(invalid="ignore"):  # failed runs and curves (NaN times) are not checked
             out = (o_first < lo_r - slack) | (o_last > hi_r + slack)
     except ValueError:  # shapes compare refuses itself, naming them
         return
@@ -619,7 +747,40 @@ def _check_within(reference: Trajectory, other: Trajectory) -> None:
             if stopped
             else "solve the reference to a later time (or an earlier start)"
         )
+        run = f" run {tuple(int(i) for i in k)}" if other.batch_shape else ""
+        nr = len(reference.batch_shape)
+        curve = f" curve {tuple(int(i) for i in k[:nr])}" if nr else ""
+        p = _digits(*((o_hi, hi) if o_hi > hi else (o_lo, lo)))
         raise ValueError(
-            f"compare: other is saved on [{o_lo:.6g}, {o_hi:.6g}] but reference covers only "
-            f"[{lo:.6g}, {hi:.6g}]; {advice}"
+            f"{what}: other{run} is saved on [{o_lo:.{p}g}, {o_hi:.{p}g}] but reference{curve} covers only "
+            f"[{lo:.{p}g}, {hi:.{p}g}]; {advice}"
         )
+
+
+def _check_span(ts: Any, t: Any, what: str, *dtypes: Any) -> None:
+    """``ValueError`` when a time of ``t`` (of shape ``ts.shape[:-1] + (k,)``: the times to read
+    each run at) lies outside its run's saved span ``[ts[..., 0], ts[..., -1]]`` by more than
+    `_time_slack` of the dtypes of ``ts``, ``t`` and ``dtypes`` (as `compare` checks), naming the
+    time, the span and the run."""
+    if isinstance(ts, jax.core.Tracer) or isinstance(t, jax.core.Tracer):
+        return
+    r, q = np.asarray(ts, dtype=float), np.asarray(t, dtype=float)
+    lo, hi = r[..., :1], r[..., -1:]
+    slack = _time_slack(lo, hi, np.asarray(ts).dtype, np.asarray(t).dtype, *dtypes)
+    with np.errstate(invalid="ignore"):  # a failed run (NaN times) is not checked
+        out = (q < lo - slack) | (q > hi + slack)
+    if np.any(out):
+        k = np.unravel_index(int(np.flatnonzero(out)[0]), out.shape)
+        run = f" of run {tuple(int(i) for i in k[:-1])}" if r.ndim > 1 else ""
+        a, b, c = float(q[k]), float(lo[k[:-1]][0]), float(hi[k[:-1]][0])
+        p = _digits(a, c if a > c else b)
+        raise ValueError(
+            f"{what}: time {a:.{p}g} lies outside the saved span [{b:.{p}g}, {c:.{p}g}]{run}: a trajectory says "
+            "nothing past its saves (traj.at(t) holds the end values there, if that is what you want)"
+        )
+
+
+def _digits(a: float, b: float) -> int:
+    """Significant digits enough to tell ``a`` from ``b`` in a message (6, more when they agree
+    there: a float32 clock's end 0.300000012 past a float64 horizon 0.3)."""
+    return next((p for p in (6, 9, 12) if f"{a:.{p}g}" != f"{b:.{p}g}"), 17)

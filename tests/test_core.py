@@ -79,6 +79,38 @@ def test_trajectory_is_a_pytree_and_batches():
     np.testing.assert_allclose(tr.batch(1)["y"], 2 * ts)
 
 
+def test_batch_indexes_the_batch_axes_only():
+    """An index reaching past the batch axes would slice the save times and feature axes (a
+    Trajectory of garbage): it is refused, naming the index and the batch shape; ``...`` stands
+    for batch axes only."""
+    ts = jnp.linspace(0.0, 4.0, 9)
+    rates = jnp.array([1.0, 2.0, 3.0])
+    u = rates[:, None] * ts
+    B = af.Trajectory(jnp.stack([ts] * 3), {"u": u, "v": u[..., None] * jnp.array([1.0, -1.0])}, t_event=rates)
+    last = B.batch((..., 2))  # on one batch axis, (..., 2) is batch(2)
+    assert last.batch_shape == () and float(last.t_event) == 3.0
+    np.testing.assert_allclose(last["u"], 3 * ts)
+    np.testing.assert_allclose(last["v"][-1], [12.0, -12.0])
+    said = (
+        r"^batch: index \[:, 0\] takes 2 axes, but this trajectory has 1 batch axis \(batch shape \(3,\)\); "
+        r"batch indexes the batch axes only \(save times: traj.at\(t\) or traj.resample\(t\); a component: "
+        r"traj\[name\]\[\.\.\., j\]\)$"
+    )
+    with pytest.raises(ValueError, match=said):
+        B.batch((slice(None), 0))
+    with pytest.raises(ValueError, match=r"^batch: index \[\.\.\., 0, 1\] takes 2 axes, but .* \(batch shape \(3,\)\)"):
+        B.batch((..., 0, 1))
+    with pytest.raises(ValueError, match=r"^batch: index \[\.\.\., \.\.\.\] has more than one '\.\.\.'$"):
+        B.batch((..., ...))
+    # two batch axes: (..., j) picks along the last one, a mask takes the axes it spans
+    grid = af.Trajectory(jnp.broadcast_to(ts, (2, 3, 9)), {"u": jnp.arange(6.0).reshape(2, 3, 1) * ts})
+    np.testing.assert_allclose(grid.batch((..., 1))["u"][:, -1], [4.0, 16.0])  # entries (0, 1), (1, 1): 1 t, 4 t
+    assert grid.batch((slice(None), 0)).batch_shape == (2,)
+    np.testing.assert_allclose(grid.batch(np.array([True, False]))["u"][..., -1], [[0.0, 4.0, 8.0]])
+    with pytest.raises(ValueError, match=r"index \[0, 1, 2\] takes 3 axes, but this trajectory has 2 batch axes"):
+        grid.batch((0, 1, 2))
+
+
 def test_at_takes_one_row_of_times_per_run():
     """``t`` of shape ``batch + (k,)``: each run at its own times (run i: y = (i + 1) t); ``(k,)``:
     every run at the same times; other shapes are refused naming both."""
@@ -117,6 +149,66 @@ def test_at_takes_one_row_of_times_per_run():
         ValueError, match=r"t of shape \(3, 1\) for an unbatched trajectory: give times of shape \(k,\)"
     ):
         tr.batch(0).at(jnp.zeros((3, 1)))
+
+
+def test_resample_refuses_times_outside_the_saved_span():
+    """Resampling past the saved span held the end values and relabelled them as later saves,
+    which then passed compare's range check: a theory to t = 4 "agreed" to 0.018 with the same
+    curve to t = 8. Refused, naming the time and the span; float32 rounding of an end is inside."""
+    t = np.linspace(0.0, 4.0, 81)
+    theory = af.Trajectory(t, {"loss": np.exp(-t)})
+    said = (
+        r"^resample: time 4\.5 lies outside the saved span \[0, 4\]: a trajectory says nothing past its saves "
+        r"\(traj\.at\(t\) holds the end values there, if that is what you want\)$"
+    )
+    with pytest.raises(ValueError, match=said):
+        theory.resample(np.linspace(0.0, 8.0, 17))
+    with pytest.raises(ValueError, match=r"^resample: time -0\.5 lies outside the saved span \[0, 4\]"):
+        theory.resample(np.array([-0.5, 1.0]))
+    inside = theory.resample(np.array([0.0, 2.0, 4.0]))
+    np.testing.assert_allclose(inside["loss"], np.exp(-np.array([0.0, 2.0, 4.0])), rtol=1e-12)
+    # each run against its own span
+    runs = af.Trajectory(np.stack([t, t / 2]), {"loss": np.stack([np.exp(-t), np.exp(-t / 2)])})
+    with pytest.raises(ValueError, match=r"^resample: time 3 lies outside the saved span \[0, 2\] of run \(1,\)"):
+        runs.resample(np.array([[0.0, 3.0], [0.0, 3.0]]))
+    # a float32 clock ending at 0.3 (0.30000001 in float32) reads a float64 theory to t = 0.3, as compare takes it
+    t64 = np.linspace(0.0, 0.3, 31)
+    short = af.Trajectory(t64, {"loss": np.exp(-t64)})
+    t32 = np.linspace(0.0, 0.3, 4, dtype=np.float32)
+    assert float(t32[-1]) > 0.3
+    np.testing.assert_allclose(short.resample(t32)["loss"][-1], np.exp(-0.3), rtol=1e-12)
+    with pytest.raises(ValueError, match=r"time 0\.300000012 lies outside"):
+        short.resample(t32.astype(np.float64))  # a float64 clock gets float64 slack only
+
+
+def test_to_xarray_and_pandas_rename_observables_named_like_their_own_columns():
+    """An observable named t, time, t_event or like a batch axis overwrote (or clashed with) the
+    time coordinate, the event times or the batch column: stored as <name>_value, as
+    SweepResult.to_xarray stores a value named like an axis."""
+    pytest.importorskip("xarray")
+    t = np.linspace(0.0, 1.0, 5)
+    for name in ("t", "time", "t_event", "seed"):
+        tr = af.Trajectory(
+            np.stack([t, 2 * t]), {name: np.stack([t**2, t**3]), "u": np.stack([t, t])}, t_event=np.array([0.5, 0.7])
+        )
+        ds = tr.to_xarray(batch_dims=["seed"])
+        assert sorted(ds.data_vars) == sorted([f"{name}_value", "u", "t_event"])
+        np.testing.assert_allclose(ds[f"{name}_value"].values, [t**2, t**3])
+        np.testing.assert_allclose(ds["time"].values, [t, 2 * t])  # the runs' own times, untouched
+        np.testing.assert_allclose(ds["t_event"].values, [0.5, 0.7])
+        df = tr.to_pandas()
+        column = f"{name}_value" if name != "seed" else "seed"  # pandas' batch column is batch0
+        assert list(df.columns) == ["batch0", "t", column, "u"]
+        np.testing.assert_allclose(df["t"], np.concatenate([t, 2 * t]))
+        np.testing.assert_allclose(df[column], np.concatenate([t**2, t**3]))
+    shared = af.Trajectory(t, {"t": t**2, "t_value": -t, "batch0": np.stack([t, -t], -1)})
+    ds = shared.to_xarray()
+    assert sorted(ds.data_vars) == ["batch0", "t_value", "t_value_value"] and ds["batch0"].dims == ("t", "batch0_dim0")
+    np.testing.assert_allclose(ds["t"].values, t)
+    np.testing.assert_allclose(ds["t_value_value"].values, t**2)
+    np.testing.assert_allclose(ds["t_value"].values, -t)
+    batched = af.Trajectory(np.stack([t, t]), {"batch0": np.stack([t, -t])})
+    assert list(batched.to_pandas().columns) == ["batch0", "t", "batch0_value"]
 
 
 def test_trajectory_bad_input():
@@ -192,7 +284,7 @@ def test_compare_log_time_names_and_span():
     assert np.isfinite(err["u"]) and err["u"] == pytest.approx(1e-3, abs=3e-5)
     assert set(af.compare(theory, sim, names="u")) == {"u"}  # one string is one name
     assert set(theory.at([0.5], "v")) == {"v"}
-    with pytest.raises(KeyError, match="reference has no observable 'w'"):
+    with pytest.raises(ValueError, match=r"^compare: reference has no observable 'w'; it has \['u', 'v'\]$"):
         af.compare(theory, sim.with_ys(w=t_sim), names=["w"])
     # float32 grids that end at the same time up to rounding (dt * steps against linspace)
     t32 = jnp.linspace(0.0, 0.09, 4, dtype=jnp.float32)
@@ -203,6 +295,43 @@ def test_compare_log_time_names_and_span():
     later = af.Trajectory(jnp.array([0.0, 3.0]), {"u": jnp.zeros(2)})
     with pytest.raises(ValueError, match=r"other is saved on \[0, 3\] but reference covers only \[0, 2\]"):
         af.compare(theory, later)
+
+
+def test_compare_names_must_be_on_both_sides_and_a_sweep_result_is_refused():
+    """Without names compare covers the shared observables (training records other extras than
+    the theory); a name given explicitly must be on both sides, none shared is an error, and a
+    SweepResult is refused pointing at res.values (it raised AttributeError 'names')."""
+    t = np.linspace(0.0, 4.0, 41)
+    theory = af.Trajectory(t, {"u": 1 - np.exp(-t), "loss": np.exp(-2 * t)})
+    sim = af.Trajectory(t, {"u": 1.01 - np.exp(-t), "population_loss": np.exp(-2 * t) + 0.5})
+    assert af.compare(theory, sim) == {"u": pytest.approx(0.01, abs=1e-12)}  # shared only
+    with pytest.raises(
+        ValueError, match=r"^compare: other has no observable 'loss'; it has \['population_loss', 'u'\]$"
+    ):
+        af.compare(theory, sim, "loss")
+    assert af.compare(theory, sim.rename(loss="population_loss"), "loss") == {"loss": pytest.approx(0.5, abs=1e-12)}
+    said = (
+        r"^compare: no common observables: reference has \['loss', 'u'\], other has \['population_loss'\]; "
+        r"rename one side's \(traj.rename\(loss='population_loss'\)\) or compare other quantities$"
+    )
+    with pytest.raises(ValueError, match=said):
+        af.compare(theory, sim.select("population_loss"))
+    with pytest.raises(ValueError, match=r"^compare: names is empty"):
+        af.compare(theory, sim, [])
+    res = af.sweep(
+        lambda seed: af.Trajectory(jnp.asarray(t), {"u": 1 - jnp.exp(-jnp.asarray(t)) + 0.01 * seed}),
+        {"seed": np.arange(3)},
+        progress=False,
+    )
+    said = (
+        r"^compare: other is a SweepResult over \('seed',\); pass its trajectories, res.values \(batch shape "
+        r"\(3,\), one run per grid point\), or one point, res.sel\(seed=\.\.\.\)$"
+    )
+    with pytest.raises(ValueError, match=said):
+        af.compare(theory, res)
+    with pytest.raises(ValueError, match=r"^compare: reference is a SweepResult over \('seed',\)"):
+        af.compare(res, theory)
+    np.testing.assert_allclose(af.compare(theory, res.values, "u", per_run=True)["u"], [0.0, 0.01, 0.02], atol=1e-12)
 
 
 def test_compare_batched_runs_against_one_reference_or_run_by_run():
@@ -717,6 +846,42 @@ def test_overlay_figure(tmp_path):
         af.overlay(sims, None, ["loss"])
 
 
+def test_overlay_refuses_a_grid_of_runs_and_says_which_panel_has_no_simulation():
+    """Runs over (rate, seed) as one batched trajectory were pooled into one band "of 6": refused
+    as the SweepResult over them is, naming the batch shape and how to pick a point. A panel whose
+    observable the simulation (or theory) lacks says so in its legend."""
+    t = jnp.linspace(0.0, 4.0, 41)
+    rates, seeds = jnp.array([0.5, 2.0]), jnp.arange(3.0)
+    grid = af.Trajectory(
+        jnp.broadcast_to(t, (2, 3, 41)), {"loss": jnp.exp(-rates[:, None, None] * t) * (1 + 0.01 * seeds[:, None])}
+    )
+    theory = af.Trajectory(t, {"loss": jnp.exp(-2.0 * t)})
+    said = (
+        r"^overlay: simulations has batch shape \(2, 3\), more than one batch axis \(a grid of parameters and "
+        r"seeds\?\), and a band is drawn over one axis of seeds: pick a point with traj.batch\(i\) \(its runs "
+        r"along the last axis\), or res.sel\(\.\.\.\) of its SweepResult, or draw the points side by side with "
+        r"af.family$"
+    )
+    for sims in (grid, [grid], {"runs": grid}):
+        with pytest.raises(ValueError, match=said):
+            af.overlay(theory, sims)
+    with pytest.raises(ValueError, match=r"batch shape \(1, 2, 3\).*traj.batch\(\(i, j\)\)"):
+        af.overlay(theory, af.Trajectory(grid.ts[None], {"loss": grid["loss"][None]}))
+    ax = next(x for x in af.overlay(theory, grid.batch(1)).axes if x.get_visible())  # the seeds of rate 2
+    assert ax.get_legend_handles_labels()[1] == ["theory", "simulation (mean, min-max of 3)"]
+    np.testing.assert_allclose(ax.lines[1].get_ydata()[-1], np.exp(-8.0) * 1.01, rtol=1e-6)
+    # observables on one side only
+    both = theory.with_ys(u=1 - jnp.exp(-t))
+    sim = af.Trajectory(t, {"u": 1 - jnp.exp(-t), "population_loss": jnp.exp(-2 * t) + 0.5})
+    fig = af.overlay(both, sim, ["u", "loss", "population_loss"])
+    legends = [ax.get_legend_handles_labels()[1] for ax in fig.axes if ax.get_visible()]
+    assert legends == [
+        ["theory", "simulation"],
+        ["theory", "simulation (no 'loss' recorded)"],
+        ["theory (no 'population_loss' recorded)", "simulation"],
+    ]
+
+
 def test_overlay_draws_runs_on_other_clocks_one_by_one():
     """Runs saved at different times are not averaged index by index (that mixed ``a(8)`` with
     ``b(4)``): each is drawn at its own times; runs on one grid keep their band."""
@@ -822,6 +987,26 @@ def test_detect_plateaus_skips_repeated_save_times_and_refuses_a_non_positive_cu
     with pytest.raises(ValueError) as err:
         af.detect_plateaus([0.0, 1.0, 2.0], [-5.0, 1.0, -1.0])  # t = 0 is skipped
     assert str(err.value) == "detect_plateaus needs a positive curve (a loss: its log is taken), but y = -1 at t = 2"
+
+
+def test_host_analysis_takes_one_run():
+    """detect_plateaus and growth_rate read one curve: a batch of runs was read as one curve (the
+    plateaus of both runs in one list) or raised a bare IndexError."""
+    t = np.linspace(0.0, 10.0, 201)
+    loss = np.stack([1.0 / (1 + np.exp(3 * (t - c))) + 0.1 for c in (3.0, 6.0)])
+    assert [p["t_end"] for p in af.detect_plateaus(t, loss[1], rel_tol=0.05)] == pytest.approx([4.2, 10.0])
+    said = (
+        r"^{} takes one run: ts and y must be 1-D, got shapes \(2, 201\) and \(2, 201\); pass one run "
+        r"\(traj.batch\(i\).ts, traj.batch\(i\)\[name\]\) or loop over the runs$"
+    )
+    with pytest.raises(ValueError, match=said.format("detect_plateaus")):
+        af.detect_plateaus(np.stack([t, t]), loss, rel_tol=0.05)
+    y = 1e-3 * np.exp(np.outer([2.0, 0.5], t))
+    assert af.growth_rate(t, y[1], 1e-3, 1e-1) == pytest.approx(0.5, rel=1e-12)
+    with pytest.raises(ValueError, match=said.format("growth_rate")):
+        af.growth_rate(np.stack([t, t]), y, 1e-3, 1e-1)
+    with pytest.raises(ValueError, match=r"^growth_rate: ts and y must have one value per save time, got shapes"):
+        af.growth_rate(t, y[0, :-1], 1e-3, 1e-1)
 
 
 def test_overlay_unbatches_each_batched_item_of_a_list():
@@ -1136,7 +1321,10 @@ def test_compare_checks_each_reference_curve_against_its_own_runs():
     gap = af.compare(ref, runs, per_run=True)["a"]
     np.testing.assert_allclose(gap, np.asarray(af.trajectory_gap(ref, runs)), atol=0.02)
     late = af.Trajectory(_late(tos), {"a": np.sin(tos)})
-    with pytest.raises(ValueError, match=r"other is saved on \[0, 6\] but reference covers only \[0, 5\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"^compare: other run \(0, 1\) is saved on \[0, 6\] but reference curve \(0,\) covers only \[0, 5\]",
+    ):
         af.compare(ref, late)
 
 

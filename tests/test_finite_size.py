@@ -1,6 +1,7 @@
 """The finite-size law: `fit_finite_size`, `trajectory_gap`, each theory's gap at two sizes, and the
 ``finite-size`` experiment."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -100,19 +101,65 @@ def test_gap_rejects_bad_input_naming_the_value():
     ref, other = _toy()
     with pytest.raises(ValueError, match="reduce must be 'rms' or 'max', got 'mean'"):
         af.trajectory_gap(ref, other, reduce="mean")
-    with pytest.raises(ValueError, match="no observable 'loss' in reference"):
+    with pytest.raises(ValueError, match=r"^trajectory_gap: reference has no observable 'loss'; it has \['v', 'y'\]$"):
         af.trajectory_gap(ref, other, ["loss"])
     three = af.Trajectory(np.broadcast_to(np.linspace(0.0, 2.0, 5), (3, 5)), {"y": np.zeros((3, 5))})
     with pytest.raises(ValueError, match=r"reference has batch shape \(3,\) and other \(2,\): trajectory_gap needs"):
         af.trajectory_gap(three, other)
     late = af.Trajectory(np.linspace(0.0, 3.0, 4), {"y": np.zeros(4)})
-    with pytest.raises(ValueError, match=r"covers t in \[0, 2\] but other is saved at t in \[0, 3\]"):
+    with pytest.raises(
+        ValueError, match=r"^trajectory_gap: other is saved on \[0, 3\] but reference covers only \[0, 2\]"
+    ):
         af.trajectory_gap(ref, late)
     wide = af.Trajectory(np.linspace(0.0, 2.0, 3), {"v": np.zeros((3, 3))})
-    with pytest.raises(ValueError, match=r"'v' has components \(2,\) in reference and \(3,\) in other"):
+    with pytest.raises(ValueError, match=r"'v' has shape \(2,\) per save time in reference and \(3,\) in other"):
         af.trajectory_gap(ref, wide)
-    with pytest.raises(ValueError, match="no common observables"):
+    with pytest.raises(
+        ValueError, match=r"^trajectory_gap: no common observables: reference has \['v', 'y'\], other has \['z'\]"
+    ):
         af.trajectory_gap(ref, af.Trajectory(np.linspace(0.0, 1.0, 3), {"z": np.zeros(3)}))
+
+
+def test_gap_checks_its_input_as_compare_does():
+    """trajectory_gap accepts what compare accepts, with compare's messages: one name as a
+    string (it was split into characters), per-time shapes that differ but have one size (the
+    transpose was compared entry by entry), a float32 clock ending a rounding past a float64
+    theory (refused by a second, stricter span check), a SweepResult (pass res.values)."""
+    t_ref = np.linspace(0.0, 0.3, 31)
+    theory = af.Trajectory(t_ref, {"loss": np.exp(-t_ref), "M": np.zeros((31, 2, 3))})
+    t_sim = np.linspace(0.0, 0.3, 7, dtype=np.float32)  # ends at 0.30000001 in float32
+    sims = af.Trajectory(np.broadcast_to(t_sim, (3, 7)), {"loss": np.exp(-t_sim)[None].repeat(3, 0) + np.float32(0.01)})
+    gap = af.trajectory_gap(theory, sims, "loss", reduce="max")
+    np.testing.assert_allclose(gap, af.compare(theory, sims, "loss", per_run=True)["loss"], rtol=1e-6)
+    np.testing.assert_allclose(gap, [0.01] * 3, rtol=1e-4)
+    late = af.Trajectory(t_sim.astype(np.float64), {"loss": np.exp(-t_sim.astype(np.float64))})
+    for f in (af.compare, af.trajectory_gap):  # a float64 clock past the horizon by 1.2e-8: both refuse
+        with pytest.raises(
+            ValueError,
+            match=rf"^{f.__name__}: other is saved on \[0, 0.300000012\] but reference covers only \[0, 0.3\]",
+        ):
+            f(theory, late)
+    transposed = af.Trajectory(t_ref, {"M": np.zeros((31, 3, 2))})
+    for f in (af.compare, af.trajectory_gap):
+        with pytest.raises(
+            ValueError,
+            match=rf"^{f.__name__}: observable 'M' has shape \(2, 3\) per save time in reference and \(3, 2\) in other",
+        ):
+            f(theory, transposed, ["M"])
+    res = af.sweep(
+        lambda rate: af.Trajectory(jnp.asarray(t_ref), {"loss": rate * jnp.asarray(t_ref)}),
+        {"rate": np.arange(2.0)},
+        progress=False,
+    )
+    with pytest.raises(
+        ValueError, match=r"^trajectory_gap: other is a SweepResult over \('rate',\); pass its trajectories, res.values"
+    ):
+        af.trajectory_gap(theory, res)
+    np.testing.assert_allclose(
+        af.trajectory_gap(theory.select("loss").with_ys(loss=0 * t_ref), res.values, reduce="max"),
+        [0.0, 0.3],
+        atol=1e-12,
+    )
 
 
 def test_gap_takes_a_batched_reference_as_compare_does():
@@ -134,7 +181,7 @@ def test_gap_takes_a_batched_reference_as_compare_does():
     # each curve covers its own runs only
     short = af.Trajectory(np.stack([t, 0.5 * t]), {"y": np.stack([t, t])})
     with pytest.raises(
-        ValueError, match=r"reference curve \(1,\) covers t in \[0, 0.5\] but other is saved at t in \[0, 1\]"
+        ValueError, match=r"other run \(1,\) is saved on \[0, 1\] but reference curve \(1,\) covers only \[0, 0.5\]"
     ):
         af.trajectory_gap(short, paired)
     # a failed reference curve (NaN times, from a sweep) gives NaN for its runs only

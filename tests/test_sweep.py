@@ -5,10 +5,12 @@ import enum
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from collections.abc import Callable
 from unittest import mock
 
@@ -610,6 +612,37 @@ def test_sweep_result_saves_and_loads_whole(tmp_path):
     (tmp_path / "grid.json").write_text("[1]")
     with pytest.raises(ValueError, match="is not a sweep result saved by attnflow"):
         af.SweepResult.load(path)
+
+
+def test_sweep_result_load_of_float64_trajectories_without_x64_warns_as_trajectory_load(tmp_path):
+    """SweepResult.load rounded float64 trajectories to float32 without a word (a 2e-10 effect
+    read as 0) where Trajectory.load warns: the same warning, naming the arrays by their path;
+    array leaves, axes and statuses stay NumPy arrays, as saved."""
+    ts = np.linspace(0.0, 1.0, 5)
+    traj = af.Trajectory(np.stack([ts, ts]), {"u": 1 + 1e-10 * np.outer([1.0, 2.0], ts)}, t_event=np.array([0.5, 0.7]))
+    res = af.SweepResult(("rate",), {"rate": np.array([1.0, 2.0])}, {"run": traj, "final": np.array([1 / 3, 2 / 3])})
+    path = res.save(tmp_path / "sw64")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        back = af.SweepResult.load(path)
+    assert float(back.values["run"]["u"][1, -1]) - 1 == pytest.approx(2e-10, rel=1e-6)
+    said = (
+        rf"^{re.escape(str(path))} holds float64 arrays \(run.ts, run.u, run.t_event\) but JAX's 64-bit mode is "
+        r"off, so they load as float32 \(rounded to about 7 digits\): call attnflow.enable_x64\(\) at the start "
+        r"of the program, or load inside `with jax.enable_x64\(True\):`, to keep float64 \(np.load reads the "
+        r"file as saved\)$"
+    )
+    with jax.enable_x64(False):
+        with pytest.warns(UserWarning, match=said) as seen:
+            low = af.SweepResult.load(path)
+        assert len(seen) == 1 and seen[0].filename == __file__
+        assert low.values["run"]["u"].dtype == np.float32 and float(low.values["run"]["u"][1, -1]) == 1.0
+        assert low.values["final"].dtype == np.float64 and low.coords["rate"].dtype == np.float64
+        # a float32 sweep loses nothing: no warning
+        p32 = af.SweepResult(("rate",), res.coords, af.Trajectory(ts.astype(np.float32), {"u": ts.astype(np.float32)}))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert af.SweepResult.load(p32.save(tmp_path / "sw32")).values["u"].dtype == np.float32
 
 
 def test_a_sweep_point_with_bad_solve_inputs_fails_alone():
