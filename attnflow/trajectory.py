@@ -56,14 +56,19 @@ def _free_name(name: str, taken: Container[str]) -> str:
 
 def flatten_names(d: Mapping, prefix: str = "") -> dict:
     """A nested mapping of observables as one flat mapping with dotted names:
-    ``{"a": {"b": x}, "c": y}`` gives ``{"a.b": x, "c": y}``."""
-    out = {}
+    ``{"a": {"b": x}, "c": y}`` gives ``{"a.b": x, "c": y}``. Two entries that would get the
+    same name (``{"a.b": x, "a": {"b": y}}``, keys ``1`` and ``"1"``) raise ``ValueError``."""
+    out: dict = {}
     for k, v in d.items():
         name = f"{prefix}{k}"
-        if isinstance(v, Mapping):
-            out.update(flatten_names(v, name + "."))
-        else:
-            out[name] = v
+        inner = flatten_names(v, name + ".") if isinstance(v, Mapping) else {name: v}
+        for n, x in inner.items():
+            if n in out:  # {"a.b": x, "a": {"b": y}}, or keys 1 and "1": one would overwrite the other
+                raise ValueError(
+                    f"observable names collide: two entries are both named {n!r} once nested keys are joined "
+                    "with '.' (and keys written as strings); rename one of them"
+                )
+            out[n] = x
     return out
 
 

@@ -14,6 +14,7 @@ from jax.test_util import check_grads
 
 import attnflow as af
 from attnflow.deeplinear import Teacher, TwoLayerLinear, mode_field, mode_strength, population_loss
+from attnflow.trajectory import flatten_names
 
 S = jnp.array([3.0, 2.0, 1.0, 0.5])
 
@@ -1353,3 +1354,16 @@ def test_overlay_takes_a_sweep_over_seeds_as_family_does():
     other = af.sweep(lambda eta: af.Trajectory(jnp.asarray(ts), {"y": eta * jnp.asarray(ts)}), {"eta": np.arange(2.0)})
     with pytest.raises(ValueError, match=r"over seeds only .* this one is over \('eta',\).*af.family"):
         af.overlay(theory, other)  # runs of different parameters are not seeds of one band
+
+
+def test_state_names_that_collide_once_joined_are_refused():
+    """A dict state {"a.b": x, "a": {"b": y}} would record one observable "a.b" and drop the other."""
+
+    def field(t, y, args):
+        return {"a.b": -y["a.b"], "a": {"b": -2.0 * y["a"]["b"]}}
+
+    with pytest.raises(ValueError, match=r"observable names collide: two entries are both named 'a\.b'"):
+        af.integrate(field, {"a.b": jnp.asarray(1.0), "a": {"b": jnp.asarray(1.0)}}, 1.0)
+    with pytest.raises(ValueError, match="both named '1'"):
+        flatten_names({1: 1.0, "1": 2.0})
+    assert flatten_names({"a": {"b": 1.0, "c": {"d": 2.0}}, "e": 3.0}) == {"a.b": 1.0, "a.c.d": 2.0, "e": 3.0}
