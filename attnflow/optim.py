@@ -67,9 +67,12 @@ def per_circuit(
         Pytree of labels matching the trainable parameters (see `label_by_path`), or a
         function params -> labels.
     rates:
-        ``{label: learning rate}``; scalars or 0-d arrays, possibly traced (vmap over rates),
+        ``{label: learning rate}``; numbers or 0-d arrays, possibly traced (vmap over rates),
         Optax schedules ``step -> rate``, or ``None``: that circuit is frozen (its updates
-        are zero, ``optax.set_to_zero``).
+        are zero, ``optax.set_to_zero``). An array of more dimensions is a rate per entry: it
+        has the axes of every parameter of its circuit, each of size 1 or the parameter's
+        (shape ``(K, 1)``: one rate per row of a ``(K, D)`` weight); otherwise ``ValueError``
+        names the circuit and both shapes when the optimizer is initialised.
     base:
         Optax optimizer constructor taking ``learning_rate`` (default ``optax.sgd``).
     allow_unused:
@@ -93,7 +96,11 @@ def per_circuit(
     transforms = {
         name: optax.set_to_zero()
         if lr is None
-        else optax.inject_hyperparams(base)(learning_rate=lr if callable(lr) else jnp.asarray(lr), **base_kwargs)
+        else _entrywise(
+            name,
+            jnp.shape(lr) if not callable(lr) else (),
+            optax.inject_hyperparams(base)(learning_rate=lr if callable(lr) else jnp.asarray(lr), **base_kwargs),
+        )
         for name, lr in rates.items()
     }
     # A labels *tree* may itself be callable (an Equinox module with __call__): hand optax a
@@ -101,12 +108,40 @@ def per_circuit(
     return optax.partition(transforms, labels if is_fn else (lambda _params: labels))
 
 
+def _entrywise(name: str, shape: tuple[int, ...], inner: optax.GradientTransformation) -> Any:
+    """``inner`` whose ``init`` refuses parameters that a rate of ``shape`` is not a rate per entry
+    of: a (4,) rate on a (2, 4) weight would otherwise scale its columns silently, a (2,) one fail
+    inside the trace with a bare broadcasting error."""
+    if shape == ():
+        return inner
+
+    def init(params: Any) -> Any:
+        # the params of this circuit (optax.partition masks the others out)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+            leaf_shape = tuple(jnp.shape(leaf))
+            # as many axes as the parameter, not NumPy's trailing broadcast: a (4,) rate would
+            # silently scale the columns of a (2, 4) weight where one rate was meant
+            fits = len(shape) == len(leaf_shape) and all(r in (1, p) for r, p in zip(shape, leaf_shape, strict=True))
+            if not fits:
+                raise ValueError(
+                    f"learning rate for circuit {name!r} has shape {shape}: an array rate is a rate per entry, with "
+                    f"the axes of each parameter of the circuit, each of size 1 or the parameter's, but "
+                    f"{jax.tree_util.keystr(path)} has shape {leaf_shape} (give a number, or a 0-d array, for one "
+                    "rate)"
+                )
+        return inner.init(params)
+
+    return inner._replace(init=init)
+
+
 def weighted_balance(A: Any, B: Any, ratio: Any) -> tuple[jax.Array, jax.Array]:
     """Balanced factors ``A^T A = B B^T`` of a product ``W = A B`` made weighted-balanced for
     factor learning rates ``eta_A / eta_B = ratio``: ``(A ratio^(1/4), B ratio^(-1/4))``, so that
     ``A^T A / eta_A = B B^T / eta_B``, the quantity gradient flow conserves, and the product
     moves as under one rate ``sqrt(eta_A eta_B)`` (Saxe et al. 2014; Vashisht and Ramaswamy
-    eq. (8)). ``ratio`` may be traced."""
+    eq. (8)). ``ratio`` may be traced; a concrete one must be finite and positive (``ValueError``
+    naming it: ``ratio^(1/4)`` of a negative ratio is NaN)."""
+    V.positive("ratio (eta_A / eta_B)", ratio)
     A, B = jnp.asarray(A), jnp.asarray(B)
     w = jnp.asarray(ratio, A.dtype) ** 0.25
     return A * w, B / w

@@ -134,13 +134,32 @@ def _rebuild(x: Any, spaces: list[Any], where: str, cls: type | None = None) -> 
     return x
 
 
+def _kind(x: Any) -> str:
+    """The dtype kind of ``x`` (``"b"``, ``"c"``, ...), read without computing on a traced value;
+    ``""`` when ``x`` is not array-like (`attnflow._validate.floats` then names the field)."""
+    if isinstance(x, (jax.Array, np.ndarray, np.generic)):
+        return np.dtype(x.dtype).kind
+    try:
+        return np.asarray(x).dtype.kind
+    except Exception:
+        return ""
+
+
 def array_field(name: str, default: Any, dtype: Any = None) -> Any:
     """A ``Setup`` field holding an array of reals (a number, a vector, ...): values are converted
-    to JAX arrays of ``dtype`` (default: JAX's float) on construction, so they are data, never
-    static; a value that is not an array of reals raises ``ValueError`` naming the field."""
+    to JAX arrays of ``dtype`` (default: JAX's float) on construction and by
+    `AbstractSetup.replace`, so they are data, never static; a value that is not an array of reals
+    (a string, ``None``, a ragged list, a boolean, a complex number) raises ``ValueError`` naming
+    the field."""
     from . import _validate as V
 
     def convert(x: Any) -> Any:
+        # True would become 1.0 and 1+0j would lose its imaginary part with only a warning:
+        # both are mistakes for a real parameter (a dtype is known even for a traced value)
+        kind = _kind(x)
+        if kind in ("b", "c"):
+            what = "a boolean" if kind == "b" else "a complex number"
+            raise ValueError(f"{name} must be a real number or array of them, got {what}: {V.show(x)}")
         return V.floats(name, x, dtype)
 
     return eqx.field(converter=convert, default=default)
@@ -197,22 +216,27 @@ class AbstractSetup(eqx.Module):
         return _rebuild(dict(record, type=cls.__name__), _namespace(cls), "setup", cls)
 
     def replace(self: _S, **changes: Any) -> _S:
-        """A copy with the named fields replaced, validated.
+        """A copy with the named fields replaced, converted and validated as ``Setup(...)``
+        converts and validates them: a new value goes through its field's converter (an
+        `array_field` makes numbers and lists arrays of its dtype, so ``replace(eta=2)`` equals
+        ``Setup(eta=2)`` in type and dtype, and a new value reuses the compiled solve; booleans,
+        complex numbers and strings raise ``ValueError`` naming the field), then `validate` runs.
 
         Values may be traced (inside ``jit``, ``vmap`` or a `attnflow.sweep`), which is how
         a field becomes a sweep axis: ``sweep(lambda eta: P.solve(s.replace(eta=eta), T).final(),
-        {"eta": etas})``. Python floats become arrays, so a new value reuses the compiled
-        solve. Unknown names raise ``ValueError`` listing the fields.
+        {"eta": etas})``. Unknown names raise ``ValueError`` listing the fields.
         """
-        from .ode import as_data
-
         fields = type(self).__dataclass_fields__
         unknown = sorted(set(changes) - set(fields))
         if unknown:
             raise ValueError(f"{type(self).__name__} has no field {unknown}; fields: {sorted(fields)}")
         new = copy.copy(self)
         for name, value in changes.items():
-            static = fields[name].metadata.get("static", False)
-            object.__setattr__(new, name, value if static else as_data(value))
-        new.validate()
+            # the converter equinox applies after __init__ (a field without one is stored as given)
+            converter = fields[name].metadata.get("converter")
+            object.__setattr__(new, name, value if converter is None else converter(value))
+        for klass in type(new).__mro__:  # every __check_init__, as equinox runs them on construction
+            check = klass.__dict__.get("__check_init__")
+            if check is not None:
+                check(new)
         return new

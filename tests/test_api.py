@@ -4,6 +4,7 @@ import dataclasses
 import functools
 import inspect
 import os
+import re
 from typing import Literal
 
 import equinox as eqx
@@ -524,6 +525,40 @@ def test_learning_rates_must_be_scalars(make):
     # (derive takes one rate per student unit, shape (K,); other shapes: tests/test_derive.py)
     with pytest.raises(ValueError, match=r"eta.* must be a scalar, got shape \(2,\)"):
         make()
+
+
+def test_per_circuit_array_rates_must_fit_their_parameters():
+    """An array rate is a rate per entry, with the axes of each parameter of its circuit (a (2, 1)
+    rate: one per row of W1 (2, 4)); a (4,) rate on W1 would scale its columns by NumPy's
+    broadcasting and a (2,) one cannot broadcast: both are refused, naming the circuit and both
+    shapes. A non-positive ratio of `weighted_balance` is refused, naming it."""
+    from attnflow.deeplinear import Teacher, TwoLayerLinear, population_loss
+
+    teacher = Teacher([3.0, 2.0], n_in=4, n_out=3)
+    model = TwoLayerLinear.aligned(teacher, 0.1)  # W1 (2, 4), W2 (3, 2)
+    labels = af.label_by_path(model, {"W1": "first", "W2": "second"})
+    loss = lambda m, b: population_loss(m.W1, m.W2, teacher.A)
+    for rate in (jnp.array([0.01, 0.02, 0.03, 0.04]), jnp.array([0.01, 0.02]), jnp.ones((1, 2, 4))):
+        opt = af.per_circuit(labels, {"first": rate, "second": 0.01})
+        with pytest.raises(
+            ValueError,
+            match=rf"learning rate for circuit 'first' has shape {re.escape(str(rate.shape))}: an array rate is a "
+            r"rate per entry, with the axes of each parameter of the circuit, each of size 1 or the parameter's, "
+            r"but \.W1 has shape \(2, 4\)",
+        ):
+            af.simulate(loss, model, opt, 2, save=af.LinearGrid(2))
+    # one rate per row of W1, exactly gradient descent with those rates
+    rows = jnp.array([[0.03], [0.01]])
+    opt = af.per_circuit(labels, {"first": rows, "second": 0.02})
+    _, trained = af.simulate(loss, model, opt, 1, save=af.LinearGrid(2), return_model=True)
+    g = jax.grad(lambda m: loss(m, None))(model)
+    np.testing.assert_allclose(trained.W1, model.W1 - rows * g.W1, rtol=1e-14)
+    np.testing.assert_allclose(trained.W2, model.W2 - 0.02 * g.W2, rtol=1e-14)
+    for ratio in (-1.0, 0.0, float("nan")):
+        with pytest.raises(ValueError, match=rf"ratio \(eta_A / eta_B\) must be finite and positive, got {ratio}"):
+            af.weighted_balance(jnp.eye(2), jnp.eye(2), ratio)
+    A, B = af.weighted_balance(jnp.eye(2), jnp.eye(2), 16.0)
+    np.testing.assert_allclose(A, 2.0 * jnp.eye(2)) and np.testing.assert_allclose(B, 0.5 * jnp.eye(2))
 
 
 _EVENT_CASES = {

@@ -257,3 +257,117 @@ def test_train_warns_past_the_stability_limit_of_gradient_descent():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         dl.train(dl.Setup(eta=30.0), 1.0)  # 0.9: converges, no warning
+
+
+def test_u0_is_a_number_or_one_per_mode():
+    per_mode = jnp.array([1e-3, 1e-2, 1e-3, 2e-3])
+    s = dl.Setup(u0=per_mode)
+    th = dl.solve(s, 1.0, save=af.LinearGrid(3))
+    np.testing.assert_allclose(th["u"], mode_strength(th.ts[:, None], S, per_mode), rtol=1e-8)
+    np.testing.assert_allclose(dl.train(s, 1.0, save=af.LinearGrid(2))["u"][0], per_mode, rtol=1e-12)
+    for u0, shape in (([1e-3, 1e-2, 1e-3], r"\(3,\)"), ([[1e-3] * 4], r"\(1, 4\)")):
+        with pytest.raises(
+            ValueError,
+            match=rf"u0 \(initial mode strength\) must be a number or one per mode, "
+            rf"shape \(k,\) = \(4,\), got shape {shape}",
+        ):
+            dl.Setup(u0=u0)
+        with pytest.raises(ValueError, match=r"u0 \(initial mode strength\) must be a number or one per mode"):
+            dl.Setup().replace(u0=u0)
+
+
+def test_experiment_refuses_time_steps_past_the_stability_of_gradient_descent():
+    from attnflow.deeplinear.experiments import DeepLinearConfig
+
+    # max(dts) * eta * max(s) = 0.5 * 3 = 1.5: the map's fixed point u = s has slope 1 - 3 = -2
+    with pytest.raises(
+        ValueError,
+        match=r"dts must satisfy max\(dts\) \* eta \* max\(s\) < 1 \(eta = 1\).* got max\(dts\) = 0.5 with "
+        r"max\(s\) = 3, product 1.5",
+    ):
+        DeepLinearConfig(dts=(0.5, 0.25))
+    with pytest.raises(ValueError, match=r"product 1$"):  # the edge: slope -1, not convergent
+        DeepLinearConfig(s=(2.0, 1.0), dts=(0.5, 0.25))
+    assert DeepLinearConfig(dts=(0.3, 0.15)).dts == (0.3, 0.15)  # 0.9: converges
+
+
+def test_model_observables_refuses_a_network_of_other_sizes():
+    s = dl.Setup()
+    message = r"model must be a TwoLayerLinear with W1 \(h, 8\) and W2 \(6, h\) for this teacher, got TwoLayerLinear"
+    for net in (TwoLayerLinear.random(0, 5, 4, 6), TwoLayerLinear.random(0, 8, 4, 5)):
+        with pytest.raises(ValueError, match=message):
+            dl.model_observables(net, s)
+        with pytest.raises(ValueError, match=message):
+            dl.model_observables(net, s.teacher)
+        with pytest.raises(ValueError, match=message):
+            dl.train(s, 1.0, model=net)
+    with pytest.raises(ValueError, match=r"model must be a TwoLayerLinear .* got \{'W1': 1\}"):
+        dl.model_observables({"W1": 1}, s)
+    wide = TwoLayerLinear.random(0, 8, 10, 6)  # any hidden width
+    assert float(dl.model_observables(wide, s)["loss"]) == pytest.approx(
+        float(population_loss(wide.W1, wide.W2, s.teacher.A)), rel=1e-14
+    )
+
+
+def test_escape_time_refuses_a_threshold_the_loss_never_reaches():
+    s = dl.Setup()
+    for threshold in (0.0, -1.0):
+        with pytest.raises(
+            ValueError,
+            match=rf"threshold = {threshold} must lie above 0: the loss 1/2 sum_i \(s_i - u_i\)\^2 reaches 0 only "
+            r"as t -> inf",
+        ):
+            dl.escape_time(s, threshold, t1=100.0)
+    with pytest.raises(ValueError, match=r"threshold = 9.0 must lie below the start value of 'loss', 7.1185"):
+        dl.escape_time(s, 9.0, t1=10.0)
+    # traced, a threshold of 0 is never crossed: NaN, as any event that does not fire
+    assert np.isnan(float(jax.jit(lambda th: dl.escape_time(s, th, t1=5.0))(0.0)))
+
+
+def test_escape_time_sensitivity_one_mode_closed_form():
+    """One mode: t_esc = [log((s - u0) / u0) + log((s - c) / c)] / (2 s eta), c = sqrt(2 L), from (2)
+    at u = s - c; so dt/d eta = -t / eta, dt/du0 = -1 / (2 eta u0 (s - u0)) and
+    dt/ds = [1 / (s - u0) + 1 / (s - c)] / (2 s eta) - t / s."""
+    s0, u0, eta, L = 2.0, 1e-2, 0.5, 0.5
+    c = np.sqrt(2 * L)
+    t = (np.log((s0 - u0) / u0) + np.log((s0 - c) / c)) / (2 * s0 * eta)
+    res = dl.escape_time_sensitivity(dl.Setup(s=[s0], u0=u0, eta=eta), L, t1=20.0)
+    assert float(res.value) == pytest.approx(t, rel=1e-8)
+    assert float(res.grad["eta"]) == pytest.approx(-t / eta, rel=1e-7)
+    assert float(res.grad["u0"]) == pytest.approx(-1 / (2 * eta * u0 * (s0 - u0)), rel=1e-7)
+    assert res.grad["s"].shape == (1,)
+    assert float(res.grad["s"][0]) == pytest.approx((1 / (s0 - u0) + 1 / (s0 - c)) / (2 * s0 * eta) - t / s0, rel=1e-7)
+
+
+def test_escape_time_sensitivity_four_modes_against_the_closed_form():
+    """d t_esc / dp = -(dL/dp) / (dL/dt) at L(t_esc) = threshold, L = 1/2 sum (s_i - u_i(t))^2 with
+    the closed form (2): per-mode u0, reverse mode."""
+    u0 = jnp.array([1e-3, 2e-3, 1e-3, 5e-4])
+    setup = dl.Setup(u0=u0)
+    res = dl.escape_time_sensitivity(setup, 1.0, t1=10.0, mode="reverse")
+    t = float(res.value)
+    assert t == pytest.approx(float(dl.escape_time(setup, 1.0, t1=10.0)), rel=1e-12)
+
+    def loss(t, eta, s, u0):
+        return 0.5 * jnp.sum((s - mode_strength(t, s, u0, 1.0 / eta)) ** 2)
+
+    assert float(loss(t, 1.0, S, u0)) == pytest.approx(1.0, rel=1e-8)
+    dL = jax.grad(loss, (0, 1, 2, 3))(t, 1.0, S, u0)
+    want = {"eta": -dL[1] / dL[0], "s": -dL[2] / dL[0], "u0": -dL[3] / dL[0]}
+    assert res.grad["s"].shape == res.grad["u0"].shape == (4,)
+    for name, value in want.items():
+        np.testing.assert_allclose(res.grad[name], value, rtol=1e-6, atol=1e-8, err_msg=name)
+    assert float(res.grad["eta"]) == pytest.approx(-t, rel=1e-7)  # time scales as 1 / eta
+    with pytest.raises(ValueError, match=r"threshold = 0.0 must lie above 0"):
+        dl.escape_time_sensitivity(setup, 0.0, t1=10.0)
+    with pytest.raises(ValueError, match=r"mode must be one of"):
+        dl.escape_time_sensitivity(setup, 1.0, t1=10.0, mode="sideways")
+
+
+def test_escape_time_sensitivity_at_the_reference():
+    # the numbers of its docstring and of docs/deeplinear.md
+    res = dl.escape_time_sensitivity(dl.Setup(), 1.0, t1=10.0)
+    assert float(res.value) == pytest.approx(1.9415, abs=1e-4)
+    assert float(res.grad["eta"]) == pytest.approx(-1.9415, abs=1e-4)
+    assert float(res.grad["u0"]) == pytest.approx(-260.81, abs=1e-2)
+    np.testing.assert_allclose(res.grad["s"], [-0.0094, -0.5762, 0.4053, 0.2469], atol=1e-4)

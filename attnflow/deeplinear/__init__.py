@@ -27,6 +27,7 @@ from .theory import DEFAULT_SAVE as DEFAULT_SAVE
 from .theory import DEFAULT_SOLVER as DEFAULT_SOLVER
 from .theory import conserved as conserved
 from .theory import escape_time as escape_time
+from .theory import escape_time_sensitivity as escape_time_sensitivity
 from .theory import factor_field as factor_field
 from .theory import matrix_field as matrix_field
 from .theory import mode_field as mode_field
@@ -41,6 +42,7 @@ from .train import train as train
 
 __all__ = [
     "escape_time",
+    "escape_time_sensitivity",
     "DEFAULT_SAVE",
     "DEFAULT_SOLVER",
     "DEFAULT_TRAIN_SAVE",

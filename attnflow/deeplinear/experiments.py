@@ -51,6 +51,16 @@ class DeepLinearConfig:
             )
         if max(self.dts) >= self.t_end:
             raise ValueError(f"dts must be below t_end = {self.t_end:g}, got {list(self.dts)}")
+        # gradient descent maps each mode u -> u (1 + eta dt (s - u))^2 (eta = 1 here); its fixed point
+        # u = s has slope 1 - 2 eta dt s, so it is stable only while eta dt s < 1: past that the run
+        # oscillates about s or blows up, and a fitted error order would be meaningless
+        rate = max(self.dts) * max(self.s)
+        if rate >= 1.0:
+            raise ValueError(
+                f"dts must satisfy max(dts) * eta * max(s) < 1 (eta = 1): gradient descent "
+                "u -> u (1 + eta dt (s - u))^2 converges to u = s only for eta dt s < 1 (its slope there is "
+                f"1 - 2 eta dt s), got max(dts) = {max(self.dts):g} with max(s) = {max(self.s):g}, product {rate:g}"
+            )
         for name in ("n_in", "n_out"):
             if getattr(self, name) < len(self.s):
                 raise ValueError(

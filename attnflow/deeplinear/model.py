@@ -13,6 +13,16 @@ from ..optim import weighted_balance
 from .data import Teacher
 
 
+def check_fits(model: Any, n_in: int, n_out: int) -> None:
+    """``ValueError`` unless ``model`` is a `TwoLayerLinear` with ``W1`` ``(h, n_in)`` and ``W2``
+    ``(n_out, h)``: a network of the teacher's sizes (any hidden width ``h``)."""
+    if not isinstance(model, TwoLayerLinear) or model.W1.shape[1] != n_in or model.W2.shape[0] != n_out:
+        raise ValueError(
+            f"model must be a TwoLayerLinear with W1 (h, {n_in}) and W2 ({n_out}, h) for this teacher, "
+            f"got {model!r:.120}"
+        )
+
+
 class TwoLayerLinear(eqx.Module):
     """``f(x) = W2 W1 x`` with ``W1``: (hidden, n_in), ``W2``: (n_out, hidden)."""
 

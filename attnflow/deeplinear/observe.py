@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from .data import Teacher
-from .model import TwoLayerLinear
+from .model import TwoLayerLinear, check_fits
 from .setup import Setup
 from .theory import population_loss
 
@@ -32,8 +32,10 @@ def mode_observables(u: jax.Array, s: jax.Array) -> dict[str, jax.Array]:
 def model_observables(model: TwoLayerLinear, setup: Setup | Teacher) -> dict[str, jax.Array]:
     """`OBSERVABLES` of a network's weights (the network `train` returns with
     ``return_model=True``) for the teacher of ``setup`` (its `Setup`, or the `Teacher` itself):
-    what `train` records."""
+    what `train` records. ``ValueError`` for a ``model`` that is not a `TwoLayerLinear` of the
+    teacher's sizes (``W1`` ``(h, n_in)``, ``W2`` ``(n_out, h)``), as in `train`."""
     teacher = setup.teacher if isinstance(setup, Setup) else setup
     if not isinstance(teacher, Teacher):
         raise ValueError(f"setup must be an attnflow.deeplinear.Setup (or its Teacher), got {setup!r:.80}")
+    check_fits(model, teacher.Vt.shape[1], teacher.U.shape[0])
     return {"u": teacher.modes(model.product), "loss": population_loss(model.W1, model.W2, teacher.A)}

@@ -25,7 +25,9 @@ class Setup(AbstractSetup):
     Fields (numbers are arrays, so any of them can be a `attnflow.sweep` axis):
 
     - ``s``: the teacher's mode strengths ``s_i > 0`` (reference: `REFERENCE_MODES`);
-    - ``u0``: the initial strength of every mode (balanced, aligned start, eq. 2);
+    - ``u0``: the initial strength of every mode (balanced, aligned start, eq. 2): a number, or
+      one per mode, shape ``(k,)`` like ``s`` (each mode then starts at its own ``u0_i``, in
+      `solve`, `train` and the closed form `mode_strength`);
     - ``eta``: the learning rate; the gradient flow is ``dW/dt = -eta grad L`` and gradient
       descent with step ``dt`` uses the learning rate ``eta dt``, so ``t = dt * step``;
     - ``layer_ratio``: per-layer rates ``eta_1 / eta_2`` around ``eta`` (`layer_rates`:
@@ -48,6 +50,12 @@ class Setup(AbstractSetup):
         if self.s.ndim != 1 or self.s.shape[0] == 0:
             raise ValueError(f"s must be a non-empty 1-D array of mode strengths, got shape {self.s.shape}")
         V.positive("mode strengths s", self.s)
+        k = self.s.shape[0]
+        if self.u0.shape not in ((), (k,)):  # a traced value's shape is known too
+            raise ValueError(
+                f"u0 (initial mode strength) must be a number or one per mode, shape (k,) = ({k},), "
+                f"got shape {self.u0.shape}"
+            )
         V.positive("u0 (initial mode strength)", self.u0)
         V.scalar("eta (learning rate)", self.eta)
         V.positive("eta (learning rate)", self.eta)
@@ -56,7 +64,6 @@ class Setup(AbstractSetup):
         V.positive_int("n_in", self.n_in, minimum=self.s.shape[0])
         V.positive_int("n_out", self.n_out, minimum=self.s.shape[0])
         V.positive_int("teacher_seed", self.teacher_seed, minimum=0)
-        k = self.s.shape[0]
         # teacher, two weight matrices and their gradients and optimizer copies, float64
         V.fits_in_memory(
             f"a teacher of n_out x n_in = {self.n_out} x {self.n_in} with {k} modes",

@@ -18,7 +18,7 @@ from .._keywords import keyword_hints
 from ..optim import label_by_path, per_circuit
 from ..options import LinearGrid, SaveGrid, TimeGrid, _caller_outside_attnflow, train_steps
 from ..simulate import FullBatch, OnlineSGD, run_training, simulate
-from .model import TwoLayerLinear
+from .model import TwoLayerLinear, check_fits
 from .observe import model_observables
 from .setup import Setup
 from .theory import conserved, population_loss
@@ -86,12 +86,7 @@ def train(
     if batch is not None:
         batch = V.positive_int("batch", batch)
     if model is not None:
-        n_in, n_out = setup.n_in, setup.n_out
-        if not isinstance(model, TwoLayerLinear) or model.W1.shape[1] != n_in or model.W2.shape[0] != n_out:
-            raise ValueError(
-                f"model must be a TwoLayerLinear with W1 (h, {n_in}) and W2 ({n_out}, h) for this teacher, "
-                f"got {model!r:.120}"
-            )
+        check_fits(model, setup.n_in, setup.n_out)
     total, steps = train_steps(save, DEFAULT_TRAIN_SAVE, t1, dt)
     # the map u -> u (1 + eta dt (s - u))^2 has slope 1 - 2 eta dt s at u = s: past eta dt s = 1 it
     # settles into an oscillation (or blows up) instead of u = s, with nothing non-finite to stop it
