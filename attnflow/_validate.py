@@ -36,11 +36,32 @@ def show(value: Any) -> str:
     return repr(value)
 
 
+def _dtype_kind(x: Any) -> str:
+    """The dtype kind of ``x`` (``"b"``, ``"c"``, ``"f"``, ...), read without computing on a
+    traced value; ``""`` when ``x`` is not array-like."""
+    if isinstance(x, (jax.Array, np.ndarray, np.generic)):
+        return np.dtype(x.dtype).kind
+    try:
+        return np.asarray(x).dtype.kind
+    except Exception:
+        return ""
+
+
+def _refuse_bool_complex(name: str, value: Any) -> None:
+    # True would become 1.0 and 1+0j would lose its imaginary part with only a warning: both are
+    # mistakes for a real parameter (the dtype is known even for a traced value)
+    kind = _dtype_kind(value)
+    if kind in ("b", "c"):
+        what = "a boolean" if kind == "b" else "a complex number"
+        raise ValueError(f"{name} must be a real number or array of them, got {what}: {show(value)}")
+
+
 def reals(name: str, value: Any) -> np.ndarray:
     """``value`` as a float array, or ``ValueError`` naming ``name`` (strings, None, ragged lists,
-    objects)."""
+    objects, booleans, complex numbers)."""
     if isinstance(value, (str, bytes)) or value is None:
         raise ValueError(f"{name} must be a real number or array of them, got {show(value)}")
+    _refuse_bool_complex(name, value)
     try:
         return np.asarray(value, dtype=float)
     except (TypeError, ValueError, OverflowError):
@@ -52,6 +73,7 @@ def floats(name: str, value: Any, dtype: Any = None) -> Any:
     converted; anything that is not an array of reals raises ``ValueError`` naming ``name``."""
     kind = jnp.result_type(float) if dtype is None else dtype
     if _is_traced(value):
+        _refuse_bool_complex(name, value)
         return jnp.asarray(value, dtype=kind)
     return jnp.asarray(reals(name, value), dtype=kind)
 

@@ -134,17 +134,6 @@ def _rebuild(x: Any, spaces: list[Any], where: str, cls: type | None = None) -> 
     return x
 
 
-def _kind(x: Any) -> str:
-    """The dtype kind of ``x`` (``"b"``, ``"c"``, ...), read without computing on a traced value;
-    ``""`` when ``x`` is not array-like (`attnflow._validate.floats` then names the field)."""
-    if isinstance(x, (jax.Array, np.ndarray, np.generic)):
-        return np.dtype(x.dtype).kind
-    try:
-        return np.asarray(x).dtype.kind
-    except Exception:
-        return ""
-
-
 def array_field(name: str, default: Any, dtype: Any = None) -> Any:
     """A ``Setup`` field holding an array of reals (a number, a vector, ...): values are converted
     to JAX arrays of ``dtype`` (default: JAX's float) on construction and by
@@ -154,12 +143,6 @@ def array_field(name: str, default: Any, dtype: Any = None) -> Any:
     from . import _validate as V
 
     def convert(x: Any) -> Any:
-        # True would become 1.0 and 1+0j would lose its imaginary part with only a warning:
-        # both are mistakes for a real parameter (a dtype is known even for a traced value)
-        kind = _kind(x)
-        if kind in ("b", "c"):
-            what = "a boolean" if kind == "b" else "a complex number"
-            raise ValueError(f"{name} must be a real number or array of them, got {what}: {V.show(x)}")
         return V.floats(name, x, dtype)
 
     return eqx.field(converter=convert, default=default)

@@ -88,3 +88,14 @@ def test_deeplinear_replace_lists_shapes_and_solves_under_jit():
         progress=False,
     )
     np.testing.assert_allclose(res.values[:, 3], dl.mode_strength(2.0, np.array([0.5, 0.25]), 1e-3), rtol=1e-8)
+
+
+def test_float_fields_without_array_field_refuse_booleans_and_complex_numbers_too():
+    """heads' eta_b and derive's rates convert through the same check as `array_field`."""
+    from attnflow import derive
+
+    with pytest.raises(ValueError, match="eta_b must be a real number or array of them, got a boolean"):
+        heads.Setup(eta_b=True)
+    with pytest.raises(ValueError, match=r"eta \(learning rate of W\) must be a real number .* got a complex number"):
+        derive.Setup(derive.soft_committee, derive.soft_committee, 0.1 * jnp.eye(2), 0.5 * jnp.eye(2), eta=1.0 + 0.5j)
+    assert float(heads.Setup(eta_b=2).eta_b) == 2.0
