@@ -28,6 +28,7 @@ from ._errors import check_traced, fail_if
 from ._io import LOG_INTERVAL
 from ._jit import filter_jit
 from .options import LinearGrid, SaveGrid, SolverOptions, TimeGrid
+from .stiff import AutoStiff, KrylovW
 from .trajectory import Trajectory, flatten_names
 
 __all__ = [
@@ -509,8 +510,9 @@ def integrate(
         out_ts, out_ys, y_end = fail_if(
             (out_ts, out_ys, y_end),
             ~_ok(result),
-            f"integrate: solver failed before t1 (max_steps={solver.max_steps} reached or step size "
-            "collapsed); increase max_steps, loosen rtol/atol, or use an implicit solver",
+            f"integrate: solver failed before t1 (max_steps={solver.max_steps} reached, step size "
+            "collapsed, or an event's root find failed); increase max_steps, loosen rtol/atol, use an implicit "
+            "solver, or make the event a smooth function of t",
         )
         out_ts, out_ys, y_end = fail_if(
             (out_ts, out_ys, y_end),
@@ -518,7 +520,7 @@ def integrate(
             "integrate: non-finite value (NaN/Inf) in the solution: the ODE diverged",
         )
     else:
-        _check_solution(field, args, result, t_end, y_end, out_ts, out_ys, solver.max_steps, t1)
+        _check_solution(field, args, result, t_end, y_end, out_ts, out_ys, solver.max_steps, t1, method, ev)
     t_event = None
     if ev is not None:
         t_event = jnp.where(result == diffrax.RESULTS.event_occurred, t_end, jnp.nan)
@@ -947,7 +949,41 @@ _STATS = ("num_steps", "num_accepted_steps", "num_rejected_steps")
 """Diffrax's solver statistics that `integrate` records in `Trajectory.stats`."""
 
 
-def _check_solution(field, args, result, t_end, y_end, out_ts, out_ys, max_steps, t1) -> None:
+def _stiff_remedy(method: Any, y: Any) -> str:
+    """The advice on stiffness in a `MaxStepsError`, for the solver that failed (``y`` the state)."""
+    name = type(method).__name__
+    if isinstance(method, (AutoStiff, KrylovW)):
+        n = sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(y))
+        does = "already takes steps" if isinstance(method, KrylovW) else "already switches, when stiff, to steps"
+        if method.rank >= n:
+            where = f"implicit in every direction of the state (size {n})"
+        else:
+            dirs = "direction" if method.rank == 1 else f"{method.rank} directions"
+            where = (
+                f"implicit in its stiffest {dirs}; if more are stiff, raise rank (two per stiff complex "
+                "eigenvalue pair)"
+            )
+        return f"a blow-up or a finite-time singularity of the ODE: {name}(rank={method.rank}) {does} that are {where}"
+    if isinstance(method, diffrax.AbstractImplicitSolver):
+        return f"a blow-up or a finite-time singularity of the ODE, as the solver, {name}, is already implicit"
+    return (
+        "a blow-up, a singularity, or a stiff stretch: SolverOptions(solver=af.AutoStiff()) switches to an implicit "
+        "step"
+    )
+
+
+_ROOT_FIND_FAILURES = (
+    "nonlinear_max_steps_reached",
+    "nonlinear_divergence",
+    "singular",
+    "breakdown",
+    "stagnation",
+    "nonfinite",
+)
+"""Names of the Optimistix results that Diffrax returns when the root find locating an event fails."""
+
+
+def _check_solution(field, args, result, t_end, y_end, out_ts, out_ys, max_steps, t1, method, event) -> None:
     t_end = float(t_end)
     state_finite = all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree_util.tree_leaves(y_end))
     for name, v in out_ys.items():
@@ -963,6 +999,15 @@ def _check_solution(field, args, result, t_end, y_end, out_ts, out_ys, max_steps
             raise DivergenceError(f"integrate: {where}; the ODE diverged there")
     if bool(_ok(result)):
         return
+    failed = [name for name in _ROOT_FIND_FAILURES if bool(result == getattr(diffrax.RESULTS, name))]
+    if event is not None and event.root_finder is not None and failed:
+        raise RuntimeError(
+            f"integrate: the event fired, but the root find ({type(event.root_finder).__name__}) that locates its "
+            f"time on the solver's dense output failed ({failed[0]}), near t = {t_end:.6g}. The event "
+            "function may be flat, kinked or discontinuous in t there: make it a smooth function that changes "
+            "sign, tighten rtol/atol (a more accurate dense output to find the root on), or return a boolean "
+            "from the event (it then fires at the end of the step in which it becomes true, without a root find)"
+        )
     dy = field(jnp.asarray(t_end), y_end, args)
     if not all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree_util.tree_leaves(dy)):
         raise DivergenceError(
@@ -974,17 +1019,15 @@ def _check_solution(field, args, result, t_end, y_end, out_ts, out_ys, max_steps
         raise MaxStepsError(
             f"integrate: the step size fell below the floor SolverOptions.dtmin (default {_DTMIN_FRACTION:g} "
             f"(t1 - t0)) at t = {t_end:.6g} before t1 = {float(t1):.6g} (largest state entry there: {size:.3g}): "
-            "the solution changes too fast there (a blow-up, a singularity, or a stiff stretch: "
-            "SolverOptions(solver=af.AutoStiff()) switches to an implicit step), or loosen rtol/atol; over a long "
-            "span (t1 - t0 of 1e14 and more) the start may need smaller steps than the default floor: "
+            f"the solution changes too fast there ({_stiff_remedy(method, y_end)}), or loosen rtol/atol; over a "
+            "long span (t1 - t0 of 1e14 and more) the start may need smaller steps than the default floor: "
             "SolverOptions(dtmin=0) removes it"
         )
     if result == diffrax.RESULTS.max_steps_reached:
         raise MaxStepsError(
             f"integrate: max_steps={max_steps} reached at t = {t_end:.6g} before t1 = {float(t1):.6g} "
             f"(largest state entry there: {size:.3g}; a huge value means the ODE blows up). "
-            "Increase max_steps, loosen rtol/atol, shorten t1, or, if the problem is stiff, let "
-            "SolverOptions(solver=af.AutoStiff()) switch to an implicit step."
+            f"Increase max_steps, loosen rtol/atol or shorten t1; the cause may be {_stiff_remedy(method, y_end)}."
         )
     raise RuntimeError(f"integrate: solver stopped at t = {t_end:.6g} with result {result}")
 

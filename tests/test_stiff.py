@@ -1,6 +1,7 @@
 """Stiff solvers: `KrylovW` (ROS34PW2 with a Krylov approximation of the Jacobian) and `AutoStiff`."""
 
 import diffrax
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -147,3 +148,116 @@ def test_bad_options():
         af.KrylovW(refresh=0)
     with pytest.raises(ValueError, match="patience"):
         af.AutoStiff(patience=0)
+    # a bool is an int to Python, but not a count
+    with pytest.raises(ValueError, match=r"^rank must be a positive integer, got True$"):
+        af.KrylovW(rank=True)
+    for name in ("rank", "refresh", "patience", "calm_steps"):
+        with pytest.raises(ValueError, match=rf"^{name} must be a positive integer, got False$"):
+            af.AutoStiff(**{name: False})
+    with pytest.raises(ValueError, match=r"^refresh must be a positive integer, got 2\.0$"):
+        af.KrylovW(refresh=2.0)
+    for name, value in (("threshold", True), ("threshold", float("nan")), ("calm", "2"), ("calm", -1.0)):
+        with pytest.raises(ValueError, match=rf"^{name} must be a positive number, got "):
+            af.AutoStiff(**{name: value})
+
+
+def test_rank_above_the_state_size_is_clipped():
+    kw = dict(args={"L": L}, save=af.LinearGrid(5))
+    big = af.integrate(_relax, jnp.ones(1), 1.0, solver=af.SolverOptions(af.KrylovW(rank=50)), **kw)
+    one = af.integrate(_relax, jnp.ones(1), 1.0, solver=af.SolverOptions(af.KrylovW(rank=1)), **kw)
+    np.testing.assert_array_equal(big["y"], one["y"])
+
+
+def _exchange(t, y, k):
+    # y1' = -k y1 + y2, y2' = k y1 - y2: y1 + y2 is conserved, so the Jacobian has a zero eigenvalue
+    return jnp.stack([-k * y[0] + y[1], k * y[0] - y[1]])
+
+
+def _exchange_y1(k, solver):
+    return af.integrate(_exchange, jnp.array([1.0, 0.0]), 1.0, args=k, save=af.LinearGrid(2), solver=solver)["y"][-1, 0]
+
+
+def _exchange_grad(k):
+    # d/dk of y1(1) = (1 + k e^-(1+k)) / (1 + k): -0.138770593537702 at k = 2
+    e = np.exp(-(1 + k))
+    return ((e - k * e) * (1 + k) - (1 + k * e)) / (1 + k) ** 2
+
+
+@pytest.mark.parametrize("solver", [af.AutoStiff(), af.KrylovW()], ids=["AutoStiff", "KrylovW"])
+def test_gradients_through_a_singular_jacobian(solver):
+    # rank (8, clipped to 2) covers the zero eigenvalue: the derivative of the subspace's QR would
+    # be NaN, and a W-method needs none (A is a constant of each step). AutoStiff never leaves
+    # Tsit5 here, yet builds the subspace at the start.
+    assert _exchange_grad(2.0) == pytest.approx(-0.138770593537702, rel=1e-14)
+    opts = af.SolverOptions(solver, rtol=1e-10, atol=1e-12)
+    assert abs(float(jax.grad(_exchange_y1)(2.0, opts)) - _exchange_grad(2.0)) < 1e-10
+    fwd = af.solver_for_mode("forward", opts)
+    assert abs(float(jax.jacfwd(_exchange_y1)(2.0, fwd)) - _exchange_grad(2.0)) < 1e-10
+
+
+def _robertson(t, y, k1):
+    return jnp.stack([-k1 * y[0] + 1e4 * y[1] * y[2], k1 * y[0] - 1e4 * y[1] * y[2] - 3e7 * y[1] ** 2, 3e7 * y[1] ** 2])
+
+
+def _robertson_y1(k1, solver):
+    return af.integrate(_robertson, jnp.array([1.0, 0.0, 0.0]), 1.0, args=k1, save=af.LinearGrid(2), solver=solver)[
+        "y"
+    ][-1, 0]
+
+
+@pytest.mark.parametrize("solver", [af.AutoStiff(rank=3), af.KrylovW(rank=3)], ids=["AutoStiff", "KrylovW"])
+def test_gradients_through_a_stiff_solve_with_a_conserved_quantity(solver):
+    # Robertson (y1 + y2 + y3 = 1) with the stiff branch active: reverse and forward mode against
+    # central differences (d y1(1) / d k1 = -0.7666)
+    opts = af.SolverOptions(solver, rtol=1e-10, atol=1e-14)
+    h = 1e-5
+    fd = (float(_robertson_y1(0.04 + h, opts)) - float(_robertson_y1(0.04 - h, opts))) / (2 * h)
+    assert fd == pytest.approx(-0.76658, abs=1e-4)
+    rev = float(jax.grad(_robertson_y1)(0.04, opts))
+    fwd = float(jax.jacfwd(_robertson_y1)(0.04, af.solver_for_mode("forward", opts)))
+    assert rev == pytest.approx(fd, rel=1e-6)
+    assert fwd == pytest.approx(rev, rel=1e-10)
+
+
+def _square(t, y, a):
+    return y**2  # blows up at t = 1 from y = 1
+
+
+@pytest.mark.parametrize(
+    "solver, advice",
+    [
+        (
+            None,
+            "a blow-up, a singularity, or a stiff stretch: SolverOptions(solver=af.AutoStiff()) switches to an "
+            "implicit step",
+        ),
+        (
+            af.AutoStiff(),
+            "a blow-up or a finite-time singularity of the ODE: AutoStiff(rank=8) already switches, when stiff, to "
+            "steps that are implicit in every direction of the state (size 2)",
+        ),
+        (
+            af.KrylovW(rank=1),
+            "a blow-up or a finite-time singularity of the ODE: KrylovW(rank=1) already takes steps that are implicit "
+            "in its stiffest direction; if more are stiff, raise rank (two per stiff complex eigenvalue pair)",
+        ),
+        (
+            diffrax.Kvaerno5(),
+            "a blow-up or a finite-time singularity of the ODE, as the solver, Kvaerno5, is already implicit",
+        ),
+    ],
+    ids=["Tsit5", "AutoStiff", "KrylovW", "Kvaerno5"],
+)
+def test_step_failure_advice_names_the_solver_in_use(solver, advice):
+    # the advice to switch to AutoStiff is for explicit solvers only
+    with pytest.raises(af.MaxStepsError) as err:
+        af.integrate(_square, jnp.ones(2), 2.0, solver=af.SolverOptions(solver))
+    msg = str(err.value)
+    assert msg.startswith("integrate: the step size fell below the floor SolverOptions.dtmin")
+    assert f"the solution changes too fast there ({advice}), or loosen rtol/atol;" in msg
+    assert ("af.AutoStiff()" in msg) == (solver is None)
+    with pytest.raises(af.MaxStepsError) as err:
+        af.integrate(_square, jnp.ones(2), 2.0, solver=af.SolverOptions(solver, max_steps=5))
+    msg = str(err.value)
+    assert msg.startswith("integrate: max_steps=5 reached at t = ")
+    assert msg.endswith(f"Increase max_steps, loosen rtol/atol or shorten t1; the cause may be {advice}.")
