@@ -151,7 +151,7 @@ def data_path(name: str, data_dir: str | os.PathLike | None = None) -> Path:
             looked.append(f"{label} not set")
     raise FileNotFoundError(
         f"data file {name!r} not found ({'; '.join(looked)}). Pass the folder that holds it as data_dir "
-        f"(on the command line: --set data_dir=PATH) or set the environment variable {DATA_ENV}."
+        f"(on the command line: --data-dir DIR, for any experiment) or set the environment variable {DATA_ENV}."
     )
 
 

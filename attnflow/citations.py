@@ -3,8 +3,11 @@
 
 Each theory package rests on one paper (``qkov``: Vashisht and Ramaswamy 2026; ``focus``:
 Chen, Lin, Xu and Luo 2026; ``heads``: Sagitova, Duranthon and Zdeborová 2026;
-``deeplinear``: Saxe, McClelland and Ganguli 2014); every package integrates with Diffrax
-and trains with Optax on JAX and Equinox. ``attnflow cite [NAME]`` prints the entries for an
+``deeplinear``: Saxe, McClelland and Ganguli 2014; ``derive``: Saad and Solla 1995 with Goldt
+et al. 2019); every package integrates with Diffrax and trains with Optax on JAX and Equinox.
+An experiment that reads data also cites its data sets (`EXPERIMENT_KEYS`: HateXplain, SQuAD,
+BLiMP for the qkov real-data experiments; Tiny Shakespeare and WikiText-2, the default corpora
+of ``focus-corpus``). ``attnflow cite [NAME]`` prints the entries for an
 experiment, a package or (without a name) everything a ``reproduce`` used.
 
 ```python
@@ -209,6 +212,29 @@ ENTRIES: dict[str, tuple[str, str]] = {
   year      = {2020}
 }""",
     ),
+    "karpathy2015charrnn": (
+        "A. Karpathy. char-rnn: multi-layer recurrent neural networks for character-level language models "
+        "(2015), whose Tiny Shakespeare corpus focus-corpus reads. https://github.com/karpathy/char-rnn",
+        """@misc{karpathy2015charrnn,
+  title  = {char-rnn: Multi-layer Recurrent Neural Networks ({LSTM}, {GRU}, {RNN}) for character-level
+            language models in {T}orch},
+  author = {Karpathy, Andrej},
+  url    = {https://github.com/karpathy/char-rnn},
+  year   = {2015}
+}""",
+    ),
+    "merity2017pointer": (
+        "S. Merity, C. Xiong, J. Bradbury, R. Socher. Pointer Sentinel Mixture Models. ICLR 2017. "
+        "arXiv:1609.07843 (the WikiText-2 corpus).",
+        """@inproceedings{merity2017pointer,
+  title     = {Pointer Sentinel Mixture Models},
+  author    = {Merity, Stephen and Xiong, Caiming and Bradbury, James and Socher, Richard},
+  booktitle = {International Conference on Learning Representations},
+  year      = {2017},
+  eprint    = {1609.07843},
+  archivePrefix = {arXiv}
+}""",
+    ),
 }
 
 # the paper each theory package implements
@@ -227,6 +253,7 @@ EXPERIMENT_KEYS: dict[str, tuple[str, ...]] = {
     "qkov-hatexplain": ("mathew2021hatexplain", "deyoung2020eraser"),
     "qkov-squad": ("rajpurkar2016squad", "deyoung2020eraser"),
     "qkov-sva": ("warstadt2020blimp", "linzen2016assessing", "deyoung2020eraser"),
+    "focus-corpus": ("karpathy2015charrnn", "merity2017pointer"),  # its default corpora
 }
 
 

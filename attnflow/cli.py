@@ -13,6 +13,9 @@ Results are written to a temporary folder beside ``--out`` and moved into place 
 run is complete, so ``--out`` holds the previous complete run or the new one, never a mix
 (and no stale files): ``run`` replaces ``OUT/NAME``; ``reproduce`` replaces all of its
 experiment folders and its index ``OUT/summary.md`` / ``OUT/summary.json`` together.
+``reproduce`` runs each experiment on its own: one that raises is recorded as a failed run
+(exit status 1) and one whose data file is missing (`attnflow.data_path` or the qkov
+real-data lookup) as skipped, one line on stderr each; the others' results are written.
 
 The sweeps of ``run NAME`` save their finished chunks in ``OUT/.attnflow-sweeps/NAME``: the
 shards of ``--shard I/N`` share them there for ``--merge``, and a plain run that is interrupted
@@ -32,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import uuid
 import warnings
 from pathlib import Path
@@ -273,15 +277,17 @@ def _staging(out: Path) -> Path:
     return stage
 
 
-def _swap_in(stage: Path, out: Path, names: list[str]) -> None:
-    """Move ``stage/NAME`` to ``out/NAME`` for each name (replacing the old folder or file), by renames."""
+def _swap_in(stage: Path, out: Path, names: list[str], remove: list[str] | None = None) -> None:
+    """Move ``stage/NAME`` to ``out/NAME`` for each name (replacing the old folder or file), by renames,
+    and delete ``out/NAME`` for each name of ``remove`` (an older result the new run has none for)."""
     trash = out / f".attnflow-old-{uuid.uuid4().hex[:8]}"
     trash.mkdir()
     _STAGED.append(trash)
-    for name in names:
+    for name in [*names, *(remove or [])]:
         if (out / name).exists():
             os.replace(out / name, trash / name)
-        os.replace(stage / name, out / name)
+        if name in names:
+            os.replace(stage / name, out / name)
     _cleanup()
 
 
@@ -620,15 +626,74 @@ def _main(args) -> int:
     _check_replaceable(out, [e.name for e in exps])
     stage = _staging(out)
     t0 = time.perf_counter()
-    results = [_run_one(e, {}, stage, args.quiet) for e in exps]
+    results, skipped = [], []
+    for e in exps:  # one experiment's error is its own: the others still run and are written
+        started = time.perf_counter()
+        try:
+            results.append(_run_one(e, {}, stage, args.quiet))
+        except Exception as err:
+            shutil.rmtree(stage / e.name, ignore_errors=True)  # a report cut short is no result
+            if getattr(args, "debug", False):
+                traceback.print_exc()
+            if _missing_data(err):
+                # the lookup's first sentence says what is missing; the rest names options of its own
+                skip = {"name": e.name, "reason": _one_line(err).split(". ", 1)[0], "how": _data_hint(e)}
+                skipped.append(skip)
+                print(f"attnflow: skipped {e.name}: {skip['reason']}; {skip['how']}", file=sys.stderr, flush=True)
+                continue
+            error = f"{type(err).__name__}: {_one_line(err)}"
+            results.append(
+                {
+                    "name": e.name,
+                    "passed": False,
+                    "error": error,
+                    "seconds": time.perf_counter() - started,
+                    "compilations": None,
+                    "checks": {},
+                }
+            )
+            print(f"attnflow: run failed: {e.name}: {error}", file=sys.stderr, flush=True)
     total = time.perf_counter() - t0
-    _write_index(stage, results, total)
-    _swap_in(stage, out, [r["name"] for r in results] + ["summary.json", "summary.md"])
+    _write_index(stage, results, total, skipped)
+    written = [r["name"] for r in results if "error" not in r]
+    # an experiment that failed or was skipped leaves no folder: an older run's would mix two runs in OUT
+    gone = [e.name for e in exps if e.name not in written]
+    _swap_in(stage, out, [*written, "summary.json", "summary.md"], remove=gone)
+    failed = sum("error" in r for r in results)
     print(
-        f"[attnflow] {len(results)} experiment(s), {sum(r['passed'] for r in results)} passed their checks, "
-        f"{total:.1f} s; summary in {out / 'summary.md'}"
+        f"[attnflow] {len(results)} experiment(s) run, {sum(r['passed'] for r in results)} passed their checks"
+        + (f", {failed} failed to run" if failed else "")
+        + (f", {len(skipped)} skipped for want of data" if skipped else "")
+        + f", {total:.1f} s; summary in {out / 'summary.md'}"
     )
     return EXIT_OK if all(r["passed"] for r in results) else EXIT_FAILED
+
+
+def _missing_data(err: BaseException) -> bool:
+    """Whether ``err`` is a data lookup finding no data: the ``FileNotFoundError`` raised by
+    `attnflow.data_path` or `attnflow.qkov.realdata.resolve_data` (not a file error elsewhere)."""
+    if not isinstance(err, FileNotFoundError) or err.__traceback__ is None:
+        return False
+    from ._io import data_path
+    from .qkov.realdata import resolve_data
+
+    tb = err.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code in (data_path.__code__, resolve_data.__code__)
+
+
+def _data_hint(exp) -> str:
+    """How to give experiment ``exp`` its data, by the option its configuration has."""
+    from ._io import DATA_ENV
+
+    folder = f"--data-dir DIR or ${DATA_ENV} naming the folder that holds the data"
+    options = exp.options()
+    if "data" in options:  # the qkov real-data experiments: a file or folder
+        return f"to run it: attnflow run {exp.name} --set data=PATH, or {folder}"
+    if "data_dir" in options:  # focus-corpus: the folder of its corpora
+        return f"to run it: attnflow run {exp.name} --set data_dir=DIR, or {folder}"
+    return f"to run it: {folder}"
 
 
 def _parse_shard(text: str | None, merge: bool):
@@ -735,13 +800,27 @@ def _run_shard(exp, overrides, config, shard, folder: Path, args) -> int:
     return EXIT_OK
 
 
-def _write_index(folder: Path, results: list[dict], total: float) -> None:
+def _write_index(folder: Path, results: list[dict], total: float, skipped: list[dict] | None = None) -> None:
+    """``folder/summary.json`` and ``folder/summary.md``, the index of a ``reproduce``: ``results`` (one
+    per experiment run; a run that raised has ``"error"`` and no folder) and ``skipped`` (``{"name",
+    "reason", "how"}`` of each experiment skipped for want of its data)."""
     from ._io import atomic_write, strict_json
 
-    payload = strict_json({"experiments": results, "total_seconds": total}).encode()
+    skipped = skipped or []
+    payload = strict_json({"experiments": results, "skipped": skipped, "total_seconds": total}).encode()
     atomic_write(folder / "summary.json", lambda f: f.write(payload))
+    failed = [r["name"] for r in results if "error" in r]
+    passed = sum(r["passed"] for r in results)
+    one = len(results) == 1
+    verdict = f"{passed} of {len(results)} experiment{'' if one else 's'} passed {'its' if one else 'their'} checks"
+    if failed:
+        verdict += f"; **{len(failed)} failed to run** ({', '.join(failed)})"
+    if skipped:
+        verdict += f"; {len(skipped)} skipped for want of data ({', '.join(s['name'] for s in skipped)})"
     lines = [
         "# attnflow reproduce",
+        "",
+        f"Result: {verdict}.",
         "",
         f"Total time: {total:.1f} s",
         "",
@@ -749,17 +828,29 @@ def _write_index(folder: Path, results: list[dict], total: float) -> None:
         "|---|---|---|---|---|",
     ]
     for r in results:
+        if "error" in r:
+            lines.append(f"| {r['name']} | **RUN FAILED** | {r['seconds']:.1f} | - | - |")
+            continue
         comp = r.get("compilations") or {}
         lines.append(
             f"| {r['name']} | {'pass' if r['passed'] else '**FAIL**'} | {r['seconds']:.1f} | "
             f"{int(comp.get('count', 0))} ({comp.get('seconds', 0.0):.1f} s) | {r['name']}/ |"
         )
+    for s in skipped:
+        lines.append(f"| {s['name']} | skipped: no data | - | - | - |")
     lines.append("")
     for r in results:
         lines.append(f"## {r['name']}")
+        if "error" in r:
+            lines += [f"- run failed: {r['error']}", ""]
+            continue
         for k, c in r["checks"].items():
             lines.append(f"- {k}: {c['value']:.3e} (tolerance {c['tolerance']:.1e})")
         lines.append(f"- details: [{r['name']}/summary.md]({r['name']}/summary.md)")
+        lines.append("")
+    if skipped:
+        lines += ["## Skipped for want of data", ""]
+        lines += [f"- {s['name']}: {s['reason']}; {s['how']}" for s in skipped]
         lines.append("")
     from .citations import SOFTWARE_KEYS, experiment_keys, references
     from .registry import load_all

@@ -118,11 +118,14 @@ class Report:
         lines = [f"# {self.name}", ""]
         if self.checks:
             failed = sum(not v <= t for v, t in self.checks.values())
-            verdict = (
-                f"all {len(self.checks)} checks passed"
-                if not failed
-                else f"**{failed} of {len(self.checks)} checks FAILED**"
-            )
+            if len(self.checks) == 1:
+                verdict = "the one check passed" if not failed else "**the one check FAILED**"
+            else:
+                verdict = (
+                    f"all {len(self.checks)} checks passed"
+                    if not failed
+                    else f"**{failed} of {len(self.checks)} checks FAILED**"
+                )
             lines += [f"Result: {verdict}.", ""]
         if self.config:
             # as `--set key=VALUE` reads them back, at full precision (cut when long: summary.json has all)

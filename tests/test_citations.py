@@ -117,3 +117,17 @@ def test_summary_ends_with_references():
     tail = text[text.rindex("## References") :].splitlines()
     assert tail[0] == "## References" and tail[2].startswith("- M. Sagitova")
     assert text.splitlines()[-1].startswith("- DeepMind")
+
+
+def test_focus_corpus_cites_its_default_corpora():
+    """``focus-corpus`` reads Tiny Shakespeare and WikiText-2 by default: after the focus paper, it
+    cites char-rnn (Karpathy 2015) and the Pointer Sentinel paper that released WikiText-2."""
+    from attnflow.focus.experiments import CorpusConfig
+
+    assert [c.split(":")[0] for c in CorpusConfig().corpora] == ["tinyshakespeare.txt", "wikitext2_valid.txt"]
+    assert keys_for("focus-corpus")[:3] == ["chen2026focus", "karpathy2015charrnn", "merity2017pointer"]
+    parsed = _parse_bibtex(bibtex(["karpathy2015charrnn", "merity2017pointer"]))
+    assert parsed["merity2017pointer"]["title"] == "Pointer Sentinel Mixture Models"
+    assert parsed["merity2017pointer"]["eprint"] == "1609.07843" and parsed["merity2017pointer"]["year"] == "2017"
+    assert parsed["karpathy2015charrnn"]["url"] == "https://github.com/karpathy/char-rnn"
+    assert "karpathy2015charrnn" not in keys_for("focus-cycle")  # the synthetic chains cite no corpus

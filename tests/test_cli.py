@@ -8,10 +8,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from attnflow.cli import _parser, main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_version_and_list(capsys):
@@ -191,16 +194,43 @@ def test_out_made_for_a_run_that_stops_before_computing_is_removed(tmp_path, cap
     assert list(tmp_path.iterdir()) == []
 
 
+@dataclasses.dataclass(frozen=True)
+class _DescentCfg:
+    dt: float = 1.5
+    t_end: float = 60.0
+
+
+def _register_descent(name: str) -> None:
+    """An experiment running the deep-linear network's gradient descent at time step ``dt`` (the
+    deep-linear experiment itself refuses unstable steps up front)."""
+    from attnflow import deeplinear as dl
+    from attnflow.report import Report, get_experiment, register
+
+    try:
+        get_experiment(name)
+        return
+    except (KeyError, ValueError):
+        pass
+
+    @register(name, config=_DescentCfg, description="gradient descent at a given dt", sweeps=False)
+    def descent(cfg: _DescentCfg, quiet: bool) -> Report:
+        rep = Report(name, cfg)
+        sim = dl.train(dl.Setup(), cfg.t_end, dt=cfg.dt)
+        rep.check("final loss (finite)", float(sim["loss"][-1]), 10.0)
+        return rep
+
+
 def test_failed_run_is_one_line_exit_1_and_debug_shows_the_traceback(tmp_path, capsys):
     # gradient descent with learning rate 1.5 on modes of strength up to 3 diverges
-    argv = ["run", "deep-linear", "--set", "dts=[1.5, 0.02]", "--set", "t_end=60", "--out", str(tmp_path), "--quiet"]
+    _register_descent("descent-diverges")
+    argv = ["run", "descent-diverges", "--out", str(tmp_path), "--quiet"]
     assert main(argv) == 1
     err = capsys.readouterr().err.strip()
     assert (
         err.startswith("attnflow: run failed: simulate: non-finite loss or parameters at step")
         and len(err.splitlines()) == 1
     )
-    assert not (tmp_path / "deep-linear").exists() and not list(tmp_path.glob(".attnflow-*"))
+    assert not (tmp_path / "descent-diverges").exists() and not list(tmp_path.glob(".attnflow-*"))
     with pytest.raises(Exception, match="non-finite"):
         main(argv + ["--debug"])
 
@@ -319,6 +349,8 @@ def test_ctrl_c_exits_130_and_leaves_out_intact(tmp_path, sig, code, what):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err
     assert err.strip() == f"attnflow: {what}; --out is unchanged"
+    # the line as docs/concepts/cli.md quotes it
+    assert f"`attnflow: {what}; --out is unchanged`" in (ROOT / "docs" / "concepts" / "cli.md").read_text()
     after = {p.name: p.read_bytes() for p in (out / "deep-linear").iterdir()}
     assert after == before and not list(out.glob(".attnflow-*"))
 
@@ -434,16 +466,17 @@ def test_a_failed_check_is_said_under_quiet(tmp_path, capsys, monkeypatch):
 def test_a_warning_of_the_run_is_in_its_notes(tmp_path, capsys):
     """Gradient descent at ``eta dt s_max = 1.5`` warns; the warning is in the report's notes (the
     checks pass: it was on stderr only)."""
-    argv = ["run", "deep-linear", "--set", "dts=[0.5, 0.02]", "--set", "t_end=6", "--out", str(tmp_path), "--quiet"]
+    _register_descent("descent-warns")
+    argv = ["run", "descent-warns", "--set", "dt=0.5", "--set", "t_end=6", "--out", str(tmp_path), "--quiet"]
     with pytest.warns(UserWarning, match="eta dt s_max = 1.5 >= 1"):
-        main(argv)
-    summary = json.loads((tmp_path / "deep-linear" / "summary.json").read_text())
+        assert main(argv) == 0
+    summary = json.loads((tmp_path / "descent-warns" / "summary.json").read_text())
     notes = summary["notes"]
     env = summary["environment"]  # where and how it ran: enough to tell two runs' differences apart
     assert env["command"] == ["attnflow", *argv] and env["x64"] is True and env["device_count"] >= 1
     assert env["backend"] == "cpu" and env["date_utc"].startswith("20") and env["resumed_chunks"] == 0
     assert any(n.startswith("warning: UserWarning: gradient descent with eta dt s_max = 1.5 >= 1") for n in notes)
-    assert "- warning: UserWarning: gradient descent" in (tmp_path / "deep-linear" / "summary.md").read_text()
+    assert "- warning: UserWarning: gradient descent" in (tmp_path / "descent-warns" / "summary.md").read_text()
 
 
 def test_a_failed_run_still_shows_its_warnings(tmp_path, capsys):
@@ -464,3 +497,128 @@ def test_a_failed_run_still_shows_its_warnings(tmp_path, capsys):
     with pytest.warns(UserWarning, match="not a multiple of dt"):
         code = main(["run", "warn-then-fail", "--out", str(tmp_path), "--quiet"])
     assert code == 1 and "compare refused the run" in capsys.readouterr().err
+
+
+# experiments for `reproduce` with one of them lacking its data, another raising: registered once per process
+@dataclasses.dataclass(frozen=True)
+class _ReproCfg:
+    x: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class _ReproDataCfg:
+    data: str | None = None
+
+
+def _repro_lab() -> dict:
+    import attnflow as af
+    from attnflow.qkov.realdata import resolve_data
+    from attnflow.report import Report, get_experiment, register
+
+    @register("repro-ok", config=_ReproCfg, description="passes", sweeps=False)
+    def ok(cfg, quiet):
+        rep = Report("repro-ok", cfg)
+        rep.check("fine", 0.25, 1.0)
+        return rep
+
+    @register("repro-corpus", config=_ReproCfg, description="reads a corpus", sweeps=False)
+    def corpus(cfg, quiet):
+        af.data_path("corpus-that-is-not-there.txt")
+        return Report("repro-corpus", cfg)
+
+    @register("repro-text", config=_ReproDataCfg, description="reads a data set", sweeps=False)
+    def text(cfg, quiet):
+        resolve_data(cfg.data, "hatexplain/val.jsonl.gz", "hatexplain")
+        return Report("repro-text", cfg)
+
+    @register("repro-broken", config=_ReproCfg, description="raises", sweeps=False)
+    def broken(cfg, quiet):
+        Path("a-file-of-its-own.txt").read_text()  # a FileNotFoundError that is no data lookup: a failed run
+        return Report("repro-broken", cfg)
+
+    names = ("repro-ok", "repro-corpus", "repro-text", "repro-broken")
+    return {n: get_experiment(n) for n in names}
+
+
+def _reproduce_only(monkeypatch, tmp_path, names):
+    from attnflow import cli
+
+    lab = _repro_lab()
+    monkeypatch.setattr(cli, "_load", lambda args: {n: lab[n] for n in names})
+    monkeypatch.delenv("ATTNFLOW_DATA", raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
+def test_reproduce_skips_an_experiment_without_data_and_writes_the_others(tmp_path, monkeypatch, capsys):
+    """``reproduce --all`` without data: the experiments whose data lookup (`af.data_path`,
+    ``resolve_data``) finds nothing are skipped, one line each on stderr, listed in summary.md
+    with how to give the data; the others' results are written; exit status 0."""
+    _reproduce_only(monkeypatch, tmp_path, ["repro-corpus", "repro-ok", "repro-text"])
+    out = tmp_path / "out"
+    assert main(["reproduce", "--all", "--out", str(out), "--quiet"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["repro-ok", "summary.json", "summary.md"]
+    assert (out / "repro-ok" / "summary.md").read_text().startswith("# repro-ok\n\nResult: the one check passed.\n")
+    corpus = (
+        "repro-corpus: data file 'corpus-that-is-not-there.txt' not found (data_dir not set; $ATTNFLOW_DATA not "
+        "set); to run it: --data-dir DIR or $ATTNFLOW_DATA naming the folder that holds the data"
+    )
+    text = (
+        "repro-text: no hatexplain data: looked at $ATTNFLOW_DATA/hatexplain/val.jsonl.gz, but $ATTNFLOW_DATA is "
+        "not set; to run it: attnflow run repro-text --set data=PATH, or --data-dir DIR or $ATTNFLOW_DATA naming "
+        "the folder that holds the data"
+    )
+    assert capsys.readouterr().err.splitlines() == [f"attnflow: skipped {corpus}", f"attnflow: skipped {text}"]
+    md = (out / "summary.md").read_text()
+    assert md.startswith(
+        "# attnflow reproduce\n\nResult: 1 of 1 experiment passed its checks; 2 skipped for want of data "
+        "(repro-corpus, repro-text).\n"
+    )
+    assert "| repro-corpus | skipped: no data | - | - | - |\n| repro-text | skipped: no data | - | - | - |\n" in md
+    assert f"## Skipped for want of data\n\n- {corpus}\n- {text}\n" in md
+    index = json.loads((out / "summary.json").read_text())
+    assert [e["name"] for e in index["experiments"]] == ["repro-ok"]
+    assert index["experiments"][0]["checks"] == {"fine": {"value": 0.25, "tolerance": 1.0, "ok": True}}
+    assert [s["name"] for s in index["skipped"]] == ["repro-corpus", "repro-text"]
+
+
+def test_reproduce_records_a_failed_run_and_exits_1_writing_the_others(tmp_path, monkeypatch, capsys):
+    """An experiment that raises (here a ``FileNotFoundError`` of its own, not a data lookup) is a
+    failed run: its error in summary.md, no folder (an older run's is removed), exit status 1."""
+    _reproduce_only(monkeypatch, tmp_path, ["repro-broken", "repro-ok"])
+    out = tmp_path / "out"
+    (out / "repro-broken").mkdir(parents=True)
+    (out / "repro-broken" / "summary.json").write_text("{}")  # an older run's result
+    assert main(["reproduce", "--all", "--out", str(out), "--quiet"]) == 1
+    error = "FileNotFoundError: [Errno 2] No such file or directory: 'a-file-of-its-own.txt'"
+    assert capsys.readouterr().err.splitlines() == [f"attnflow: run failed: repro-broken: {error}"]
+    assert sorted(p.name for p in out.iterdir()) == ["repro-ok", "summary.json", "summary.md"]
+    md = (out / "summary.md").read_text()
+    assert "Result: 1 of 2 experiments passed their checks; **1 failed to run** (repro-broken).\n" in md
+    assert "| repro-broken | **RUN FAILED** |" in md and f"## repro-broken\n- run failed: {error}\n" in md
+    index = json.loads((out / "summary.json").read_text())
+    assert [(e["name"], e["passed"], e.get("error")) for e in index["experiments"]] == [
+        ("repro-broken", False, error),
+        ("repro-ok", True, None),
+    ]
+
+
+def test_run_of_an_experiment_without_data_is_still_exit_2(tmp_path, monkeypatch, capsys):
+    """``attnflow run NAME`` stops on missing data with the lookup's error (bad input, status 2)."""
+    _reproduce_only(monkeypatch, tmp_path, ["repro-text"])
+    assert main(["run", "repro-text", "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnflow: error: no hatexplain data: looked at $ATTNFLOW_DATA/hatexplain/val.jsonl.gz")
+    assert "Give the file or folder with --set data=PATH" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_single_check_is_said_in_the_singular(tmp_path):
+    """summary.md's result line: "the one check passed", not "all 1 checks passed"."""
+    from attnflow.report import Report
+
+    rep = Report("one-check", _ReproCfg())
+    rep.check("fine", 0.5, 1.0)
+    assert rep.markdown().startswith("# one-check\n\nResult: the one check passed.\n")
+    rep.checks["fine"] = (2.0, 1.0)
+    assert rep.markdown().startswith("# one-check\n\nResult: **the one check FAILED**.\n")
+    rep.check("other", 0.0, 1.0)
+    assert rep.markdown().startswith("# one-check\n\nResult: **1 of 2 checks FAILED**.\n")
