@@ -999,7 +999,9 @@ def _check_solution(field, args, result, t_end, y_end, out_ts, out_ys, max_steps
             raise DivergenceError(f"integrate: {where}; the ODE diverged there")
     if bool(_ok(result)):
         return
-    failed = [name for name in _ROOT_FIND_FAILURES if bool(result == getattr(diffrax.RESULTS, name))]
+    # getattr with a default: older optimistix releases lack some of these results
+    codes = [(name, getattr(diffrax.RESULTS, name, None)) for name in _ROOT_FIND_FAILURES]
+    failed = [name for name, code in codes if code is not None and bool(result == code)]
     if event is not None and event.root_finder is not None and failed:
         raise RuntimeError(
             f"integrate: the event fired, but the root find ({type(event.root_finder).__name__}) that locates its "

@@ -203,7 +203,8 @@ class AbstractSetup(eqx.Module):
         converts and validates them: a new value goes through its field's converter (an
         `array_field` makes numbers and lists arrays of its dtype, so ``replace(eta=2)`` equals
         ``Setup(eta=2)`` in type and dtype, and a new value reuses the compiled solve; booleans,
-        complex numbers and strings raise ``ValueError`` naming the field), then `validate` runs.
+        complex numbers and strings raise ``ValueError`` naming the field; a data field without
+        a converter gets its floats as arrays), then `validate` runs.
 
         Values may be traced (inside ``jit``, ``vmap`` or a `attnflow.sweep`), which is how
         a field becomes a sweep axis: ``sweep(lambda eta: P.solve(s.replace(eta=eta), T).final(),
@@ -213,11 +214,20 @@ class AbstractSetup(eqx.Module):
         unknown = sorted(set(changes) - set(fields))
         if unknown:
             raise ValueError(f"{type(self).__name__} has no field {unknown}; fields: {sorted(fields)}")
+        from .ode import as_data
+
         new = copy.copy(self)
         for name, value in changes.items():
-            # the converter equinox applies after __init__ (a field without one is stored as given)
-            converter = fields[name].metadata.get("converter")
-            object.__setattr__(new, name, value if converter is None else converter(value))
+            # the converter equinox applies after __init__; a data field without one (a plain
+            # ``lr: float`` of a user's subclass) still gets its floats as arrays, or a new value
+            # would be a static leaf of the compiled solve and compile again
+            meta = fields[name].metadata
+            converter = meta.get("converter")
+            if converter is not None:
+                value = converter(value)
+            elif not meta.get("static", False):
+                value = as_data(value)
+            object.__setattr__(new, name, value)
         for klass in type(new).__mro__:  # every __check_init__, as equinox runs them on construction
             check = klass.__dict__.get("__check_init__")
             if check is not None:

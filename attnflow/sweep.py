@@ -441,8 +441,9 @@ class SweepResult:
         grid = len(self.dims)
 
         def add(name, arr, extra_dims=()):
-            """Store a variable; returns its name (``<name>_value`` when an axis or ``status`` has it)."""
-            name = _free_name(name, {*self.dims, "status"})  # xarray keeps one variable per name
+            """Store a variable; returns its name (``<name>_value`` when an axis, ``status`` or a
+            variable stored before has it)."""
+            name = _free_name(name, {*self.dims, "status", *data})  # xarray keeps one variable per name
             arr = np.asarray(arr)
             n_extra = arr.ndim - grid - len(extra_dims)
             dims = self.dims + tuple(extra_dims) + tuple(f"{name}_dim{j}" for j in range(n_extra))
@@ -469,10 +470,10 @@ class SweepResult:
                     tdim = (tname,)
                 else:
                     tdim = (f"{add(f'{prefix}ts', ts)}_dim0",)
+                if value.t_event is not None:  # first: an observable named t_event becomes t_event_value
+                    add(f"{prefix}t_event", value.t_event)
                 for k, v in value.ys.items():
                     add(f"{prefix}{k}", v, tdim)
-                if value.t_event is not None:
-                    add(f"{prefix}t_event", value.t_event)
                 return
             if isinstance(value, Mapping):
                 for k, v in value.items():

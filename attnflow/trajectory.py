@@ -162,6 +162,10 @@ class Trajectory:
                 raise ValueError(f"ts must be an array of real save times, got {ts!r:.80}")
             ts = arr.astype(float) if arr.dtype.kind in "iu" else arr  # integer steps become times
         ts = jnp.asarray(ts)
+        if jnp.issubdtype(ts.dtype, jnp.integer):  # a JAX array of steps too: at/compare interpolate in t
+            ts = ts.astype(jnp.result_type(float))
+        elif not jnp.issubdtype(ts.dtype, jnp.floating):
+            raise ValueError(f"ts must be an array of real save times, got dtype {ts.dtype}")
         if ts.ndim < 1:
             raise ValueError(f"ts must have a time axis, got shape {ts.shape}")
         T = ts.shape[-1]
@@ -443,7 +447,8 @@ class Trajectory:
         or ``batch_shape + (k,)`` for each run its own (as `at`). Every time must lie within the
         span of the run it is read from, ``[ts[0], ts[-1]]`` up to the rounding `compare` allows:
         ``ValueError`` naming the time and the span otherwise (`at` holds the end values there,
-        and a trajectory relabelled onto such times would pass `compare`'s range check)."""
+        and a trajectory relabelled onto such times would pass `compare`'s range check). Traced
+        times (under ``jit``) cannot be checked: there the end values are held, as in `at`."""
         given = getattr(t, "dtype", None)  # a float32 clock's rounding counts as inside, as in compare
         given = given if given is not None and np.issubdtype(given, np.floating) else self.ts.dtype
         t = jnp.atleast_1d(jnp.asarray(t, dtype=self.ts.dtype))

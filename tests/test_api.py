@@ -558,7 +558,8 @@ def test_per_circuit_array_rates_must_fit_their_parameters():
         with pytest.raises(ValueError, match=rf"ratio \(eta_A / eta_B\) must be finite and positive, got {ratio}"):
             af.weighted_balance(jnp.eye(2), jnp.eye(2), ratio)
     A, B = af.weighted_balance(jnp.eye(2), jnp.eye(2), 16.0)
-    np.testing.assert_allclose(A, 2.0 * jnp.eye(2)) and np.testing.assert_allclose(B, 0.5 * jnp.eye(2))
+    np.testing.assert_allclose(A, 2.0 * jnp.eye(2))
+    np.testing.assert_allclose(B, 0.5 * jnp.eye(2))
 
 
 _EVENT_CASES = {

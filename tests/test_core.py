@@ -1367,3 +1367,13 @@ def test_state_names_that_collide_once_joined_are_refused():
     with pytest.raises(ValueError, match="both named '1'"):
         flatten_names({1: 1.0, "1": 2.0})
     assert flatten_names({"a": {"b": 1.0, "c": {"d": 2.0}}, "e": 3.0}) == {"a.b": 1.0, "a.c.d": 2.0, "e": 3.0}
+
+
+def test_integer_save_times_become_float_times():
+    """Steps as a JAX integer array are times: at, resample and compare interpolate in them."""
+    traj = af.Trajectory(jnp.arange(4), {"u": jnp.arange(4.0) ** 2})
+    assert jnp.issubdtype(traj.ts.dtype, jnp.floating)
+    np.testing.assert_allclose(traj.at(1.5)["u"], 2.5)
+    assert af.compare(traj, traj.resample(jnp.array([0.5, 2.5]))) == {"u": 0.0}
+    with pytest.raises(ValueError, match="ts must be an array of real save times, got dtype bool"):
+        af.Trajectory(jnp.array([True, False]), {"u": jnp.zeros(2)})

@@ -99,3 +99,25 @@ def test_float_fields_without_array_field_refuse_booleans_and_complex_numbers_to
     with pytest.raises(ValueError, match=r"eta \(learning rate of W\) must be a real number .* got a complex number"):
         derive.Setup(derive.soft_committee, derive.soft_committee, 0.1 * jnp.eye(2), 0.5 * jnp.eye(2), eta=1.0 + 0.5j)
     assert float(heads.Setup(eta_b=2).eta_b) == 2.0
+
+
+class _PlainRate(af.AbstractSetup):
+    """A user's setup with a plain float field (no converter)."""
+
+    lr: float = 0.1
+
+
+def test_replace_makes_a_plain_float_field_data():
+    """Without a converter a float still becomes an array: a Python float would be a static leaf of a
+    compiled function and every new value would compile again."""
+    s = _PlainRate()
+
+    @eqx.filter_jit
+    def run(setup):
+        return setup.lr * 2.0
+
+    run(s.replace(lr=0.5))
+    with af.count_compilations() as c:
+        values = [float(run(s.replace(lr=x))) for x in (0.25, 0.75, 1.5)]
+    assert values == [0.5, 1.5, 3.0] and c.n == 0
+    assert isinstance(s.replace(lr=0.5).lr, jax.Array)

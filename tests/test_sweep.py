@@ -1452,3 +1452,21 @@ def test_load_names_a_checkpoint_folder_plain_or_static(tmp_path):
     for name in ("plain", "static"):
         with pytest.raises(FileNotFoundError, match="is a sweep's out_dir .* run the same af.sweep"):
             af.SweepResult.load(tmp_path / name)
+
+
+def test_sweep_to_xarray_keeps_an_observable_named_t_event_and_clashing_mapping_keys():
+    xr = pytest.importorskip("xarray")
+    del xr
+
+    def point(eta):
+        ts = jnp.linspace(0.0, 1.0, 3)
+        traj = af.Trajectory(ts, {"u": eta * ts, "t_event": ts + eta}, t_event=eta + 0.5)
+        return {"run": traj, "eta": -eta, "eta_value": 2 * eta}
+
+    res = af.sweep(point, {"eta": np.array([0.0, 0.2])}, progress=False)
+    ds = res.to_xarray()
+    names = set(ds.data_vars)
+    assert {"run.t_event", "run.t_event_value", "eta_value", "eta_value_value"} <= names
+    np.testing.assert_allclose(ds["run.t_event"].values, [0.5, 0.7])  # the trajectory's event time
+    np.testing.assert_allclose(ds["run.t_event_value"].values[1], [0.2, 0.7, 1.2])  # the observable
+    np.testing.assert_allclose(sorted([ds["eta_value"].values[1], ds["eta_value_value"].values[1]]), [-0.2, 0.4])
