@@ -205,6 +205,7 @@ def _robertson_y1(k1, solver):
     ][-1, 0]
 
 
+@pytest.mark.slow  # 4-5 s each; the default run keeps test_gradients_through_a_singular_jacobian
 @pytest.mark.parametrize("solver", [af.AutoStiff(rank=3), af.KrylovW(rank=3)], ids=["AutoStiff", "KrylovW"])
 def test_gradients_through_a_stiff_solve_with_a_conserved_quantity(solver):
     # Robertson (y1 + y2 + y3 = 1) with the stiff branch active: reverse and forward mode against
