@@ -4,8 +4,8 @@
     python benchmarks/accelerator.py --quick --out /tmp/quick.md      # reduced sizes, a few minutes
 
 It runs the device side of three benchmark scripts on JAX's default device (a GPU or TPU when
-JAX sees one, else the CPU, with one CPU device per core as those scripts use), prints the
-device and a results table, and writes the table as markdown to ``--out``:
+JAX sees one, else the CPU), prints the device and a results table, and writes the table as
+markdown to ``--out``:
 
 - ``sweep``: `benchmarks/sweep_vs_loop.py` (its ``measure``): the Saxe mode ODE over 256
   learning rates; `attnflow.sweep`, the same sweep with ``lanes``, the floor (stages only),
@@ -19,8 +19,13 @@ device and a results table, and writes the table as markdown to ``--out``:
 
 The peers that only run on a CPU (SciPy, the NumPy RK4 loop, eager PyTorch) are left out:
 run those scripts themselves. Each part runs in a subprocess of its own (``--part NAME``),
-so that its JAX configuration (float64, CPU devices) is its own, as when its script runs.
-Compile times are reported beside the warm timings, not in them.
+with its script's JAX configuration: float64 where the script turns it on, and on a CPU the
+script's device count, one CPU device per core (``--devices N`` for N) for ``sweep`` and
+``heads`` as `sweep_vs_loop.py` and `heads_sgd.py` use, one device for the ``qkov`` parts as
+`qkov_ratio_sweep.py` uses. The device count of each part is printed and written with the
+table, and each warning a part prints on stderr is printed once, under the part's name, also
+when the part succeeds (such as `attnflow.sweep` falling back from ``shard_map`` to jit
+sharding). Compile times are reported beside the warm timings, not in them.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -38,6 +44,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PARTS = ("sweep", "qkov-ode", "qkov-sgd", "heads")
+# the parts whose script calls `attnflow.use_cpu_cores` (one CPU device per core, or --devices);
+# qkov_ratio_sweep.py does not, so its parts run on JAX's single default CPU device, as that script does
+CPU_CORES = {"sweep": True, "qkov-ode": False, "qkov-sgd": False, "heads": True}
 
 
 def _median_time(fn, repeat):
@@ -156,17 +165,30 @@ RUNNERS = {"sweep": part_sweep, "qkov-ode": part_qkov_ode, "qkov-sgd": part_qkov
 
 
 def run_part(name, quick, json_path, devices):
-    """In the subprocess: expose CPU devices (before any JAX computation), run, dump rows."""
+    """In the subprocess: set up the devices as the part's script does (before any JAX
+    computation), run, dump rows."""
     sys.path.insert(0, str(HERE))
     import attnflow as af
 
-    af.use_cpu_cores(devices)  # one CPU device per core; changes nothing for a GPU or TPU
+    if CPU_CORES[name]:
+        af.use_cpu_cores(devices)  # one CPU device per core, as the script; changes nothing for a GPU or TPU
     import jax
 
     rows = RUNNERS[name](quick)
     dev = jax.devices()[0]
     info = {"platform": dev.platform, "kind": dev.device_kind, "count": jax.device_count()}
     Path(json_path).write_text(json.dumps({"rows": rows, "device": info}))
+
+
+def stderr_warnings(text):
+    """The distinct warning lines of a part's stderr (Python warnings and JAX/absl ``W``/``WARNING``
+    log lines), in order, each cut to 300 characters."""
+    seen = []
+    for line in text.splitlines():
+        line = line.strip()
+        if re.search(r"\w*Warning: |^WARNING|^W\d{4} ", line) and line[:300] not in seen:
+            seen.append(line[:300])
+    return seen
 
 
 def _fmt(v):
@@ -189,7 +211,13 @@ def main():
     ap.add_argument("--quick", action="store_true", help="reduced sizes (a quick check that everything runs)")
     ap.add_argument("--out", type=Path, default=None, help="write the results as a markdown table here")
     ap.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS), help="run only these parts")
-    ap.add_argument("--devices", type=int, default=None, help="CPU devices when JAX runs on the CPU (default: cores)")
+    ap.add_argument(
+        "--devices",
+        type=int,
+        default=None,
+        help="CPU devices of the sweep and heads parts when JAX runs on the CPU (default: one per core, as their "
+        "scripts); the qkov parts run on one device, as qkov_ratio_sweep.py",
+    )
     ap.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)  # internal: one part, in a subprocess
     ap.add_argument("--json", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -197,7 +225,10 @@ def main():
         run_part(args.part, args.quick, args.json, args.devices)
         return
 
-    rows, device, failed = [], None, []
+    if args.devices is not None and args.devices < 1:
+        ap.error(f"--devices must be at least 1, got {args.devices}")
+
+    rows, device, failed, counts = [], None, [], {}
     for name in args.only:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "rows.json"
@@ -213,20 +244,24 @@ def main():
             data = json.loads(out.read_text())
         rows += [tuple(r) for r in data["rows"]]
         device = device or data["device"]
-        print(f"{name}: done in {took:.0f} s", flush=True)
+        counts[name] = data["device"]["count"]
+        print(f"{name}: done in {took:.0f} s on {counts[name]} device(s)", flush=True)
+        for line in stderr_warnings(proc.stderr):
+            print(f"{name}: warning: {line}", flush=True)
     if device is None:
         raise SystemExit("no part ran")
-    where = f"{device['platform']} ({device['kind']}), {device['count']} device(s)"
+    where = f"{device['platform']} ({device['kind']})"
+    per_part = "devices per part: " + ", ".join(f"{k} {v}" for k, v in counts.items())
     host = f"{platform.node() or 'host'}, {os.cpu_count()} CPU cores"
     stamp = datetime.date.today().isoformat()
     size = "reduced sizes (--quick)" if args.quick else "full sizes"
-    print(f"\nJAX default device: {where}; {host}; {stamp}; {size}\n")
+    print(f"\nJAX default device: {where}; {per_part}; {host}; {stamp}; {size}\n")
     text = table(rows)
     print(text)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(
-            f"# Benchmarks on {where}\n\n{host}; {stamp}; {size}; `python benchmarks/accelerator.py"
+            f"# Benchmarks on {where}\n\n{per_part}; {host}; {stamp}; {size}; `python benchmarks/accelerator.py"
             f"{' --quick' if args.quick else ''}`.\n\n{text}"
         )
         print(f"written: {args.out}")

@@ -43,6 +43,12 @@ def num(x):
     return re.sub(r"e([+-])0(\d)", r"e\1\2", f"{x:g}")
 
 
+def fold(x):
+    """A ratio or a time in seconds to three significant digits, without an exponent below 1e4
+    (86.4, 1.03, 0.00412), so that a small value does not print as 0 or 1."""
+    return f"{x:.0f}" if x >= 1000 else f"{x:.3g}"
+
+
 def timed(fn):
     fn()  # compile
     t0 = time.perf_counter()
@@ -103,23 +109,25 @@ def main(argv=None):
             ).stats["num_steps"]
         )
 
-    print(f"Population flow to t = {T:g} (d = 4, m = mk = {args.m}); reference: Tsit5 at rtol 1e-12")
-    print(f"{'method':44s} {'steps':>9s} {'seconds':>9s} {'max |loss err|':>15s}")
-    rows = {}
-    for name, method in (
+    methods = (
         ("adaptive Tsit5", diffrax.Tsit5()),
         ("AutoStiff (Tsit5, then KrylovW)", af.AutoStiff()),
         ("KrylovW alone", af.KrylovW()),
-    ):
+    )
+    tols = f"(rtol {num(rtol)}, atol {num(atol)})"
+    w = max(44, *(len(f"{name} {tols}") for name, _ in methods))  # the method column fits every label
+    print(f"Population flow to t = {T:g} (d = 4, m = mk = {args.m}); reference: Tsit5 at rtol 1e-12")
+    print(f"{'method':{w}s} {'steps':>9s} {'seconds':>9s} {'max |loss err|':>15s}")
+    rows = {}
+    for name, method in methods:
         opts = af.SolverOptions(method, rtol=rtol, atol=atol, max_steps=10_000_000)
         t_m, l_m = timed(lambda opts=opts: run(opts))
         rows[name] = (steps_of(method), t_m, float(jnp.max(jnp.abs(l_m - ref))))
-        label = f"{name} (rtol {num(rtol)}, atol {num(atol)})"
-        print(f"{label:44s} {rows[name][0]:9d} {t_m:9.3f} {rows[name][2]:15.2e}")
+        print(f"{f'{name} {tols}':{w}s} {rows[name][0]:9d} {t_m:9.3f} {rows[name][2]:15.2e}")
     steps_ad, t_ad, err_ad = rows["adaptive Tsit5"]
     s_auto, t_auto, e_auto = rows["AutoStiff (Tsit5, then KrylovW)"]
     print(
-        f"AutoStiff vs Tsit5: {steps_ad / s_auto:.0f}x fewer steps, {t_ad / t_auto:.0f}x less time, "
+        f"AutoStiff vs Tsit5: {fold(steps_ad / s_auto)}x fewer steps, {fold(t_ad / t_auto)}x less time, "
         f"error {e_auto:.2e} vs {err_ad:.2e}"
     )
     chosen = None
@@ -129,13 +137,13 @@ def main(argv=None):
         )
         t_rk, l_rk = timed(lambda fixed=fixed: run(fixed))
         err = float(jnp.max(jnp.abs(l_rk - ref))) if bool(jnp.all(jnp.isfinite(l_rk))) else float("inf")
-        print(f"{f'fixed-step RK4, dt = {dt:g}':44s} {int(T / dt):9d} {t_rk:9.3f} {err:15.2e}")
+        print(f"{f'fixed-step RK4, dt = {dt:g}':{w}s} {int(T / dt):9d} {t_rk:9.3f} {err:15.2e}")
         if err <= err_ad and chosen is None:
             chosen = (dt, t_rk)
     if chosen:
         print(
             f"RK4 needs dt = {chosen[0]:g} ({int(T / chosen[0])} steps) for the adaptive accuracy: "
-            f"{chosen[1] / t_ad:.1f}x the adaptive time, {int(T / chosen[0]) / steps_ad:.1f}x its steps"
+            f"{fold(chosen[1] / t_ad)}x the adaptive time, {fold(int(T / chosen[0]) / steps_ad)}x its steps"
         )
     else:
         print("RK4 did not reach the adaptive accuracy on the ladder")
@@ -153,8 +161,8 @@ def main(argv=None):
     single = jax.jit(flow_lam)
     t_l, _ = timed(lambda: [single(lam) for lam in lams])
     print(
-        f"{args.lambdas} lambdas to t = {args.lambda_t1:g}: vmapped sweep {t_v:.2f} s, loop of jitted flows "
-        f"{t_l:.2f} s, ratio {t_l / t_v:.1f}x"
+        f"{args.lambdas} lambdas to t = {args.lambda_t1:g}: vmapped sweep {fold(t_v)} s, loop of jitted flows "
+        f"{fold(t_l)} s, ratio {fold(t_l / t_v)}x"
     )
 
 

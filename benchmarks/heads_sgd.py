@@ -16,7 +16,8 @@ side by side; `--devices 1` gives the single-device numbers.
 Part 2, cost of one evaluation of the order-parameter field against the Monte Carlo bank size
 (H=4, L=8, cyclic permutation copies, float64).
 
-Usage: python benchmarks/heads_sgd.py [--steps 4000] [--torch-steps 500] [--devices N]
+Usage: python benchmarks/heads_sgd.py [--steps 4000] [--torch-steps 500] [--Ds 1024 4096] [--devices N]
+(``--steps`` is the step count at D = 1024; at dimension D the JAX runs take steps * 1024 // D steps.)
 """
 
 from __future__ import annotations
@@ -128,10 +129,25 @@ def field_cost(n):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=4000, help="SGD steps per seed for the JAX runs")
-    ap.add_argument("--torch-steps", type=int, default=500, help="SGD steps per seed for eager PyTorch")
-    ap.add_argument("--Ds", type=int, nargs="+", default=[1024, 4096])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=4000,
+        help="SGD steps per seed of the JAX runs at D = 1024; at dimension D they run max(1, steps * 1024 // D) "
+        "(default %(default)s: 4000 at D = 1024, 1000 at D = 4096)",
+    )
+    ap.add_argument(
+        "--torch-steps", type=int, default=500, help="SGD steps per seed of eager PyTorch, at every D (default 500)"
+    )
+    ap.add_argument(
+        "--Ds",
+        type=int,
+        nargs="+",
+        default=[1024, 4096],
+        metavar="D",
+        help="token dimensions D of the SGD runs (default %(default)s)",
+    )
     ap.add_argument(
         "--devices",
         type=int,
@@ -139,8 +155,20 @@ def main():
         help="CPU devices for the sweep (default: one per core, attnflow.use_cpu_cores)",
     )
     args = ap.parse_args()
+    for name in ("steps", "torch_steps"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if min(args.Ds) < 1:
+        ap.error(f"--Ds must be positive, got {args.Ds}")
     af.use_cpu_cores(args.devices)  # before any JAX computation
     print(f"online SGD, softmax, H={H}, L={L}, {SEEDS} seeds, float32; devices: {jax.devices()}")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print(
+            "PyTorch is not installed: the eager PyTorch peer is skipped (its columns print nan); "
+            'install it with pip install -e ".[torch]"'
+        )
     print(
         f"{'D':>6} {'vmapped scan':>14} {'loop of jitted':>15} {'eager torch':>13} {'draws only':>11} "
         f"{'vmap/loop':>10} "

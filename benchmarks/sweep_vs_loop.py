@@ -2,8 +2,10 @@
 
 Peers, at matched tolerance (rtol=1e-8, atol=1e-10 for all):
   (a) `attnflow.sweep`: one jit(vmap) call over all 256 rates;
-  (b) a Python loop of jitted single `integrate` calls (compiled once);
-  (c) a Python loop of `scipy.integrate.solve_ivp` (RK45).
+  (a') one jitted `integrate` on a stacked (n, 4) state holding all the rates (one shared
+       step-size sequence), best of 3;
+  (b) a Python loop of jitted single `integrate` calls (compiled once), best of 7;
+  (c) a Python loop of `scipy.integrate.solve_ivp` (RK45), run once (``--no-scipy`` skips it).
 Compile time is reported separately; ratios use the warm (compiled) timings.
 
 The sweep shards the rates over one CPU device per core (`attnflow.use_cpu_cores`); the
@@ -202,8 +204,10 @@ def measure(n=256, lanes=16, repeat=21, scipy=True, loop=True):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=256)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--n", type=int, default=256, help="learning rates, log-spaced in [1e-3, 5e-2] (default %(default)s)"
+    )
     ap.add_argument(
         "--devices",
         type=int,
