@@ -2,19 +2,20 @@
 
 A question the registered ``heads-*`` experiments do not ask. Under gradient flow the
 order-parameter ODE depends on ``eta`` and ``t`` only through ``eta t``, so the specialisation
-time ``t_spec`` (the first time ``|(I - 11^T/H) M|_F`` reaches 0.5) is exactly ``c / eta``: doubling
-the learning rate halves the number of samples needed. Online SGD adds the ``eta^2`` term to
-``dQ/dt`` (equation (8) of the heads page). Relative to the drift it is of order ``eta``, so to
-first order it shifts ``eta t_spec`` by an amount proportional to ``eta``: a delay ``Delta t`` that
-does not depend on ``eta``. This script measures
+time ``t_spec`` (the first time ``|(I - 11^T/H) M|_F`` reaches 0.5, equation (15) of the heads
+page) is exactly ``c / eta``: doubling the learning rate halves the number of samples needed.
+Online SGD adds the ``eta^2`` term to ``dQ/dt`` (equation (8)). Relative to the drift it is of
+order ``eta``, so to first order it shifts ``eta t_spec`` by an amount proportional to ``eta``:
+a delay ``Delta t`` that does not depend on ``eta``. This script measures
 
 1. ``t_spec`` of the ODE with and without the ``eta^2`` term over a grid of learning rates, from
-   the reference setup's initial overlaps (two sweeps over ``eta``, escape times as event times);
-2. ``t_spec`` of online SGD at ``D = 1000`` for three of these rates, started from the same
-   overlaps (one sweep of `attnflow.heads.train` over ``eta``),
+   the reference setup's initial overlaps (`attnflow.heads.escape_time`, one sweep over ``eta``);
+2. ``t_spec`` of online SGD at ``D = 1000`` for two of these rates and eight seeds, started from
+   the same overlaps (one sweep of `attnflow.heads.train` over ``eta x seed``, the escape as
+   its ``event``): the mean over the seeds and its standard error,
 
-and prints ``eta t_spec`` and the delay ``Delta t``. Saves ``heads-learning-rate.png`` in the
-current directory.
+and prints ``eta t_spec``, the delay ``Delta t`` and how far the SGD mean lies from the ODE,
+against the seed-to-seed scatter. Saves ``heads-learning-rate.png`` in the current directory.
 """
 
 import numpy as np
@@ -25,41 +26,57 @@ import attnflow as af
 from attnflow import heads
 
 ETAS = np.geomspace(0.25, 2.0, 4)  # learning rates of the ODE sweeps: 0.25, 0.5, 1, 2
-SGD_ETAS = np.array([0.5, 1.0, 2.0])  # learning rates of the SGD sweep
+SGD_ETAS = np.array([1.0, 2.0])  # learning rates of the SGD sweep
+SEEDS = np.arange(8)  # SGD seeds (key frame and samples)
 THRESHOLD = heads.ESCAPE_THRESHOLD  # |(I - 11^T/H) M|_F at which the heads count as specialised
 T1 = 40.0  # horizon of the ODE solves (the slowest, eta = 0.25, escapes near t = 36)
-SGD_T1 = 20.0  # horizon of the SGD runs (eta = 0.5 escapes near t = 17)
+# Horizon of the SGD runs: eta = 1 escapes near t = 9 (seed sd 0.2). The run goes on to SGD_T1
+# whatever the rate, so eta = 0.5 (t = 18, twice the steps) is left to the ODE.
+SGD_T1 = 11.0
 BANK = heads.BankOptions(n=2048)
 
 
-def t_spec_ode(setup):
-    """The escape time of the ODE: the time of its specialisation event (NaN if not reached by T1)."""
-    return heads.solve(setup, T1, save=af.LinearGrid(2), bank=BANK, escape=THRESHOLD).t_event
-
-
-def t_spec_sgd(eta):
-    """The first time online SGD at D = 1000 reaches the threshold (interpolated between saves)."""
+def t_spec_sgd(eta, seed):
+    """The first time online SGD at D = 1000 reaches the threshold (placed linearly between saves)."""
     # D given: the setup is built inside the sweep, where its draw's D is a tracer
-    setup = heads.Setup(eta=eta)
-    sim = heads.train(setup, SGD_T1, key=0, D=heads.REFERENCE_D, save=af.LinearGrid(201), eval_samples=0)
-    return af.first_crossing(sim.ts, sim["specialisation"], THRESHOLD, interpolate=True)
+    sim = heads.train(
+        heads.Setup(eta=eta),
+        SGD_T1,
+        key=seed,
+        D=heads.REFERENCE_D,
+        save=af.LinearGrid(111),
+        eval_samples=0,
+        event=lambda t, o: o["specialisation"] - THRESHOLD,
+    )
+    return sim.t_event
 
 
 def main() -> None:
     af.enable_x64()
     sgd_noise = heads.Setup()  # the reference setup: softmax, H = 2, L = 4, flipped spike s = 3, D = 1000 draw
     flow = sgd_noise.replace(sgd_noise=False)
-    t_noise = np.asarray(
-        af.sweep(lambda eta: t_spec_ode(sgd_noise.replace(eta=eta)), {"eta": ETAS}, progress=False).values
-    )
-    t_flow = np.asarray(af.sweep(lambda eta: t_spec_ode(flow.replace(eta=eta)), {"eta": ETAS}, progress=False).values)
-    t_sgd = np.asarray(af.sweep(t_spec_sgd, {"eta": SGD_ETAS}, progress=False).values)
+
+    def t_spec_ode(eta):
+        """The escape times of the ODE with and without the eta^2 term (one compiled program for both)."""
+        return tuple(
+            heads.escape_time(setup.replace(eta=eta), THRESHOLD, t1=T1, bank=BANK) for setup in (sgd_noise, flow)
+        )
+
+    t_noise, t_flow = map(np.asarray, af.sweep(t_spec_ode, {"eta": ETAS}, progress=False).values)
+    t_sgd = np.asarray(af.sweep(t_spec_sgd, {"eta": SGD_ETAS, "seed": SEEDS}, progress=False).values)  # (eta, seed)
+    assert not np.isnan(t_sgd).any(), f"an SGD run did not specialise by t = {SGD_T1}: {t_sgd}"
+    sgd_mean = t_sgd.mean(axis=1)
+    sgd_sd = t_sgd.std(axis=1, ddof=1)
+    sgd_se = sgd_sd / np.sqrt(len(SEEDS))
 
     print("specialisation time t_spec (|(I - 11^T/H) M|_F = 0.5), reference setup, initial overlaps of a D = 1000 draw")
-    print("    eta   ODE (eta^2 term)   gradient flow   delay Dt   eta t_spec (with / flow)   SGD, D = 1000")
+    print(
+        f"    eta   ODE (eta^2 term)   gradient flow   delay Dt   eta t_spec (with / flow)   "
+        f"SGD, D = 1000 ({len(SEEDS)} seeds)"
+    )
     for i, eta in enumerate(ETAS):
         j = np.flatnonzero(np.isclose(SGD_ETAS, eta))
-        sgd = f"{t_sgd[j[0]]:8.2f}" if j.size else "       -"
+        sgd = f"{sgd_mean[j[0]]:8.2f} +- {sgd_se[j[0]]:.2f}" if j.size else "       -"
         print(
             f"  {eta:5.3f}   {t_noise[i]:16.2f}   {t_flow[i]:13.2f}   {t_noise[i] - t_flow[i]:8.3f}   "
             f"{eta * t_noise[i]:11.2f} / {eta * t_flow[i]:5.2f}   {sgd}"
@@ -73,23 +90,51 @@ def main() -> None:
         f"{ETAS[0]:g}..{ETAS[-1]:g}): the same number of samples for every eta, "
         f"{delay[-1] / t_flow[-1]:.1%} of t_spec at eta = {ETAS[-1]:g}"
     )
-    ode_at_sgd = np.interp(np.log(SGD_ETAS), np.log(ETAS), t_noise)
+    flow_at_sgd = np.interp(SGD_ETAS, ETAS, t_flow)  # SGD_ETAS are points of ETAS
+    sgd_offsets = {
+        "the ODE with the eta^2 term": sgd_mean - np.interp(SGD_ETAS, ETAS, t_noise),
+        "gradient flow": sgd_mean - flow_at_sgd,
+    }
+    for name, offset in sgd_offsets.items():
+        print(
+            f"SGD mean - {name}: "
+            + ", ".join(
+                f"{d:+.2f} +- {e:.2f} at eta = {eta:g}" for eta, d, e in zip(SGD_ETAS, offset, sgd_se, strict=True)
+            )
+            + f" (mean +- standard error over {len(SEEDS)} seeds)"
+        )
+    within = [name for name, offset in sgd_offsets.items() if np.all(np.abs(offset) <= 2 * sgd_se)]
     print(
-        "SGD - ODE: "
-        + ", ".join(f"{d:+.2f} at eta = {e:g}" for e, d in zip(SGD_ETAS, t_sgd - ode_at_sgd, strict=True))
-        + " (the SGD noise re-seeds the escape: an O(1) offset)"
+        f"one SGD run scatters by sd {sgd_sd.min():.2f}..{sgd_sd.max():.2f} about the mean (the noise re-seeds the "
+        f"escape), more than Dt = {delay.mean():.3f}; the mean is within two standard errors of "
+        f"{' and of '.join(within) if within else 'neither ODE'}. A standard error of Dt / 2 takes about "
+        f"(2 sd / Dt)^2 = {np.ceil((2 * sgd_sd.max() / delay.mean()) ** 2):.0f} seeds"
     )
 
     fig = Figure(figsize=(9.5, 3.6), layout="constrained")
     left, right = fig.subplots(1, 2)
     left.loglog(ETAS, t_noise, "o-", label="ODE with the eta^2 term (online SGD)")
     left.loglog(ETAS, t_flow, "s--", mfc="none", label="ODE without it (gradient flow)")
-    left.loglog(SGD_ETAS, t_sgd, "x", ms=8, color="k", label="online SGD, D = 1000")
+    left.errorbar(SGD_ETAS, sgd_mean, sgd_se, fmt="x", ms=8, color="k", label="online SGD, D = 1000 (mean +- s.e.)")
     left.set(xlabel="learning rate eta", ylabel="t_spec = steps / D", title="specialisation time")
-    right.semilogx(ETAS, ETAS * t_noise, "o-", label="with the eta^2 term")
-    right.semilogx(ETAS, ETAS * t_flow, "s--", mfc="none", label="gradient flow (constant)")
-    right.semilogx(SGD_ETAS, SGD_ETAS * t_sgd, "x", ms=8, color="k", label="online SGD")
-    right.set(xlabel="learning rate eta", ylabel="eta t_spec", title="eta t_spec: a constant delay Dt in t")
+    ticks = [5, 10, 20, 40]
+    left.set_yticks(ticks, [f"{v:g}" for v in ticks])
+    left.yaxis.set_minor_formatter(NullFormatter())
+    # the delays behind gradient flow on a linear axis: Dt, and the SGD mean with its standard-error band
+    right.semilogx(ETAS, delay, "o-", label="ODE with the eta^2 term: Dt")
+    right.axhline(0.0, color="C1", ls="--", label="gradient flow")
+    for k in range(len(SEEDS)):
+        right.semilogx(SGD_ETAS, t_sgd[:, k] - flow_at_sgd, ".", color="0.6", label="SGD seeds" if k == 0 else None)
+    right.semilogx(SGD_ETAS, sgd_mean - flow_at_sgd, "x-", ms=8, color="k", label="SGD mean")
+    right.fill_between(
+        SGD_ETAS,
+        sgd_mean - flow_at_sgd - sgd_se,
+        sgd_mean - flow_at_sgd + sgd_se,
+        color="k",
+        alpha=0.15,
+        label="+- standard error",
+    )
+    right.set(xlabel="learning rate eta", ylabel="t_spec - t_spec(gradient flow)", title="delay behind gradient flow")
     for ax in (left, right):
         ax.set_xticks(ETAS, [f"{e:g}" for e in ETAS])
         ax.xaxis.set_minor_formatter(NullFormatter())

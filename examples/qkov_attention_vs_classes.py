@@ -2,16 +2,16 @@
 
 More classes make the same loss harder to reach (the loss starts at log M): does the network
 get there with a larger OV margin or with sharper attention, and does a faster QK circuit
-still sharpen it? The fixed-loss solver of `attnflow.qkov` answers without integrating; one
-point is checked against an event-terminated solve of the reduced ODE at the two extreme M.
+still sharpen it? The fixed-loss solver `attnflow.qkov.state_at_loss` answers without integrating
+(one `attnflow.sweep` over M, a static axis, and r = eta_QK / eta_OV); the r = 1 point is checked
+against an event-terminated solve of the reduced ODE at the two extreme M.
 
 Run: python examples/qkov_attention_vs_classes.py   (prints a table, writes qkov_attention_vs_classes.png)
 """
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 import attnflow as af
 from attnflow import qkov
@@ -19,19 +19,20 @@ from attnflow import qkov
 af.enable_x64()
 
 CLASSES = (2, 3, 5, 10, 20, 50, 100)
-RATIOS = jnp.asarray([0.1, 1.0, 10.0])  # r = eta_QK / eta_OV, eta_OV = 1
+RATIOS = np.array([0.1, 1.0, 10.0])  # r = eta_QK / eta_OV, eta_OV = 1
 LOSS = 0.01  # the fixed loss L*
 
-alpha = np.zeros((len(CLASSES), len(RATIOS)))
-mu_ov = np.zeros_like(alpha)
+# the authors' m, n, b with M classes; M sets shapes (a Static axis: one compiled program per M), r is vectorised
+states = af.sweep(
+    lambda M, r: qkov.state_at_loss(qkov.paper_setup(r, M=M), LOSS),
+    {"M": af.Static(CLASSES), "r": RATIOS},
+    progress=False,
+).values
+alpha, mu_ov = np.asarray(states["alpha"]), np.asarray(states["mu_ov"])  # (M, r)
 check = []
-for i, M in enumerate(CLASSES):
-    # the authors' m, n, b with M classes; M is static (it sets shapes), the ratio is a vmapped axis
-    states = jax.vmap(lambda r, M=M: qkov.state_at_loss(qkov.paper_setup(r, M=M), LOSS))(RATIOS)
-    alpha[i], mu_ov[i] = np.asarray(states["alpha"]), np.asarray(states["mu_ov"])
-    if M in (CLASSES[0], CLASSES[-1]):  # integrate to the loss: the same state
-        ev = qkov.solve(qkov.paper_setup(1.0, M=M), 1e9, loss_target=LOSS, save=af.LinearGrid(2))
-        check.append(abs(float(ev.final()["alpha"]) - alpha[i, 1]))
+for i in (0, len(CLASSES) - 1):  # integrate to the loss at the extreme M: the same state
+    ev = qkov.solve(qkov.paper_setup(1.0, M=CLASSES[i]), 1e9, loss_target=LOSS, save=af.LinearGrid(2))
+    check.append(abs(float(ev.final()["alpha"]) - alpha[i, 1]))
 
 print(f"attention alpha and OV margin mu_OV at loss {LOSS} (m, n, b = 5, 50, 50; alpha(0) = {5 / 55:.3f})")
 print(
@@ -55,9 +56,15 @@ for j, r in enumerate(RATIOS):
     ax2.loglog(CLASSES, mu_ov[:, j], "o-", label=f"r = {float(r):g}")
 ax1.set_ylabel(f"attention alpha at loss {LOSS}")
 ax2.set_ylabel(f"OV margin mu_OV at loss {LOSS}")
+margins = [8, 10, 15, 20, 30, 40]
+ax2.set_yticks(margins, [f"{v:g}" for v in margins])
+ax2.yaxis.set_minor_formatter(NullFormatter())
 for ax in (ax1, ax2):
     ax.set_xlabel("number of classes M")
+    ax.set_xticks([2, 5, 10, 20, 50, 100], ["2", "5", "10", "20", "50", "100"])
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+# one legend for both panels, outside them: inside, it would cover points of one of the curves
+ax2.legend(fontsize=7, title="r = eta_QK / eta_OV", title_fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
 fig.suptitle("Reduced CACO dynamics: the state at a fixed loss against the number of classes")
 af.save_figure(fig, "qkov_attention_vs_classes.png")
