@@ -907,3 +907,70 @@ def test_bad_minor_inputs_are_named():
     with pytest.raises(ValueError, match=r"^n_plus must be a whole number of heads in \[0, H = 2\], got 1\.5$"):
         softmax_floor(4, 0.5, 1.5, 2)
     assert softmax_floor(4, 0.5, 1.0, 2) == pytest.approx(softmax_floor(4, 0.5, 1, 2))
+
+
+def test_asymmetric_covariance_names_its_largest_asymmetry():
+    with pytest.raises(
+        ValueError,
+        match=r"^the covariance C must be symmetric, got \[\[1\.0, 0\.5\], \[0\.0, 1\.0\]\]: the largest \|C - C\^T\| "
+        r"entry is 0\.5 at index \(0, 1\) \(C\[0, 1\] = 0\.5, C\[1, 0\] = 0\)$",
+    ):
+        AnisotropicGaussian([0.0, 0.0], [[1.0, 0.5], [0.0, 1.0]])
+    with pytest.raises(
+        ValueError,
+        match=r"the largest \|C - C\^T\| entry is 0\.1 at index \(0, 2\) \(C\[0, 2\] = 0\.2, C\[2, 0\] = 0\.1\)$",
+    ):
+        AnisotropicGaussian(np.zeros(3), [[1.0, 0.0, 0.2], [0.0, 1.0, 0.0], [0.1, 0.0, 1.0]])
+    # a symmetric C that is not positive semidefinite keeps the eigenvalue message
+    with pytest.raises(
+        ValueError,
+        match=r"^the covariance C must be symmetric positive semidefinite, got \[\[1\.0, 2\.0\], \[2\.0, 1\.0\]\] "
+        r"\(smallest eigenvalue -1\)$",
+    ):
+        AnisotropicGaussian([0.0, 0.0], [[1.0, 2.0], [2.0, 1.0]])
+    # an asymmetry at rounding level (below 1e-12 of the largest entry) is accepted
+    C = np.array([[2.0, 0.5], [0.5 + 1e-13, 1.0]])
+    assert AnisotropicGaussian([0.0, 0.0], C).F == 2
+
+
+def test_finite_D_draw_checks_a_concrete_D_on_construction():
+    for D, shown in ((-5, "-5.0"), (-5.0, "-5.0"), (0.0, "0.0"), (float("inf"), "inf"), (float("nan"), "nan")):
+        with pytest.raises(ValueError, match=rf"^D must be finite and positive, got {shown}$"):
+            FiniteDDraw(D=D)
+    with pytest.raises(ValueError, match=r"^D must be a real number or array of them, got a boolean: True$"):
+        FiniteDDraw(D=True)
+    with pytest.raises(ValueError, match=r"^sigma0 \(initial key scale\) must be finite and positive, got -0\.5$"):
+        FiniteDDraw(sigma0=-0.5)
+    with pytest.raises(ValueError, match=r"^D must be finite and positive, got -5\.0$"):
+        SymmetricSeed(jnp.zeros((2, 1)), jnp.eye(2), D=-5)
+    with pytest.raises(ValueError, match=r"^kappa must be finite"):
+        SymmetricSeed(jnp.zeros((2, 1)), jnp.eye(2), kappa=jnp.nan)
+    # a traced D still builds: under vmap the overlaps are those of each D drawn alone
+    Ds = jnp.array([200.0, 400.0])
+    Q = jax.vmap(lambda D: Setup(init=FiniteDDraw(D=D)).initial_overlaps()[1])(Ds)
+    for k, D in enumerate((200, 400)):
+        np.testing.assert_allclose(Q[k], from_finite_D(D, 2, 1)[1], rtol=1e-12)
+    # and a bad traced D marks its sweep point failed, with the same message
+    with pytest.warns(RuntimeWarning, match="1 of 2 grid points failed"):
+        r = af.sweep(
+            lambda D: Setup(init=FiniteDDraw(D=D)).initial_overlaps()[1][0, 0],
+            {"D": jnp.array([-5.0, 400.0])},
+            progress=False,
+        )
+    assert "D must be finite and positive" in str(r.failures())
+    assert np.isnan(r.values[0]) and r.values[1] == pytest.approx(float(from_finite_D(400, 2, 1)[1][0, 0]), rel=1e-12)
+
+
+def test_discrete_refuses_one_dimensional_points():
+    # [-3, 3] could be two points of F = 1 or one point of F = 2: two different priors
+    with pytest.raises(
+        ValueError,
+        match=r"^points must have shape \(J, F\), one row per point, got the 1-D \[-3\.0, 3\.0\]: the F = 1 prior",
+    ):
+        Discrete(jnp.array([-3.0, 3.0]))
+    with pytest.raises(ValueError, match=r"^points must have shape \(J, F\), one row per point, got \(2, 1, 1\)$"):
+        Discrete(np.zeros((2, 1, 1)))
+    two = Discrete([[-3.0], [3.0]])
+    assert (two.F, two.points.shape, float(two.weights[0])) == (1, (2, 1), 0.5)
+    one = PointMass([1.0, 2.0])  # one point in F = 2
+    assert (one.F, one.points.shape) == (2, (1, 2))

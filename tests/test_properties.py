@@ -190,7 +190,7 @@ CONSTRUCTORS_THEORIES = {
     "heads.FlippedSpike.s": (lambda v: heads.FlippedSpike(v), "s"),
     "heads.FlippedSpike.p": (lambda v: heads.FlippedSpike(2.0, v), "p"),
     "heads.Discrete.points": (lambda v: heads.Discrete(v), "points"),
-    "heads.Discrete.weights": (lambda v: heads.Discrete([1.0, -1.0], v), "weights"),
+    "heads.Discrete.weights": (lambda v: heads.Discrete([[1.0], [-1.0]], v), "weights"),
     "heads.BayesSoftmax.b": (lambda v: heads.BayesSoftmax(v), "b"),
     "heads.Softmax1.b": (lambda v: heads.Softmax1(b=v), "b"),
     "heads.FiniteDDraw.sigma0": (lambda v: heads.FiniteDDraw(sigma0=v), "sigma0"),

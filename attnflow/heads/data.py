@@ -121,10 +121,17 @@ class AnisotropicGaussian(Prior):
         elif not V.any_traced(variances):
             C = np.asarray(variances)
             V.finite_tree("variances (covariance C)", C)
+            tol = 1e-12 * max(1.0, float(np.abs(C).max()))
+            asym = np.abs(C - C.T)
+            if asym.max() > tol:
+                i, j = (int(k) for k in np.unravel_index(np.argmax(asym), asym.shape))
+                raise ValueError(
+                    f"the covariance C must be symmetric, got {V.show(C)}: the largest |C - C^T| entry is "
+                    f"{float(asym[i, j]):.3g} at index ({i}, {j}) (C[{i}, {j}] = {float(C[i, j]):g}, "
+                    f"C[{j}, {i}] = {float(C[j, i]):g})"
+                )
             low = float(np.linalg.eigvalsh(0.5 * (C + C.T)).min())
-            if not np.allclose(C, C.T, rtol=0, atol=1e-12 * max(1.0, np.abs(C).max())) or low < -1e-12 * max(
-                1.0, np.abs(C).max()
-            ):
+            if low < -tol:
                 raise ValueError(
                     f"the covariance C must be symmetric positive semidefinite, got {V.show(C)} (smallest eigenvalue "
                     f"{low:.3g})"
@@ -187,10 +194,15 @@ class Discrete(Prior):
         if points.size == 0:
             raise ValueError("points must hold at least one point, got an empty array")
         if points.ndim == 1:
-            with jax.ensure_compile_time_eval():  # concrete points stay concrete inside jit (`_parameter`)
-                points = points[None]
+            # A 1-D array reads as either J scalar points (F = 1) or one point in F dimensions:
+            # refused rather than guessed, since the two are different priors.
+            shown = V.show(points) if not V.any_traced(points) else f"an array of shape {points.shape}"
+            raise ValueError(
+                f"points must have shape (J, F), one row per point, got the 1-D {shown}: the F = 1 prior on "
+                "a and b is Discrete([[a], [b]]), one point in F dimensions Discrete([[x1, ..., xF]]) or PointMass(x)"
+            )
         if points.ndim != 2:
-            raise ValueError(f"points must have shape (J, F), got {points.shape}")
+            raise ValueError(f"points must have shape (J, F), one row per point, got {points.shape}")
         J = points.shape[0]
         weights = _parameter("weights", np.full(J, 1.0 / J) if weights is None else weights)
         if weights.shape != (J,):

@@ -179,6 +179,14 @@ class FiniteDDraw(InitialCondition):
     D: jax.Array = array_field("D", REFERENCE_D)
     seed: jax.Array = eqx.field(converter=_seed, default=INIT_SEED)
 
+    def __check_init__(self):
+        # the checks that need neither H nor F run here, with the messages `check` gives; a
+        # traced value (a sweep axis) is checked by `check` when the Setup is built
+        if not V.any_traced(self.sigma0):
+            V.positive("sigma0 (initial key scale)", self.sigma0)
+        if not V.any_traced(self.D):
+            V.positive("D", self.D)
+
     def overlaps(self, H, F):
         return from_finite_D(self.D, H, F, self.sigma0, self.seed)
 
@@ -214,6 +222,13 @@ class SymmetricSeed(InitialCondition):
     direction: jax.Array | None = eqx.field(
         converter=lambda x: None if x is None else V.floats("direction", x), default=None
     )
+
+    def __check_init__(self):
+        # as FiniteDDraw: what needs neither H nor F is checked on construction
+        if not V.any_traced(self.D):
+            V.positive("D", self.D)
+        if not V.any_traced(self.kappa):
+            V.finite_tree("kappa", self.kappa)
 
     def overlaps(self, H, F):
         return symmetric_seed(self.M_bar, self.Q_bar, self.kappa, self.D, self.direction)
