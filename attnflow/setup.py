@@ -148,6 +148,21 @@ def array_field(name: str, default: Any, dtype: Any = None) -> Any:
     return eqx.field(converter=convert, default=default)
 
 
+def size_field(name: str, default: Any, minimum: int = 1) -> Any:
+    """A static ``Setup`` field holding a size or a seed: values are converted to a Python int
+    on construction and by `AbstractSetup.replace` (`attnflow._validate.positive_int`: a NumPy
+    integer such as ``np.int64(3)`` or a whole float becomes ``3``; a boolean, an array, a traced
+    value or an int below ``minimum`` raises ``ValueError`` naming the field). Converted before
+    Equinox stores it, since a static field is part of the compiled program's key, where a NumPy
+    scalar makes Equinox warn that an array is set as static."""
+    from . import _validate as V
+
+    def convert(x: Any) -> int:
+        return V.positive_int(name, x, minimum=minimum)
+
+    return eqx.field(static=True, converter=convert, default=default)
+
+
 class AbstractSetup(eqx.Module):
     """Base of the theory packages' ``Setup`` classes (see the module documentation).
 

@@ -35,6 +35,12 @@ def test_protocol_defaults_solve_and_train_agree():
     gaps = af.compare(th, sim)
     for name, tol in focus.TRAIN_TOLERANCE.items():
         assert gaps[name] < tol, (name, gaps[name], tol)
+    # docs/focus.md: compare interpolates the theory between its log-spaced saves (0.0011 of the
+    # 0.0116 loss gap); solved on train's own times the gap is the model's alone (0.0105)
+    at_sim = focus.solve(s, T, save=af.TimeGrid(sim.ts))
+    np.testing.assert_allclose(at_sim.ts, sim.ts, rtol=0, atol=0)
+    assert round(af.compare(th, at_sim)["loss"], 4) == 0.0011
+    assert round(gaps["loss"], 4) == 0.0116 and round(af.compare(at_sim, sim)["loss"], 4) == 0.0105
     # the run went somewhere: Stage I is over, the loss sits near H(pi) in both
     H = float(s.chain.entropy())
     assert abs(float(th["loss"][-1]) - H) < 0.01 and abs(float(sim["loss"][-1]) - H) < 0.02
@@ -699,3 +705,155 @@ def test_tightened_default_solver_keeps_the_stiff_solver_and_step_budget():
     assert (tight.rtol, tight.atol) == (1e-11, 1e-14)
     fresh = af.SolverOptions(rtol=1e-11, atol=1e-14)
     assert fresh.solver is None and fresh.max_steps == 100_000
+
+
+# ----------------------------------------------------------------------------- closed forms check their input
+def test_closed_forms_refuse_bad_arguments_by_name():
+    """The formulas of `theory` name the argument before computing: booleans, NaN, lam outside
+    the lazy range, shapes that do not fit pi's d, alpha that cannot be normalised."""
+    pi = np.asarray(PI)  # d = 4; lazy_lam_min = -0.01 / 0.99
+    ch = focus.MarkovChain.lazy(pi, 0.5)
+    c1 = focus.critical_point_c1(pi, np.ones(2))
+    th = {k: c1[k] for k in focus.PARAMETERS}  # m = mk = 2
+    bad = {
+        "lam must be a real number or array of them, got a boolean: True": lambda: focus.attention_rate_lazy(pi, True),
+        r"lam must lie in \[-0\.010101, 1\] for this pi \(a lazy chain\), got 5": lambda: focus.attention_rate_lazy(
+            pi, 5.0
+        ),
+        r"lam must lie in \[-0\.010101, 1\] for this pi \(a lazy chain\), got \[0\.5, -0\.5\]": (
+            lambda: focus.attention_rate_lazy(pi, np.array([0.5, -0.5]))
+        ),
+        "lam must be finite, got nan": lambda: focus.attention_rate_lazy(pi, np.nan),
+        "tau must be a real number or array of them, got a boolean: True": lambda: focus.attention_rate_lazy(
+            pi, 0.5, True
+        ),
+        "tau must be finite and positive, got nan": lambda: focus.attention_rate_lazy(pi, 0.5, np.nan),
+        "tau must be finite and positive, got -1.0": lambda: focus.population_loss(th, ch, -1.0),
+        "tau must be a scalar, got shape \\(2,\\)": lambda: focus.population_grads(th, ch, np.ones(2)),
+        r"P must have shape \(4, 4\) to match pi \(d = 4\), got shape \(3, 3\)": lambda: focus.attention_rate(
+            pi, np.eye(3), 1.0, c1["gamma"], c1["beta"]
+        ),
+        r"gamma must have shape \(4,\) to match pi \(d = 4\), got shape \(3,\)": lambda: focus.attention_rate(
+            pi, ch.P, 1.0, np.ones(3), c1["beta"]
+        ),
+        r"beta must be finite; entry \(2,\) is nan": lambda: focus.attention_rate(
+            pi, ch.P, 1.0, c1["gamma"], np.array([1.0, 0.0, np.nan, 0.0])
+        ),
+        "P must be a real number or array of them, got a complex number": lambda: focus.attention_rate(
+            pi, ch.P + 0j, 1.0, c1["gamma"], c1["beta"]
+        ),
+        r"alpha must have a nonzero finite norm \(it is normalised to alpha / \|alpha\|\), got \|alpha\| = 0 "
+        r"for alpha = \[0\.0, 0\.0, 0\.0\]": lambda: focus.critical_point_c1(pi, np.zeros(3)),
+        r"alpha must be finite; entry \(0,\) is nan": lambda: focus.critical_point_c1(pi, np.array([np.nan, 1.0])),
+        r"alpha must be a vector of R\^m \(1-D, m >= 1: theta_c\^1 has width m = alpha\.size\), got shape \(2, 2\)": (
+            lambda: focus.critical_point_c1(pi, np.eye(2))
+        ),
+        r"theta\['W0'\] must have shape \(4, m\) for this chain, got \(3, 2\)": lambda: focus.population_loss(
+            {**th, "W0": np.zeros((3, 2))}, ch
+        ),
+        r"theta\['W1'\] must have shape \(2, 4\) for d = 4, m = 2, mk = 2 \(the widths of theta\['W0'\] and "
+        r"theta\['WQ'\]\), got \(2, 3\)": lambda: focus.gradient_blocks({**th, "W1": np.zeros((2, 3))}, ch),
+        r"theta\['WQ'\] must have shape \(2, mk\) for m = 2": lambda: focus.population_grads(
+            {**th, "WQ": np.zeros((3, 2))}, ch
+        ),
+        r"theta\['WK'\] must be finite; entry \(1, 0\) is inf": lambda: focus.population_loss(
+            {**th, "WK": np.array([[0.0, 0.0], [np.inf, 0.0]])}, ch
+        ),
+        r"theta\['W1'\] must be a real number or array of them, got a boolean": lambda: focus.attention(
+            {**th, "W1": np.ones((2, 4), bool)}, pi
+        ),
+        r"theta must be a dict with keys \('W0', 'W1', 'WQ', 'WK'\) \(as setup.theta0\(\)\); got keys \['W0'\], "
+        r"missing \['W1', 'WQ', 'WK'\]": lambda: focus.conserved({"W0": th["W0"]}),
+        "chain must be an attnflow.focus.MarkovChain": lambda: focus.population_loss(th, ch.P),
+        r"y\['gamma'\] must have shape \(4,\) to match pi \(d = 4\), got shape \(5,\)": lambda: focus.reduced_loss(
+            {"gamma": np.ones(5), "beta": np.ones(4), "lam_q": 0.0, "lam_k": 0.0}, ch
+        ),
+        r"G_M must be finite; entry \(0, 1\) is nan": lambda: focus.transverse_rate(np.array([[1.0, np.nan], [0, 1]])),
+    }
+    for message, call in bad.items():
+        with pytest.raises(ValueError, match=f"^{message}"):
+            call()
+    # the edges of the lazy range are valid, and the reference numbers unchanged
+    lo = focus.lazy_lam_min(pi)
+    assert float(focus.attention_rate_lazy(pi, 1.0)) == pytest.approx(2 * 0.0797847014315081, rel=1e-12)
+    assert float(focus.attention_rate_lazy(pi, lo)) == pytest.approx(lo * 2 * 0.0797847014315081, rel=1e-12)
+    assert float(focus.attention_rate_lazy(pi, 0.5, 1.0)) == pytest.approx(0.0797847014315081, rel=1e-12)
+    assert float(focus.population_loss(th, ch)) == pytest.approx(float(ch.entropy()), abs=1e-12)
+
+
+def test_closed_forms_stay_traceable_and_fail_a_bad_sweep_point_by_name():
+    """Traced lam, tau and alpha pass jit, vmap and sweeps; at a sweep point a bad value fails the
+    point with the message (as in Setup and MarkovChain.lazy), the good points keep their values."""
+    pi = jnp.asarray(PI)
+    c = 0.0797847014315081  # (R4) at lam = 0.5, tau = 1
+    assert float(jax.jit(focus.attention_rate_lazy)(pi, 0.5, 1.0)) == pytest.approx(c, rel=1e-12)
+    lams, taus = jnp.array([0.5, 1.0]), jnp.array([1.0, 3.0])
+    np.testing.assert_allclose(
+        jax.vmap(focus.attention_rate_lazy, (None, 0, 0))(pi, lams, taus), [c, 6 * c], rtol=1e-12
+    )
+    grid = af.sweep(
+        lambda lam, tau: focus.attention_rate_lazy(pi, lam, tau), {"lam": lams, "tau": taus}, progress=False
+    )
+    np.testing.assert_allclose(grid.values, [[c, 3 * c], [2 * c, 6 * c]], rtol=1e-12)
+    with pytest.warns(RuntimeWarning):
+        res = af.sweep(lambda lam: focus.attention_rate_lazy(pi, lam), {"lam": np.array([0.5, 5.0])}, progress=False)
+    assert float(res.values[0]) == pytest.approx(c, rel=1e-12) and np.isnan(res.values[1])
+    assert res.failures() == [({"lam": 5.0}, "lam must lie in [-min_k pi_k / (1 - pi_k), 1] (a lazy chain on pi)")]
+    with pytest.warns(RuntimeWarning):
+        res = af.sweep(
+            lambda tau: focus.attention_rate_lazy(pi, 0.5, tau), {"tau": np.array([1.0, -1.0])}, progress=False
+        )
+    assert res.failures() == [({"tau": -1.0}, "tau must be finite and positive")]
+    with pytest.warns(RuntimeWarning):
+        res = af.sweep(
+            lambda a: focus.critical_point_c1(pi, jnp.stack([a, 0.0 * a]))["a2"],
+            {"a": np.array([1.0, 0.0])},
+            progress=False,
+        )
+    assert float(res.values[0]) == pytest.approx(4.124, abs=5e-4) and np.isnan(res.values[1])
+    assert res.failures()[0][1] == "alpha must be a finite nonzero vector (it is normalised to alpha / |alpha|)"
+    # traced weights: shapes are still checked, and gradients still flow
+    s = focus.Setup(**SMALL)
+    with pytest.raises(ValueError, match=r"^theta\['W0'\] must have shape \(4, m\) for this chain, got \(5, 4\)"):
+        jax.jit(focus.population_loss)({**s.theta0(), "W0": jnp.zeros((5, 4))}, s.chain)
+    g = jax.jit(jax.grad(focus.population_loss))(s.theta0(), s.chain, 1.3)
+    ref = focus.population_grads(s.theta0(), s.chain, 1.3)
+    for k in focus.PARAMETERS:
+        np.testing.assert_allclose(g[k], ref[k], rtol=1e-10, atol=1e-14)
+
+
+def test_setup_static_sizes_become_python_ints():
+    """NumPy integers (and whole floats) for m, mk and init_seed are stored as Python ints, with
+    no Equinox warning about an array set as static, and give the same setup as plain ints."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s = focus.Setup(m=np.int64(3), mk=np.int32(2), init_seed=np.uint8(1))
+        r = focus.Setup().replace(m=np.int64(3), mk=2.0)
+    assert (type(s.m), type(s.mk), type(s.init_seed)) == (int, int, int) and (s.m, s.mk, s.init_seed) == (3, 2, 1)
+    assert (type(r.m), type(r.mk)) == (int, int) and (r.m, r.mk) == (3, 2)
+    assert jax.tree_util.tree_structure(s) == jax.tree_util.tree_structure(focus.Setup(m=3, mk=2, init_seed=1))
+    with pytest.raises(ValueError, match=r"^mk \(query-key width\) must be a Python integer >= 1 .*got an array 3"):
+        focus.Setup(mk=np.array(3))
+    with pytest.raises(ValueError, match=r"^m \(embedding width\) must be an integer >= 1, got True$"):
+        focus.Setup(m=np.bool_(True))
+
+
+def test_docs_give_the_escape_time_signatures_of_the_code():
+    """docs/focus.md writes escape_time and escape_time_sensitivity with every keyword the code has."""
+    import inspect
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "focus.md").read_text()
+    for fn in (focus.escape_time, focus.escape_time_sensitivity):
+        parts, star = [], False
+        for p in inspect.signature(fn).parameters.values():
+            if p.kind is p.KEYWORD_ONLY and not star:
+                parts.append("*")
+                star = True
+            default = p.default
+            shown = "" if default is p.empty else "=" + (f'"{default}"' if isinstance(default, str) else repr(default))
+            parts.append(p.name + shown)
+        sig = f"`{fn.__name__}({', '.join(parts)})`"
+        assert sig in text, sig

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 
 from .. import _validate as V
-from ..setup import AbstractSetup, array_field
+from ..setup import AbstractSetup, array_field, size_field
 from .data import Teacher
 
 __all__ = ["Setup", "REFERENCE_MODES", "TEACHER_SEED"]
@@ -42,9 +41,9 @@ class Setup(AbstractSetup):
     u0: jax.Array = array_field("u0 (initial mode strength)", 1e-3)
     eta: jax.Array = array_field("eta (learning rate)", 1.0)
     layer_ratio: jax.Array = array_field("layer_ratio (eta_1 / eta_2)", 1.0)
-    n_in: int = eqx.field(static=True, default=8)
-    n_out: int = eqx.field(static=True, default=6)
-    teacher_seed: int = eqx.field(static=True, default=TEACHER_SEED)
+    n_in: int = size_field("n_in", 8)
+    n_out: int = size_field("n_out", 6)
+    teacher_seed: int = size_field("teacher_seed", TEACHER_SEED, minimum=0)
 
     def validate(self) -> None:
         if self.s.ndim != 1 or self.s.shape[0] == 0:

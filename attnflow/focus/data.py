@@ -99,6 +99,24 @@ def lazy_lam_min(pi: Any) -> float:
     return float(-np.min(pi / (1 - pi)))
 
 
+def _check_lazy_lam(pi: Any, lam: Any) -> jax.Array | None:
+    """``ValueError`` unless every entry of ``lam`` lies in the range of the lazy chain (D1) on
+    ``pi``, ``[lazy_lam_min(pi), 1]``. Traced (a sweep over ``lam`` or ``pi``): a point outside
+    fails with the message (`attnflow._errors.check_traced`), and the boolean mask of the entries
+    outside is returned; ``None`` for concrete input."""
+    if V.any_traced((pi, lam)):
+        bad = ~((lam >= -jnp.min(pi / (1 - pi))) & (lam <= 1.0))
+        check_traced(lambda: jnp.any(bad), "lam must lie in [-min_k pi_k / (1 - pi_k), 1] (a lazy chain on pi)")
+        return bad
+    arr = V.reals("lam", lam)
+    V.finite_tree("lam", arr)
+    lo = lazy_lam_min(pi)
+    if not np.all((arr >= lo) & (arr <= 1.0)):
+        shown = f"{float(arr):.15g}" if arr.ndim == 0 else V.show(arr)
+        raise ValueError(f"lam must lie in [{lo:.6g}, 1] for this pi (a lazy chain), got {shown}")
+    return None
+
+
 def _check_chain(pi: np.ndarray, P: np.ndarray, tol: float) -> None:
     check_pi(pi, tol)
     d = pi.size
@@ -183,19 +201,13 @@ class MarkovChain(eqx.Module):
         ``pi`` and ``lam`` may be traced (a sweep over ``lam`` or over a perturbed ``pi``).
         """
         if not V.any_traced((pi, lam)):
-            pi_np = np.asarray(pi, dtype=float)
-            check_pi(pi_np, CHAIN_TOL)
-            lo = lazy_lam_min(pi_np)
-            lam_f = V.finite_scalar("lam", lam)
-            if not (lo <= lam_f <= 1.0):
-                raise ValueError(f"lam must lie in [{lo:.6g}, 1] for this pi, got {lam_f:.15g}")
+            check_pi(np.asarray(pi, dtype=float), CHAIN_TOL)
+            V.finite_scalar("lam", lam)
         pi = _floats(pi)
         lam = _floats(lam)
-        if V.any_traced((pi, lam)):  # a sweep point outside the lazy range fails with the message
-            bad_lam = ~((lam >= -jnp.min(pi / (1 - pi))) & (lam <= 1.0))
-            check_traced(lambda: bad_lam, "lam must lie in [-min_k pi_k / (1 - pi_k), 1] (a lazy chain on pi)")
-            if recording():  # and the point learns the chain of lam = 0 (see __init__)
-                lam = jnp.where(bad_lam, jnp.zeros_like(lam), lam)
+        bad_lam = _check_lazy_lam(pi, lam)
+        if bad_lam is not None and recording():  # a failed sweep point learns the chain of lam = 0 (see __init__)
+            lam = jnp.where(bad_lam, jnp.zeros_like(lam), lam)
         d = pi.shape[0]
         return cls(pi, lam * jnp.eye(d, dtype=pi.dtype) + (1 - lam) * jnp.outer(jnp.ones(d, dtype=pi.dtype), pi))
 

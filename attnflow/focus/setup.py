@@ -9,7 +9,7 @@ import equinox as eqx
 import jax
 
 from .. import _validate as V
-from ..setup import AbstractSetup, array_field
+from ..setup import AbstractSetup, array_field, size_field
 from .data import SYNTHETIC_PI, MarkovChain
 from .model import PARAMETERS, init_theta
 
@@ -24,6 +24,51 @@ REFERENCE_LAM = 0.5
 
 def _reference_chain() -> MarkovChain:
     return MarkovChain.lazy(SYNTHETIC_PI, REFERENCE_LAM)
+
+
+def _check_weights(
+    name: str, theta: Any, d: int, m: int | None = None, mk: int | None = None, whose: str = "the setup's widths"
+) -> dict[str, Any]:
+    """``theta`` as a dict of the weights `attnflow.focus.PARAMETERS` of shapes ``W0 (d, m)``,
+    ``W1 (m, d)``, ``WQ (m, mk)``, ``WK (m, mk)``, or ``ValueError`` naming ``name`` and the key:
+    a missing or unknown key, a wrong shape (given, and expected), a boolean or complex
+    entry, and, where concrete, NaN or Inf. ``m`` and ``mk`` default to the widths of
+    ``theta["W0"]`` and ``theta["WQ"]`` (``whose`` says where they come from in the message).
+    Traced weights are checked by shape and dtype only."""
+    if not isinstance(theta, Mapping):
+        raise ValueError(
+            f"{name} must be a dict with keys {PARAMETERS} (as setup.theta0()), got {type(theta).__name__}"
+        )
+    missing = [k for k in PARAMETERS if k not in theta]
+    extra = sorted(map(str, set(theta) - set(PARAMETERS)))
+    if missing or extra:
+        raise ValueError(
+            f"{name} must be a dict with keys {PARAMETERS} (as setup.theta0()); got keys {list(theta)}"
+            + (f", missing {missing}" if missing else "")
+            + (f", unknown {extra}" if extra else "")
+        )
+    W0 = jax.numpy.shape(theta["W0"])
+    if len(W0) != 2 or W0[0] != d:
+        raise ValueError(f"{name}['W0'] must have shape ({d}, m) for this chain, got {W0}")
+    m = W0[1] if m is None else m
+    if mk is None:
+        WQ = jax.numpy.shape(theta["WQ"])
+        if len(WQ) != 2 or WQ[0] != m:
+            raise ValueError(f"{name}['WQ'] must have shape ({m}, mk) for m = {m} ({whose}), got {WQ}")
+        mk = WQ[1]
+    for key, shape in (("W0", (d, m)), ("W1", (m, d)), ("WQ", (m, mk)), ("WK", (m, mk))):
+        got = jax.numpy.shape(theta[key])
+        if got != shape:
+            raise ValueError(
+                f"{name}['{key}'] must have shape {shape} for d = {d}, m = {m}, mk = {mk} ({whose}), got {got}"
+            )
+    for key in PARAMETERS:  # True would count as 1.0, 1+0j lose its imaginary part
+        if V.any_traced(theta[key]):
+            V.floats(f"{name}['{key}']", theta[key])
+        else:
+            V.reals(f"{name}['{key}']", theta[key])
+    V.finite_tree(name, dict(theta))
+    return dict(theta)
 
 
 class Setup(AbstractSetup):
@@ -41,15 +86,18 @@ class Setup(AbstractSetup):
     - ``m``, ``mk`` (static): embedding and query-key widths, reference 16 and 16;
     - ``init_seed`` (static): the seed of the initial draw ``theta0`` (`theta0`), shared by
       `attnflow.focus.solve` and `attnflow.focus.train`, so both start from the same weights.
+
+    The static fields are stored as Python ints: a NumPy integer (``np.int64(3)``) or a whole
+    float is converted, an array or a traced value refused by name.
     """
 
     chain: MarkovChain = eqx.field(default_factory=_reference_chain)
     tau: jax.Array = array_field("tau (score scale)", 1.0)
     eps: jax.Array = array_field("eps (initial scale)", 1e-3)
     eta: jax.Array = array_field("eta (learning rate)", 1.0)
-    m: int = eqx.field(static=True, default=16)
-    mk: int = eqx.field(static=True, default=16)
-    init_seed: int = eqx.field(static=True, default=INIT_SEED)
+    m: int = size_field("m (embedding width)", 16)
+    mk: int = size_field("mk (query-key width)", 16)
+    init_seed: int = size_field("init_seed", INIT_SEED, minimum=0)
 
     def validate(self) -> None:
         if not isinstance(self.chain, MarkovChain):
@@ -80,28 +128,4 @@ class Setup(AbstractSetup):
         setup, finite where concrete; ``ValueError`` naming the key otherwise."""
         if initial is None:
             return self.theta0()
-        if not isinstance(initial, Mapping):
-            raise ValueError(
-                f"initial must be a dict with keys {PARAMETERS} (as setup.theta0()), got {type(initial).__name__}"
-            )
-        missing = [k for k in PARAMETERS if k not in initial]
-        extra = sorted(map(str, set(initial) - set(PARAMETERS)))
-        if missing or extra:
-            raise ValueError(
-                f"initial must be a dict with keys {PARAMETERS} (as setup.theta0()); got keys {list(initial)}"
-                + (f", missing {missing}" if missing else "")
-                + (f", unknown {extra}" if extra else "")
-            )
-        W0 = jax.numpy.shape(initial["W0"])
-        if len(W0) != 2 or W0[0] != self.d:
-            raise ValueError(f"initial['W0'] must have shape ({self.d}, m) for this chain, got {W0}")
-        d, m, mk = self.d, self.m, self.mk
-        for name, shape in (("W0", (d, m)), ("W1", (m, d)), ("WQ", (m, mk)), ("WK", (m, mk))):
-            got = jax.numpy.shape(initial[name])
-            if got != shape:
-                raise ValueError(
-                    f"initial['{name}'] must have shape {shape} for d = {d}, m = {m}, mk = {mk} (the setup's "
-                    f"widths), got {got}"
-                )
-        V.finite_tree("initial", dict(initial))
-        return dict(initial)
+        return _check_weights("initial", initial, self.d, self.m, self.mk)

@@ -24,9 +24,11 @@ from typing import Any, cast
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optimistix as optx
 
 from .. import _validate as V
+from .._errors import check_traced
 from .._jit import filter_jit
 from .._keywords import keyword_hints
 from ..ode import ODE, require_x64
@@ -34,9 +36,9 @@ from ..options import LogGrid, SaveGrid, SolverOptions
 from ..saddle import fixed_point, jacobian
 from ..stiff import AutoStiff
 from ..trajectory import Trajectory
-from .data import MarkovChain, check_pi
+from .data import MarkovChain, _check_lazy_lam, check_pi
 from .model import PARAMETERS, composites
-from .setup import Setup
+from .setup import Setup, _check_weights
 
 __all__ = [
     "DEFAULT_SAVE",
@@ -69,36 +71,126 @@ __all__ = [
 ]
 
 
+# ----------------------------------------------------------------------------- input checks
+# The public formulas below check concrete input before computing, naming the argument: a value
+# that is no array of reals (a string, a boolean, a complex number), NaN or Inf, a shape that does
+# not fit the chain's d, a tau that is not positive (as `Setup`'s), a lam outside the lazy range.
+# Traced input (jit, vmap, a sweep) is checked by shape and dtype; at a point of `attnflow.sweep`
+# a bad tau or lam fails the point with the message (`attnflow._errors.check_traced`), as the
+# same value does in `Setup` and `MarkovChain.lazy`.
+_WIDTHS = "the widths of theta['W0'] and theta['WQ']"
+
+
+def _real(name: str, value: Any) -> None:
+    """``ValueError`` naming ``name`` unless ``value`` is an array of reals (no string, boolean or
+    complex number), finite where concrete; traced values are checked by dtype."""
+    if V.any_traced(value):
+        V.floats(name, value)  # refuses a boolean or complex dtype
+        return
+    V.finite_tree(name, V.reals(name, value))
+
+
+def _shaped(name: str, value: Any, shape: tuple[int, ...], d: int) -> None:
+    """`_real`, and ``ValueError`` unless ``value`` has ``shape`` (that of the chain's ``d``)."""
+    got = jnp.shape(value)
+    if got != shape:
+        raise ValueError(f"{name} must have shape {shape} to match pi (d = {d}), got shape {got}")
+    _real(name, value)
+
+
+def _tau(tau: Any, scalar: bool = True) -> None:
+    """The score scale ``tau``: a (scalar) finite positive real, as `Setup` takes it."""
+    if scalar:
+        V.scalar("tau", tau)
+    if V.any_traced(tau):
+        V.floats("tau", tau)
+    V.positive("tau", tau)
+
+
+def _chain(chain: Any) -> MarkovChain:
+    if not isinstance(chain, MarkovChain):
+        raise ValueError(f"chain must be an attnflow.focus.MarkovChain, got {chain!r:.80}")
+    return chain
+
+
+def _theta(theta: Any, d: int | None = None) -> None:
+    """Weights ``theta`` (`attnflow.focus.PARAMETERS`) with shapes that fit ``d`` (default: the
+    rows of ``theta["W0"]``) and each other (`Setup.initial_state`'s check, widths read from
+    ``theta``)."""
+    if d is None:
+        if not isinstance(theta, Mapping) or "W0" not in theta:
+            _check_weights("theta", theta, -1, whose=_WIDTHS)  # raises, naming the type or the missing key
+        W0 = jnp.shape(theta["W0"])
+        if len(W0) != 2:
+            raise ValueError(f"theta['W0'] must be a (d, m) matrix, got shape {W0}")
+        d = W0[0]
+    _check_weights("theta", theta, d, whose=_WIDTHS)
+
+
+def _lam(lam: Any, pi: Any) -> None:
+    """The laziness ``lam`` within the range of the lazy chain on ``pi`` (`_check_lazy_lam`),
+    entrywise for an array."""
+    _real("lam", lam)
+    _check_lazy_lam(pi, lam)
+
+
 # ----------------------------------------------------------------------------- population loss and flow
-def attention(theta: dict, pi: Any, tau: Any = 1.0) -> jax.Array:
-    """(P1): the long-context attention ``A_qk = pi_k e^{tau Phi_qk} / sum_l pi_l e^{tau Phi_ql}``,
-    shape (d, d), rows indexed by the query token."""
+def _attention(theta: dict, pi: Any, tau: Any) -> jax.Array:
     _, Phi = composites(theta)
     return jax.nn.softmax(tau * Phi + jnp.log(pi)[None, :], axis=-1)
 
 
-def population_loss(theta: dict, chain: MarkovChain, tau: Any = 1.0) -> jax.Array:
-    """(P2): ``L = -<Pi P, log softmax_row(A M)>``, the infinite-context next-token loss."""
+def attention(theta: dict, pi: Any, tau: Any = 1.0) -> jax.Array:
+    """(P1): the long-context attention ``A_qk = pi_k e^{tau Phi_qk} / sum_l pi_l e^{tau Phi_ql}``,
+    shape (d, d), rows indexed by the query token. Concrete input is checked: ``pi`` a
+    probability vector, ``theta`` weights that fit its ``d``, ``tau`` a positive number."""
+    pi = _law(pi)
+    _theta(theta, pi.shape[0])
+    _tau(tau)
+    return _attention(theta, pi, tau)
+
+
+def _population_loss(theta: dict, chain: MarkovChain, tau: Any) -> jax.Array:
     M, _ = composites(theta)
-    Z = attention(theta, chain.pi, tau) @ M
+    Z = _attention(theta, chain.pi, tau) @ M
     return -jnp.sum(chain.pi[:, None] * chain.P * jax.nn.log_softmax(Z, axis=-1))
 
 
-def gradient_blocks(theta: dict, chain: MarkovChain, tau: Any = 1.0) -> tuple[jax.Array, jax.Array]:
-    """(P3): ``(G_M, G_Phi)``, the gradients of the loss with respect to the composites ``M`` and
-    ``Phi`` (each (d, d); ``G_Phi`` includes the factor ``tau``). Both vanish at a critical
-    point of the composites (the Stage IV point at ``delta = 0``)."""
+def population_loss(theta: dict, chain: MarkovChain, tau: Any = 1.0) -> jax.Array:
+    """(P2): ``L = -<Pi P, log softmax_row(A M)>``, the infinite-context next-token loss.
+    ``ValueError`` before computing when ``chain`` is no `MarkovChain`, the shapes of ``theta``
+    do not fit its ``d`` (or each other), a concrete weight is NaN or Inf, or ``tau`` is not a
+    positive number."""
+    _theta(theta, _chain(chain).d)
+    _tau(tau)
+    return _population_loss(theta, chain, tau)
+
+
+def _gradient_blocks(theta: dict, chain: MarkovChain, tau: Any) -> tuple[jax.Array, jax.Array]:
     M, _ = composites(theta)
-    A = attention(theta, chain.pi, tau)
+    A = _attention(theta, chain.pi, tau)
     G_Z = chain.pi[:, None] * (jax.nn.softmax(A @ M, axis=-1) - chain.P)
     G_A = G_Z @ M.T
     return A.T @ G_Z, tau * A * (G_A - jnp.sum(A * G_A, axis=1, keepdims=True))
 
 
+def gradient_blocks(theta: dict, chain: MarkovChain, tau: Any = 1.0) -> tuple[jax.Array, jax.Array]:
+    """(P3): ``(G_M, G_Phi)``, the gradients of the loss with respect to the composites ``M`` and
+    ``Phi`` (each (d, d); ``G_Phi`` includes the factor ``tau``). Both vanish at a critical
+    point of the composites (the Stage IV point at ``delta = 0``). Input checked as by
+    `population_loss`."""
+    _theta(theta, _chain(chain).d)
+    _tau(tau)
+    return _gradient_blocks(theta, chain, tau)
+
+
 def population_grads(theta: dict, chain: MarkovChain, tau: Any = 1.0) -> dict[str, jax.Array]:
-    """(P4): the closed-form gradients of `population_loss` (equal to ``jax.grad`` to round-off)."""
+    """(P4): the closed-form gradients of `population_loss` (equal to ``jax.grad`` to round-off).
+    Input checked as by `population_loss`."""
+    _theta(theta, _chain(chain).d)
+    _tau(tau)
     W0, W1, WQ, WK = (theta[k] for k in PARAMETERS)
-    G_M, G_Phi = gradient_blocks(theta, chain, tau)
+    G_M, G_Phi = _gradient_blocks(theta, chain, tau)
     return {
         "W0": G_M @ W1.T + G_Phi @ W0 @ WK @ WQ.T + G_Phi.T @ W0 @ WQ @ WK.T,
         "W1": W0.T @ G_M,
@@ -116,7 +208,9 @@ def flow_field(t: Any, theta: dict, setup: Setup) -> dict[str, jax.Array]:
 
 def conserved(theta: dict) -> dict[str, jax.Array]:
     """(P5): ``C_m = W0^T W0 - W1 W1^T - WQ WQ^T - WK WK^T`` (m, m) and
-    ``C_k = WQ^T WQ - WK^T WK`` (mk, mk), constant along the flow (P6)."""
+    ``C_k = WQ^T WQ - WK^T WK`` (mk, mk), constant along the flow (P6). ``theta`` is checked
+    as by `population_loss` (shapes that fit each other, finite where concrete)."""
+    _theta(theta)
     W0, W1, WQ, WK = (theta[k] for k in PARAMETERS)
     return {"C_m": W0.T @ W0 - W1 @ W1.T - WQ @ WQ.T - WK @ WK.T, "C_k": WQ.T @ WQ - WK.T @ WK}
 
@@ -262,9 +356,22 @@ def reduced_conserved(y: dict) -> dict[str, jax.Array]:
     }
 
 
+_REDUCED = ("gamma", "beta", "lam_q", "lam_k")
+
+
 def reduced_loss(y: dict, chain: MarkovChain, tau: Any = 1.0) -> jax.Array:
-    """The population loss (P2) of the rank-one state ``y`` (`theta_from_reduced`)."""
-    return population_loss(theta_from_reduced(y), chain, tau)
+    """The population loss (P2) of the rank-one state ``y`` (`theta_from_reduced`). ``ValueError``
+    before computing unless ``y`` has the keys ``gamma``, ``beta`` (each of shape ``(d,)``, the
+    chain's ``d``), ``lam_q`` and ``lam_k`` (numbers), reals and finite where concrete, and
+    ``tau`` is a positive number."""
+    d = _chain(chain).d
+    if not isinstance(y, Mapping) or set(y) != set(_REDUCED):
+        got = sorted(map(str, y)) if isinstance(y, Mapping) else type(y).__name__
+        raise ValueError(f"y must be a reduced state with keys {sorted(_REDUCED)}, got {got}")
+    for name, shape in (("gamma", (d,)), ("beta", (d,)), ("lam_q", ()), ("lam_k", ())):
+        _shaped(f"y['{name}']", y[name], shape, d)
+    _tau(tau)
+    return _population_loss(theta_from_reduced(y), chain, tau)
 
 
 def reduced_gradient(t: Any, y: dict, setup: Setup) -> dict[str, jax.Array]:
@@ -278,7 +385,9 @@ def rank_one_part(theta: dict) -> dict[str, jax.Array]:
     """The rank-one coordinates of a full state: ``a1 = v1(W0)`` (top right singular vector),
     ``gamma = W0 a1``, ``beta = W1^T a1``, ``lam_q = a1^T WQ u``, ``lam_k = a1^T WK u`` with
     ``u = v1(WQ)``. Exact on the invariant set ``W0 = gamma alpha^T``, ``W1 = alpha beta^T``,
-    ``W_{Q,K} = lam_{q,k} alpha u^T`` (R5); a warm start for `degenerate_point` elsewhere."""
+    ``W_{Q,K} = lam_{q,k} alpha u^T`` (R5); a warm start for `degenerate_point` elsewhere.
+    ``theta`` is checked as by `conserved`."""
+    _theta(theta)
     a1 = jnp.linalg.svd(theta["W0"], full_matrices=False)[2][0]
     u = jnp.linalg.svd(theta["WQ"], full_matrices=False)[2][0]
     return {
@@ -311,13 +420,38 @@ def sigma(pi: Any) -> jax.Array:
     return jnp.linalg.norm(pi) * jnp.linalg.norm(pi - 1.0 / pi.shape[0])
 
 
+def _alpha(alpha: Any) -> None:
+    """``alpha`` a vector of ``R^m`` that can be normalised: 1-D, real, finite, of nonzero finite
+    norm (a traced one fails a sweep point where it is not)."""
+    shape = jnp.shape(alpha)
+    if len(shape) != 1 or shape[0] < 1:
+        raise ValueError(
+            f"alpha must be a vector of R^m (1-D, m >= 1: theta_c^1 has width m = alpha.size), got shape {shape}"
+        )
+    _real("alpha", alpha)
+    if V.any_traced(alpha):
+        check_traced(
+            lambda: ~((jnp.linalg.norm(alpha) > 0) & jnp.isfinite(jnp.linalg.norm(alpha))),
+            "alpha must be a finite nonzero vector (it is normalised to alpha / |alpha|)",
+        )
+        return
+    norm = float(np.linalg.norm(np.asarray(alpha, dtype=float)))
+    if not 0 < norm < np.inf:
+        raise ValueError(
+            f"alpha must have a nonzero finite norm (it is normalised to alpha / |alpha|), got |alpha| = {norm:g} "
+            f"for alpha = {V.show(alpha)}"
+        )
+
+
 def critical_point_c1(pi: Any, alpha: Any) -> dict[str, jax.Array]:
     """(R2): the condensation point ``theta_c^1``: ``W0 = gamma alpha^T``, ``W1 = alpha beta^T``,
     ``W_{Q,K} = 0`` with ``gamma = a pi/|pi|``, ``beta = a ell/|ell|``, ``a^2 = |ell|/|pi|``;
     ``alpha`` is normalised to a unit vector of ``R^m`` (``m = alpha.size``, and ``mk = m``).
     Returns the four matrices and ``gamma``, ``beta``, ``a2``. The output there is the
-    unigram law: ``G_M = 0`` and ``L = H(pi)``."""
+    unigram law: ``G_M = 0`` and ``L = H(pi)``. ``ValueError`` before computing unless ``pi``
+    is a probability vector and ``alpha`` a 1-D real vector of nonzero finite norm."""
     pi = _law(pi)
+    _alpha(alpha)
     alpha = jnp.asarray(alpha, dtype=pi.dtype)
     alpha = alpha / jnp.linalg.norm(alpha)
     ell = centred_log_pi(pi)
@@ -338,8 +472,16 @@ def critical_point_c1(pi: Any, alpha: Any) -> dict[str, jax.Array]:
 
 def attention_rate(pi: Any, P: Any, tau: Any, gamma: Any, beta: Any) -> jax.Array:
     """(R3): the general Stage II rate ``c = tau Var_pi(gamma) Cov_{pi,P}(gamma(X_t), beta(X_{t+1}))``
-    (the unstable eigenvalue of the attention block at a rank-one critical point)."""
+    (the unstable eigenvalue of the attention block at a rank-one critical point).
+    ``ValueError`` before computing unless ``pi`` is a probability vector of length ``d``,
+    ``P`` a real ``(d, d)`` matrix, ``gamma`` and ``beta`` real vectors of length ``d`` (all
+    finite where concrete) and ``tau`` positive (a number or an array)."""
     pi = _law(pi)
+    d = pi.shape[0]
+    _shaped("P", P, (d, d), d)
+    _shaped("gamma", gamma, (d,), d)
+    _shaped("beta", beta, (d,), d)
+    _tau(tau, scalar=False)
     P, gamma, beta = map(jnp.asarray, (P, gamma, beta))
     var = jnp.sum(pi * gamma**2) - jnp.sum(pi * gamma) ** 2
     cov = jnp.sum(pi * gamma * (P @ beta)) - jnp.sum(pi * gamma) * jnp.sum(pi * beta)
@@ -348,8 +490,14 @@ def attention_rate(pi: Any, P: Any, tau: Any, gamma: Any, beta: Any) -> jax.Arra
 
 def attention_rate_lazy(pi: Any, lam: Any, tau: Any = 1.0) -> jax.Array:
     """(R4): the lazy-chain closed form of (R3) at ``theta_c^1``,
-    ``c = tau lam |ell| Var_pi(pi) Cov_pi(pi, log pi) / |pi|^5``."""
+    ``c = tau lam |ell| Var_pi(pi) Cov_pi(pi, log pi) / |pi|^5``. ``lam`` (a number or an
+    array, entrywise) must lie in the range of the lazy chain on ``pi`` (`MarkovChain.lazy`):
+    ``[-min_k pi_k / (1 - pi_k), 1]``; ``tau`` (a number or an array) must be positive.
+    ``ValueError`` naming the argument before computing (NaN, booleans, complex numbers
+    included); traced values fail a sweep point instead."""
     pi = _law(pi)
+    _lam(lam, pi)
+    _tau(tau, scalar=False)
     ell = centred_log_pi(pi)
     var = jnp.sum(pi**3) - jnp.sum(pi**2) ** 2
     cov = jnp.sum(pi**2 * jnp.log(pi)) - jnp.sum(pi**2) * jnp.sum(pi * jnp.log(pi))
@@ -359,7 +507,11 @@ def attention_rate_lazy(pi: Any, lam: Any, tau: Any = 1.0) -> jax.Array:
 def transverse_rate(G_M: Any) -> jax.Array:
     """(R7): the Stage IV rate ``mu_perp = sigma_max(G_M)`` of a direction orthogonal to the
     rank-one manifold, evaluated at the degenerate point ``theta_delta`` (`degenerate_point`,
-    ``G_M`` from `gradient_blocks`); ``Theta(delta)`` for a ``delta``-perturbed ``pi``."""
+    ``G_M`` from `gradient_blocks`); ``Theta(delta)`` for a ``delta``-perturbed ``pi``.
+    ``ValueError`` unless ``G_M`` is a real matrix, finite where concrete."""
+    if len(jnp.shape(G_M)) != 2:
+        raise ValueError(f"G_M must be a (d, d) matrix, got shape {jnp.shape(G_M)}")
+    _real("G_M", G_M)
     return jnp.linalg.svd(jnp.asarray(G_M), compute_uv=False)[0]
 
 

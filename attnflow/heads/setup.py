@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import _validate as V
 from .._jit import filter_jit
-from ..setup import AbstractSetup, array_field
+from ..setup import AbstractSetup, array_field, size_field
 from .data import FlippedSpike, Prior, Target, TokenTarget
 from .model import Activation, Softmax
 
@@ -268,10 +268,10 @@ class Setup(AbstractSetup):
     weight_decay: jax.Array = array_field("weight_decay", 0.0)
     target: Target = eqx.field(default_factory=TokenTarget)
     init: InitialCondition = eqx.field(default_factory=FiniteDDraw)
-    L: int = eqx.field(static=True, default=4)
-    H: int = eqx.field(static=True, default=2)
+    L: int = size_field("L (tokens)", 4, minimum=2)
+    H: int = size_field("H (heads)", 2)
     sgd_noise: bool = eqx.field(static=True, default=True)
-    minibatch: int = eqx.field(static=True, default=1)
+    minibatch: int = size_field("minibatch", 1)
 
     def validate(self) -> None:
         if not isinstance(self.prior, Prior):

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import _validate as V
 from .._errors import check_traced
-from ..setup import AbstractSetup, array_field
+from ..setup import AbstractSetup, array_field, size_field
 from .data import COUNTS, QUERY_MODES, TheoryTask
 from .model import PARAMETRISATIONS, QKOVModel, make_aligned
 
@@ -121,11 +121,11 @@ class Setup(AbstractSetup):
     qk_factor_ratio: jax.Array = array_field("qk_factor_ratio (eta_Q / eta_K)", 1.0)
     ov_factor_ratio: jax.Array = array_field("ov_factor_ratio (eta_O / eta_V)", 1.0)
     parametrisation: str = eqx.field(static=True, default="CACO")
-    m: int = eqx.field(static=True, default=5)
-    n: int = eqx.field(static=True, default=50)
-    b: int = eqx.field(static=True, default=4)
-    M: int = eqx.field(static=True, default=4)
-    n_common: int = eqx.field(static=True, default=400)
+    m: int = size_field("m (distinct positions)", 5)
+    n: int = size_field("n (common positions)", 50)
+    b: int = size_field("b (distinct tokens per class)", 4)
+    M: int = size_field("M (classes)", 4, minimum=2)
+    n_common: int = size_field("n_common (common tokens |C|)", 400)
     query_mode: str = eqx.field(static=True, default="distinct_uniform")
     counts: str = eqx.field(static=True, default="fixed")
     common_correction: bool = eqx.field(static=True, default=False)
