@@ -18,12 +18,20 @@ command and the tests. Clear it with ``attnflow cache --clear`` or `clear_compil
 Several processes may share the folder (the test suite's workers, the shards of a sweep on a
 cluster): JAX reads an entry that another process is still writing as an error, warns, and
 compiles that program itself.
+
+A folder this process cannot write in (a shared cache made read-only) is used for reading
+only: one warning says so, and JAX is told to write no entry (it would otherwise warn once for
+every program it compiles).
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import shutil
+import tempfile
+import warnings
 from pathlib import Path
 
 import jax
@@ -61,10 +69,13 @@ def cache_dir() -> Path | None:
 def use_compilation_cache(path: str | os.PathLike | None = None) -> Path | None:
     """Turn on JAX's persistent compilation cache in ``path`` (default: `cache_dir`).
 
-    Changes JAX's process-wide configuration (``jax_compilation_cache_dir``): call it once at
-    the start of a program. Returns the folder, or ``None`` when ``$ATTNFLOW_CACHE`` turns
-    the cache off and no ``path`` is given. A folder that cannot be created is left alone
-    (the cache stays off) and ``None`` is returned.
+    Changes JAX's process-wide configuration (``jax_compilation_cache_dir``,
+    ``jax_persistent_cache_min_compile_time_secs``): call it once at the start of a program.
+    Returns the folder, or ``None`` when ``$ATTNFLOW_CACHE`` turns the cache off and no ``path``
+    is given. A folder that cannot be created is left alone (the cache stays off) and ``None``
+    is returned. A folder that exists but cannot be written in is used read-only: the programs
+    in it are loaded, none compiled now is saved (the minimum compile time to save one is set
+    to infinity, so that JAX does not try and warn for each), and one `UserWarning` says so.
     """
     folder = Path(path).expanduser() if path is not None else cache_dir()
     if folder is None:
@@ -73,9 +84,29 @@ def use_compilation_cache(path: str | os.PathLike | None = None) -> Path | None:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError:
         return None
+    writable = _writable(folder)
     jax.config.update("jax_compilation_cache_dir", str(folder))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS if writable else math.inf)
+    if not writable:
+        warnings.warn(
+            f"the compilation cache {folder} is read-only: programs compiled now are not saved in it (reading "
+            f"the programs it holds still works); set ${CACHE_ENV} to a folder you can write in to keep them",
+            stacklevel=2,
+        )
     return folder
+
+
+def _writable(folder: Path) -> bool:
+    """Whether this process can create a file in ``folder`` (a file made and removed: permission
+    bits, a read-only mount and access control lists all count)."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".attnflow-probe-", dir=folder)
+    except OSError:
+        return False
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(name)
+    return True
 
 
 def clear_compilation_cache(path: str | os.PathLike | None = None) -> int:

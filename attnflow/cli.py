@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import itertools
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -213,23 +214,36 @@ def _check_out(text: str) -> Path:
 
 
 def _check_replaceable(out: Path, names: list[str]) -> None:
-    """``UsageError`` before computing when ``out/NAME`` exists and is not a result of a run (a
-    folder with a ``summary.json``, or an empty one): a run replaces the folder, and would delete
-    the user's own files in it."""
+    """``UsageError`` before computing when ``out/NAME`` exists and is not a result of a run of
+    experiment NAME (a folder with a ``summary.json`` that names no other registered experiment,
+    or an empty folder), or cannot be moved aside: a run replaces the folder, and would delete the
+    user's own files, or another experiment's result, in it, or fail once it has computed
+    everything."""
+    from .report import experiments
+
     for name in names:
         path = out / name
         if not path.exists() and not path.is_symlink():
             continue
         if path.is_dir() and not path.is_symlink() and (path / "summary.json").is_file():
-            foreign = _foreign_files(path)
+            summary = _read_summary(path)
+            other = summary.get("name")
+            if isinstance(other, str) and other != name and other in experiments():
+                raise UsageError(
+                    f"--out {str(out)!r}: {str(path)!r} holds the result of another experiment, {other} (its "
+                    f"summary.json says so); a run of {name} replaces that folder: move it, or choose another --out"
+                )
+            foreign = _foreign_files(path, summary)
             if foreign:
                 shown = ", ".join(repr(f) for f in foreign[:3]) + (", ..." if len(foreign) > 3 else "")
                 raise UsageError(
                     f"--out {str(out)!r}: {str(path)!r} holds files the run did not write ({shown}); a run replaces "
                     "that folder and would delete them: move them, or choose another --out"
                 )
+            _check_movable(out, path)
             continue
         if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+            _check_movable(out, path)
             continue
         raise UsageError(
             f"--out {str(out)!r}: {str(path)!r} exists and is not the result of a run (no summary.json in it); "
@@ -237,15 +251,47 @@ def _check_replaceable(out: Path, names: list[str]) -> None:
         )
 
 
-def _foreign_files(folder: Path) -> list[str]:
-    """The entries of a run's folder that its ``summary.json`` does not list (the user's own
-    files), sorted; none when the summary lists no files (a run of an older attnflow)."""
+def _check_movable(out: Path, folder: Path) -> None:
+    """A run moves the old ``out/NAME`` aside into a folder of ``out`` before moving its own in: a
+    folder moved to another parent needs write permission on itself (its ``..`` entry changes)."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(
+            f"--out {str(out)!r}: cannot replace {str(folder)!r}, the result of an earlier run: it is read-only "
+            "(permission denied), and a run moves that folder aside: make it writable, or choose another --out"
+        )
+
+
+def _check_sweeps_writable(out: Path, folder: Path) -> None:
+    """The sweeps of a run save their chunks in ``folder`` (``OUT/.attnflow-sweeps/NAME``) and its
+    ``sweep-k`` folders: each of them that exists, or else the nearest folder above it that does,
+    must be writable, checked before computing (a chunk that cannot be saved fails the run after
+    its first chunk)."""
+    existing = [folder, *(d for d in sorted(folder.iterdir()) if d.is_dir())] if folder.is_dir() else []
+    if not existing:
+        existing = [next(p for p in folder.parents if p.exists())]
+    for d in existing:
+        if not os.access(d, os.W_OK | os.X_OK):
+            raise UsageError(
+                f"--out {str(out)!r}: cannot write the sweep chunks in {str(d)!r} (permission denied): make it "
+                "writable, or choose another --out"
+            )
+
+
+def _read_summary(folder: Path) -> dict:
+    """``folder/summary.json`` as a dict; empty when it cannot be read or is not a JSON object."""
     import json
 
     try:
-        files = json.loads((folder / "summary.json").read_text()).get("files")
-    except (OSError, ValueError, AttributeError):
-        return []
+        data = json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _foreign_files(folder: Path, summary: dict) -> list[str]:
+    """The entries of a run's folder that its ``summary.json`` (``summary``) does not list (the user's
+    own files), sorted; none when the summary lists no files (a run of an older attnflow)."""
+    files = summary.get("files")
     if not isinstance(files, dict):
         return []
     ours = {"summary.json", "summary.md", *files.get("figures", [])}
@@ -267,6 +313,9 @@ _STAGED: list[Path] = []
 _CREATED: list[Path] = []
 # the sweep folder of a plain run that made it: removed by the error boundary if it holds no chunk
 _RESUME: list[Path] = []
+# the sweep folder of a --shard run, with the number of chunks in it when the run started: the
+# error boundary names it if the run added chunks (kept for the same command, and --merge)
+_SHARDED: list[tuple[Path, int]] = []
 
 
 def _staging(out: Path) -> Path:
@@ -422,9 +471,17 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
         kept = _kept_chunks()
+        sharded = bool(_SHARDED)
         _cleanup()
         what = "terminated (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
-        if kept:
+        if kept and sharded:
+            print(
+                f"attnflow: {what}; --out is unchanged but for the sweep chunks this shard finished, kept in "
+                f"{kept[0]}: run the same command again to go on from them ({shlex.join(_COMMAND)})",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif kept:
             print(
                 f"attnflow: {what}; --out is unchanged but for the finished sweep chunks kept in {kept[0]}: "
                 "run the same command again to go on from them",
@@ -474,6 +531,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         return EXIT_FAILED if failed else EXIT_BAD_INPUT
     finally:
+        _SHARDED.clear()
         if in_main_thread:
             warnings.formatwarning = show
         for signum, handler in handlers.items():
@@ -496,12 +554,17 @@ def _cleanup() -> None:
 
 
 def _kept_chunks() -> list[Path]:
-    """The sweep folders of this run that hold finished chunks (kept for a rerun)."""
-    return [d for d in _RESUME if _holds_chunks(d)]
+    """The sweep folders of this run that hold finished chunks (kept for a rerun): a plain run's, or
+    a shard's that this run added chunks to."""
+    return [d for d in _RESUME if _holds_chunks(d)] + [d for d, n in _SHARDED if _count_chunks(d) > n]
 
 
 def _holds_chunks(folder: Path) -> bool:
     return folder.is_dir() and any(folder.rglob("chunk_*.npz"))
+
+
+def _count_chunks(folder: Path) -> int:
+    return sum(1 for _ in folder.rglob("chunk_*.npz")) if folder.is_dir() else 0
 
 
 def _remove_sweeps(folder: Path) -> None:
@@ -599,6 +662,8 @@ def _main(args) -> int:
                 f"(attnflow run {exp.name} --shard I/N --out {out})"
             )
         _check_saved_options(sweeps, exp.name, config)
+        if sweeping is not False:
+            _check_sweeps_writable(out, sweeps)
         if shard is not None:
             return _run_shard(exp, overrides, config, shard, sweeps, args)
         stage = _staging(out)
@@ -713,8 +778,6 @@ def _parse_shard(text: str | None, merge: bool):
 def _show_options(exp) -> str:
     """The lines of ``attnflow show NAME``: each option as ``--set`` takes it, with its default,
     its type and, where the configuration class says, its meaning."""
-    import shlex
-
     from .report import format_value
 
     notes = exp.option_notes()
@@ -767,8 +830,6 @@ def _sweeps_in(folder: Path, name: str, config, shard=None, chunk_size=None):
 def _run_shard(exp, overrides, config, shard, folder: Path, args) -> int:
     """Run the experiment with every sweep sharded into ``folder``; stops at the first sweep that
     lacks other shards' chunks. Exit status 0 either way; one line says what was done and what next."""
-    import shlex
-
     from .sweep import ShardPending
 
     if not args.quiet:
@@ -777,6 +838,7 @@ def _run_shard(exp, overrides, config, shard, folder: Path, args) -> int:
     merge = shlex.join(["attnflow", "run", exp.name, *sets, "--out", args.out, "--merge"])
     head = f"[attnflow] {exp.name} shard {shard}"
     (folder / PLAIN).unlink(missing_ok=True)  # chunks of an interrupted plain run: now the shards' to share
+    _SHARDED.append((folder, _count_chunks(folder)))
     try:
         with _sweeps_in(folder, exp.name, config, shard, args.chunk_size) as log:
             exp.run(overrides, quiet=args.quiet)

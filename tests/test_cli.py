@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -622,3 +623,156 @@ def test_a_single_check_is_said_in_the_singular(tmp_path):
     assert rep.markdown().startswith("# one-check\n\nResult: **the one check FAILED**.\n")
     rep.check("other", 0.0, 1.0)
     assert rep.markdown().startswith("# one-check\n\nResult: **1 of 2 checks FAILED**.\n")
+
+
+def test_focus_rates_measures_c_at_an_eps_whose_old_window_was_empty(tmp_path):
+    """eps = 0.002 left the old Stage II window [10 q+(0), 0.05] empty (q+(0) = 0.0054): the check
+    failed and advised raising n_save. The window starts at q+(0) now (the start lies on the unstable
+    mode, so q+ grows as e^{ct} from t = 0): measured, c within 0.042% of the closed form."""
+    argv = ["run", "focus-rates", "--set", "lams=[0.5]", "--set", "taus=[1.0]", "--set", "eps=0.002"]
+    assert main([*argv, "--out", str(tmp_path), "--quiet"]) == 0
+    summary = json.loads((tmp_path / "focus-rates" / "summary.json").read_text())
+    [[_, _, two_sigma, two_sigma_meas, c, c_meas]] = next(iter(summary["summary"].values()))
+    assert abs(c_meas / c - 1) < 1e-3 and abs(two_sigma_meas / two_sigma - 1) < 0.01
+    assert summary["passed"] and summary["notes"] == []
+
+
+def _deny_writing(monkeypatch, *folders):
+    """``os.access`` says ``folders`` are not writable, as for a user without write permission
+    (root ignores file modes, so a test cannot rely on them)."""
+    real, denied = os.access, {os.path.abspath(f) for f in folders}
+
+    def access(path, mode, *args, **kwargs):
+        if mode & os.W_OK and os.path.abspath(path) in denied:
+            return False
+        return real(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "access", access)
+
+
+def _old_result(out, experiment, **fields):
+    """``out/experiment``, as a run of it leaves it (``fields`` replace those of its summary.json)."""
+    folder = out / experiment
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"name": experiment, "files": {}, **fields}))
+    return folder
+
+
+def test_an_old_result_that_cannot_be_moved_is_refused_before_computing(tmp_path, capsys, monkeypatch):
+    """It used to fail after the whole run, with a raw "[Errno 13] Permission denied" of the rename."""
+    old = _old_result(tmp_path, "deep-linear")
+    _deny_writing(monkeypatch, old)
+    assert main(["run", "deep-linear", "--out", str(tmp_path), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"attnflow: error: --out {str(tmp_path)!r}: cannot replace {str(old)!r}, the result of an earlier run: it "
+        "is read-only (permission denied), and a run moves that folder aside: make it writable, or choose another "
+        "--out"
+    )
+    assert json.loads((old / "summary.json").read_text()) == {"name": "deep-linear", "files": {}}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deep-linear"]  # nothing staged, nothing left
+
+
+def test_a_sweep_folder_that_cannot_be_written_is_refused_before_computing(tmp_path, capsys, monkeypatch):
+    sweeps = tmp_path / ".attnflow-sweeps" / "focus-rates"
+    sweeps.mkdir(parents=True)
+    _deny_writing(monkeypatch, sweeps)
+    for extra in (["--shard", "1/2"], []):
+        assert main(["run", "focus-rates", *extra, "--out", str(tmp_path), "--quiet"]) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"attnflow: error: --out {str(tmp_path)!r}: cannot write the sweep chunks in {str(sweeps)!r} "
+            "(permission denied): make it writable, or choose another --out"
+        )
+    assert list(sweeps.iterdir()) == []
+
+
+def test_another_experiments_result_is_not_replaced(tmp_path, capsys):
+    """OUT/deep-linear holding focus-rates' result (its summary.json names it) used to be replaced
+    without a word."""
+    other = _old_result(tmp_path, "deep-linear", name="focus-rates")
+    assert main(["run", "deep-linear", "--out", str(tmp_path), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"attnflow: error: --out {str(tmp_path)!r}: {str(other)!r} holds the result of another experiment, "
+        "focus-rates (its summary.json says so); a run of deep-linear replaces that folder: move it, or choose "
+        "another --out"
+    )
+    assert json.loads((other / "summary.json").read_text())["name"] == "focus-rates"
+
+
+_CACHE_LAB = """
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+from attnflow.report import Report, register
+
+
+@dataclass(frozen=True)
+class Cfg:
+    n: int = 4
+
+
+@register("ro-cache-lab", config=Cfg, description="compiles n small programs", sweeps=False)
+def lab(cfg, quiet):
+    rep = Report("ro-cache-lab", cfg)
+    total = sum(float(jax.jit(lambda x, k=k: jnp.sin(x) * k + k)(1.0)) for k in range(1, cfg.n + 1))
+    expected = sum(k * (0.8414709848078965 + 1) for k in range(1, cfg.n + 1))  # sin(1) = 0.84147...
+    rep.check("the programs ran (|total - expected|)", abs(total - expected), 1e-9)
+    return rep
+"""
+
+
+def test_a_read_only_compilation_cache_is_one_warning(tmp_path):
+    """It used to print one "Error writing persistent compilation cache entry" warning per program
+    compiled (30 in a focus-rates run), copied into the summary's notes."""
+    (tmp_path / "lab.py").write_text(_CACHE_LAB)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    cache.chmod(0o555)
+    command = [sys.executable, "-m", "attnflow.cli", "run", "ro-cache-lab", "--import", str(tmp_path / "lab.py")]
+    command += ["--out", str(tmp_path / "out"), "--quiet"]
+    if os.geteuid() == 0:  # root writes in a read-only folder: run without that capability
+        if not shutil.which("setpriv"):
+            pytest.skip("running as root without setpriv: no folder is read-only to this process")
+        drop = "-dac_override,-dac_read_search"
+        command = ["setpriv", f"--bounding-set={drop}", f"--inh-caps={drop}", *command]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(MPLBACKEND="Agg", ATTNFLOW_CACHE=str(cache))
+    try:
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        cache.chmod(0o755)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip() == (
+        f"attnflow: warning: the compilation cache {cache} is read-only: programs compiled now are not saved in it "
+        "(reading the programs it holds still works); set $ATTNFLOW_CACHE to a folder you can write in to keep them"
+    )
+    summary = json.loads((tmp_path / "out" / "ro-cache-lab" / "summary.json").read_text())
+    assert summary["passed"] and summary["notes"] == [] and summary["compilations"]["count"] >= 4
+    assert list(cache.iterdir()) == []
+
+
+def test_use_compilation_cache_only_reads_a_folder_it_cannot_write(tmp_path, monkeypatch):
+    """`use_compilation_cache` stores every program in a writable folder and none (without a warning
+    per program) in one it cannot write in; JAX's configuration is not touched here (recorded)."""
+    import math
+    import warnings
+
+    from attnflow import cache as cache_module
+
+    calls = {}
+    monkeypatch.setattr(cache_module.jax.config, "update", lambda key, value: calls.__setitem__(key, value))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cache_module.use_compilation_cache(tmp_path / "rw") == tmp_path / "rw"
+    assert calls == {
+        "jax_compilation_cache_dir": str(tmp_path / "rw"),
+        "jax_persistent_cache_min_compile_time_secs": cache_module.MIN_COMPILE_SECONDS,
+    }
+    monkeypatch.setattr(cache_module, "_writable", lambda folder: False)
+    with pytest.warns(UserWarning, match=r"^the compilation cache .*/ro is read-only: programs compiled now") as seen:
+        cache_module.use_compilation_cache(tmp_path / "ro")
+    assert len(seen) == 1 and calls["jax_persistent_cache_min_compile_time_secs"] == math.inf
+    assert calls["jax_compilation_cache_dir"] == str(tmp_path / "ro")

@@ -134,3 +134,31 @@ def test_ctrl_c_keeps_the_finished_chunks_and_the_rerun_loads_them(tiny, tmp_pat
     assert main([*argv[:-1]]) == 0
     assert "1 of the 2 sweep chunks were loaded" in capsys.readouterr().err
     assert not (out / ".attnflow-sweeps").exists()
+
+
+def test_an_interrupted_shard_names_its_kept_chunks_and_the_command_to_go_on(tiny, tmp_path, capsys):
+    """An interrupted --shard run used to say "--out is unchanged", though its finished chunks were
+    kept for the merge and the same command goes on from them."""
+    out = tmp_path / "out"
+    folder = out / ".attnflow-sweeps" / tiny
+    chunk = folder / "sweep-1" / "chunk_00000.npz"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(MPLBACKEND="Agg", **{FAIL_ENV: "sleep"})
+    argv = ["run", tiny, "--set", "n=4", "--shard", "1/1", "--out", str(out), "--quiet"]
+    proc = subprocess.Popen([sys.executable, "-c", _SCRIPT, *argv], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not chunk.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    command = f"attnflow run {tiny} --set n=4 --shard 1/1 --out {out} --quiet"
+    assert err.strip() == (
+        f"attnflow: interrupted; --out is unchanged but for the sweep chunks this shard finished, kept in {folder}: "
+        f"run the same command again to go on from them ({command})"
+    )
+    assert chunk.exists()
+    # the same command goes on: the first sweep is loaded, only the second one's chunk is computed
+    assert main(argv) == 0
+    assert f"{tiny} shard 1/1: computed 1 chunk(s); all 2 sweep(s) are complete in {folder}" in capsys.readouterr().out

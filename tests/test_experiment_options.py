@@ -57,6 +57,25 @@ BAD = [
     ("focus-rates", {"n_save": "0"}, r"n_save must be an integer >= 2, got 0$"),
     ("focus-rates", {"pi": "[0.5, 0.5]"}, r"pi must not be uniform"),
     ("focus-corpus", {"corpora": '["a.txt"]'}, r"corpora entry 'a\.txt' must be 'FILE:TOKENIZER'"),
+    (
+        "focus-rates",
+        {"eps": "0.005"},
+        r"eps = 0\.005 is too large to measure the rates: the Stage I rate 2 sigma is fit while \|M\| grows from "
+        r"30 \|M\(0\)\| = 0\.00853 to 0\.01, the linear regime, and needs a growth by 3 there; with m = 8, mk = 8 "
+        r"that holds for eps <= 0\.00312: give a smaller eps$",
+    ),
+    (
+        "focus-rates",
+        {"eps": "0.003", "mk": "64"},
+        r"eps = 0\.003 is too large to measure the rates: the Stage II rate c is fit while q\+ grows from "
+        r"q\+\(0\) = 0\.0237 to 0\.05, the linear regime, and needs a growth by 3 there; with m = 8, mk = 64 that "
+        r"holds for eps <= 0\.0021: give a smaller eps$",
+    ),
+    (
+        "focus-cycle",
+        {"eps": "0.005"},
+        r"eps = 0\.005 is too large .* with m = 16, mk = 16 that holds for eps <= 0\.00319:",
+    ),
     ("focus-symmetry", {"deltas": "[0, 0.2]"}, r"deltas must lie in \(-0\.0833333, 0\.0833333\) .*got \[0\.0, 0\.2\]$"),
     ("focus-symmetry", {"threshold": "1"}, r"threshold must exceed 1"),
     ("heads-ode-vs-sgd", {"Ds": "[500]"}, r"Ds must hold 2 distinct values .*got \[500\]$"),
@@ -99,9 +118,53 @@ def test_the_cli_stops_before_computing(monkeypatch, tmp_path, capsys):
 def test_focus_chain_messages_show_plain_numbers():
     from attnflow.focus import MarkovChain
 
-    with pytest.raises(ValueError, match=r"^lam must lie in \[-0\.010101, 1\] for this pi, got -1$"):
+    with pytest.raises(ValueError, match=r"^lam must lie in \[-0\.010101, 1\] for this pi \(a lazy chain\), got -1$"):
         MarkovChain.lazy((0.75, 0.19, 0.05, 0.01), np.float64(-1.0))
     with pytest.raises(ValueError, match=r"^pi must sum to 1 within 1e-12, got sum 1\.1 \(pi = \[0\.5, 0\.6\]\)$"):
         MarkovChain.lazy(np.asarray([0.5, 0.6]), 0.5)
     with pytest.raises(ValueError, match=r"^pi must be strictly positive; entry 1 is -0\.5$"):
         MarkovChain.lazy(np.asarray([1.5, -0.5]), 0.5)
+
+
+def test_focus_eps_limit_is_the_largest_that_works():
+    """The largest eps that the focus-rates message gives is accepted, one just above it refused
+    (Stage I's window [30 |M(0)|, 1e-2], |M(0)| = 11.37 eps^2 for the default draw, m = mk = 8)."""
+    load_all()
+    exp = get_experiment("focus-rates")
+    assert config_from(exp.config, {"eps": "0.00312"}, "focus-rates").eps == 0.00312
+    assert "eps <= 0.00312" in _error("focus-rates", {"eps": "0.00313"})
+    # mk = 64: q+(0) = 7.91 eps, so Stage II's window [q+(0), 0.05] sets the limit, 0.05 / (3 x 7.91)
+    assert config_from(exp.config, {"eps": "0.0021", "mk": "64"}, "focus-rates").mk == 64
+
+
+def test_a_failed_rate_fit_says_why_and_only_advice_that_helps():
+    from attnflow.focus.experiments import _fit_failure
+
+    t_end = 30.0
+    grows = np.exp(np.linspace(0.0, 6.0, 7)) * 1e-3  # 1e-3 ... 0.40, one e-fold per save
+    assert _fit_failure(grows, 0.2, 0.1, t_end, "raise n_save") == (
+        "the window from 0.2 to 0.1 is empty: give a smaller eps"
+    )
+    assert _fit_failure(grows, 1e-3, 1.0, t_end, "raise n_save") == (
+        "it grew from 0.001 only to 0.403, not to 1, within t = 30"
+    )
+    assert _fit_failure(grows, 0.005, 0.05, t_end, "raise n_save") == (  # 0.0074 and 0.020 inside
+        "only 2 of the 7 saves lie in the fit window from 0.005 to 0.05 (the fit needs 3): raise n_save"
+    )
+
+
+def test_focus_rates_refuses_a_large_eps_before_computing(monkeypatch, tmp_path, capsys):
+    """eps = 0.2 used to run the whole grid and fail its checks, advising to raise n_save."""
+    import attnflow.focus.experiments as focus_experiments
+    from attnflow.cli import main
+
+    def never(*args, **kwargs):
+        raise AssertionError("the experiment started computing")
+
+    monkeypatch.setattr(focus_experiments, "sweep", never)
+    rc = main(["run", "focus-rates", "--set", "eps=0.2", "--out", str(tmp_path / "out"), "--quiet"])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("attnflow: error: eps = 0.2 is too large to measure the rates: ") and "\n" not in err
+    assert err.endswith("that holds for eps <= 0.00312: give a smaller eps") and "n_save" not in err
+    assert not (tmp_path / "out").exists()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from .data import (
 )
 from .figures import attention_snapshots, cycle_figure, embedding_pca_figure, rates_figure, symmetry_figure
 from .metrics import condensation, local_attention_rate, singular_values, stage_one_rate, stage_sequence, stage_two_rate
-from .model import OneLayerAttention, next_token_loss
+from .model import OneLayerAttention, init_theta, next_token_loss
 from .setup import INIT_SEED, Setup
 from .theory import (
     DEFAULT_SOLVER,
@@ -139,13 +140,92 @@ def _mark_stages(rep: Report, fig, pred: dict, measured: dict, n_panels: int, la
         rep.summary[f"{prefix}time of {k} from t = 0: predicted (R8) {when}, measured ({label}), ratio"] = list(row)
 
 
+# The growth rates are fit on windows of the linear regime: Stage I while |M| grows from
+# STAGE_ONE_START |M(0)| (the neutral part of the random draw no longer shows) to STAGE_ONE_STOP;
+# Stage II from theta_c^1 while q+ grows from q+(0) (the start lies on the unstable mode itself, so
+# q+ grows as e^{ct} from t = 0) to STAGE_TWO_STOP, below the nonlinear regime. Both lower ends scale
+# with eps (|M(0)| as eps^2, q+(0) as eps): an eps for which a window spans less than MIN_GROWTH is
+# refused when the configuration is made.
+STAGE_ONE_START, STAGE_ONE_STOP = 30.0, 1e-2
+STAGE_TWO_STOP = 0.05
+MIN_GROWTH = 3.0
+
+
 def _stage_one_rate(traj) -> float:
-    """`stage_one_rate`, NaN (a failed check in the report) where its window is empty: an ``eps``
-    so large that Stage I starts outside the linear regime."""
+    """`stage_one_rate` on the window above, NaN (a failed check in the report) where it holds fewer
+    than 3 saves (`_fit_failure` says why)."""
     try:
-        return stage_one_rate(traj)
+        return stage_one_rate(traj, STAGE_ONE_START, STAGE_ONE_STOP)
     except ValueError:
         return float("nan")
+
+
+@functools.lru_cache(maxsize=64)
+def _unit_draw(seed: int, d: int, m: int, mk: int, x64: bool) -> tuple[float, float]:
+    """``(|M(0)|, q+(0))`` of the initial draw at ``eps = 1`` (``x64``: the float width it is drawn
+    in): ``|W0 W1|`` of `init_theta`, and ``|e1^T (WQ + WK)| / sqrt 2``, the unstable attention mode of
+    the start at ``theta_c^1`` that ``focus-rates`` builds with ``alpha = e1``. At scale ``eps`` they
+    are ``eps^2`` and ``eps`` times these."""
+
+    @jax.jit  # one small program, not one per eager operation
+    def draw():
+        theta = init_theta(seed, d, m, mk, 1.0)
+        return jnp.linalg.norm(theta["W0"] @ theta["W1"]), jnp.linalg.norm(theta["WQ"][0] + theta["WK"][0])
+
+    norm_m, q_sum = draw()
+    return float(norm_m), float(q_sum) / float(np.sqrt(2.0))
+
+
+def _check_fit_windows(cfg, seed: int, d: int, stage_two: bool) -> None:
+    """Refuse, before computing, an ``eps`` whose initial draw leaves the Stage I fit window (and, with
+    ``stage_two``, the Stage II one of ``focus-rates``) less than a factor `MIN_GROWTH` of growth: a
+    larger ``eps`` starts (nearly) outside the linear regime, where no save grid helps. The message
+    gives the largest ``eps`` that works for these widths."""
+    norm_m, q_plus = _unit_draw(int(seed), int(d), int(cfg.m), int(cfg.mk), bool(jax.config.jax_enable_x64))
+    limits = [
+        (
+            float(np.sqrt(STAGE_ONE_STOP / (MIN_GROWTH * STAGE_ONE_START * norm_m))),
+            f"the Stage I rate 2 sigma is fit while |M| grows from {STAGE_ONE_START:g} |M(0)| = "
+            f"{STAGE_ONE_START * norm_m * cfg.eps**2:.3g} to {STAGE_ONE_STOP:g}",
+        )
+    ]
+    if stage_two:
+        limits.append(
+            (
+                STAGE_TWO_STOP / (MIN_GROWTH * q_plus),
+                f"the Stage II rate c is fit while q+ grows from q+(0) = {q_plus * cfg.eps:.3g} to {STAGE_TWO_STOP:g}",
+            )
+        )
+    largest = min(lim for lim, _ in limits)
+    for lim, what in limits:
+        if cfg.eps > lim:
+            raise ValueError(
+                f"eps = {cfg.eps:g} is too large to measure the rates: {what}, the linear regime, and needs a "
+                f"growth by {MIN_GROWTH:g} there; with m = {cfg.m}, mk = {cfg.mk} that holds for eps <= "
+                f"{_round_down(largest)}: give a smaller eps"
+            )
+
+
+def _round_down(x: float) -> str:
+    """``x`` at 3 significant digits, rounded down (a limit that is safe to give back)."""
+    e = 10.0 ** (np.floor(np.log10(x)) - 2)
+    return f"{np.floor(x / e) * e:.3g}"
+
+
+def _fit_failure(y: np.ndarray, lo: float, hi: float, t_end: float, more_saves: str) -> str:
+    """Why `growth_rate` on ``y`` over the window ``[lo, hi]`` found fewer than 3 saves: the window is
+    empty (``eps`` too large), ``y`` never reached ``hi`` by ``t_end``, or it crossed the window
+    between too few saves (``more_saves``: what gives more saves there)."""
+    y = np.asarray(y)
+    if not lo < hi:
+        return f"the window from {lo:.3g} to {hi:.3g} is empty: give a smaller eps"
+    inside = int(np.count_nonzero((y >= lo) & (y <= hi)))
+    if np.max(y) < hi:
+        return f"it grew from {lo:.3g} only to {np.max(y):.3g}, not to {hi:.3g}, within t = {t_end:.4g}"
+    return (
+        f"only {inside} of the {len(y)} saves lie in the fit window from {lo:.3g} to {hi:.3g} (the fit needs 3): "
+        f"{more_saves}"
+    )
 
 
 # =============================================================================== focus-cycle
@@ -176,6 +256,7 @@ class CycleConfig:
         V.positive_int("n_save", self.n_save, minimum=2)
         V.positive("rtol", self.rtol)
         V.positive("atol", self.atol)
+        _check_fit_windows(self, self.seed, len(self.pi), stage_two=False)
 
 
 def cycle_observables(theta: dict, setup: Setup) -> dict:
@@ -224,6 +305,10 @@ def focus_cycle(cfg: CycleConfig, quiet: bool) -> Report:
         "condensation plateau: closest approach of the loss to H(pi)", float(np.min(np.abs(loss - pred["H_pi"]))), 1e-3
     )
     two_sigma = _stage_one_rate(tr)
+    if not np.isfinite(two_sigma):
+        M = np.asarray(tr["norm_M"])
+        why = _fit_failure(M, STAGE_ONE_START * M[0], STAGE_ONE_STOP, float(tr.ts[-1]), "raise n_save")
+        rep.notes.append(f"no Stage I rate 2 sigma measured: {why}")
     rates = {"two_sigma": two_sigma, **stage_two_rate(tr, pred["H_pi"])}
     rep.summary["2 sigma: predicted / measured"] = [2 * pred["sigma"], two_sigma]
     rep.summary["c: at theta_c^1 / general formula averaged along the path / measured"] = [
@@ -416,6 +501,7 @@ class RatesConfig:
         V.positive_values("taus", self.taus)
         _check_model(self)
         V.positive_int("n_save", self.n_save, minimum=2)
+        _check_fit_windows(self, INIT_SEED, len(self.pi), stage_two=True)
 
 
 @jax.jit
@@ -485,21 +571,22 @@ def focus_rates(cfg: RatesConfig, quiet: bool) -> Report:
         for j, tau in enumerate(taus):
             tr1, tr2 = run_at(i, j, 0), run_at(i, j, 1)
             q = np.asarray(tr2["q_plus"])
-            c_meas = growth_rate(tr2.ts, q, 10 * q[0], 0.05)
+            c_meas = growth_rate(tr2.ts, q, q[0], STAGE_TWO_STOP)
             s_meas = _stage_one_rate(tr1)
             c = float(c_pred[i, j])
             rows.append([float(lam), float(tau), two_sigma, s_meas, c, c_meas])
             err = abs(c_meas / c - 1)
             worst = max(worst, err if np.isfinite(err) else np.inf)  # a failed fit fails the check
+            where = f"lambda={lam:g}, tau={tau:g}"
             if not np.isfinite(c_meas):
-                window = int(np.count_nonzero((q >= 10 * q[0]) & (q <= 0.05)))
-                why = (
-                    f"only {window} of the {len(q)} saves lie in the fit window from {10 * q[0]:.3g} to 0.05 (the "
-                    "fit needs 3): raise n_save"
-                    if q.max() >= 0.05
-                    else f"q+ did not pass from {10 * q[0]:.3g} to 0.05 within t = {float(tr2.ts[-1]):.4g}"
+                why = _fit_failure(q, q[0], STAGE_TWO_STOP, float(tr2.ts[-1]), "raise n_save")
+                rep.notes.append(f"{where}: no growth rate of q+ measured from theta_c^1 ({why})")
+            if not np.isfinite(s_meas):  # the Stage I run has its own fixed grid: a smaller eps widens the window
+                M = np.asarray(tr1["norm_M"])
+                why = _fit_failure(
+                    M, STAGE_ONE_START * M[0], STAGE_ONE_STOP, float(tr1.ts[-1]), "give a smaller eps (a wider window)"
                 )
-                rep.notes.append(f"lambda={lam:g}, tau={tau:g}: no growth rate of q+ measured from theta_c^1 ({why})")
+                rep.notes.append(f"{where}: no Stage I rate 2 sigma measured ({why})")
             rep.check(
                 f"lambda={lam:g}, tau={tau:g}: 2 sigma measured vs predicted (rel. error)",
                 abs(s_meas / two_sigma - 1),
@@ -750,6 +837,9 @@ def focus_symmetry(cfg: SymmetryConfig, quiet: bool) -> Report:
     for i, dl in enumerate(deltas):
         escaped = np.isfinite(escape[i])
         rate = growth_rate(ts, s2[i], 3 * base_s2[i], 0.1) if escaped else float("nan")
+        if escaped and not np.isfinite(rate):
+            why = _fit_failure(s2[i], 3 * base_s2[i], 0.1, float(ts[-1]), "raise n_save")
+            rep.notes.append(f"delta={dl:g}: no growth rate of sigma2(W0) measured ({why})")
         started = np.flatnonzero(s2[i] > 2 * base_s2[i])
         mu_start = float(mu[i, started[0]]) if started.size else float(mu[i, -1])
         rows.append([float(dl), float(escape[i]), rate, mu_start])
