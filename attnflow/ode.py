@@ -13,6 +13,7 @@ varies may be a traced array: one compilation serves a whole `sweep`.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -27,7 +28,7 @@ from . import _validate as V
 from ._errors import check_traced, fail_if
 from ._io import LOG_INTERVAL
 from ._jit import filter_jit
-from .options import LinearGrid, SaveGrid, SolverOptions, TimeGrid
+from .options import LinearGrid, SaveGrid, SolverOptions, TimeGrid, _caller_outside_attnflow
 from .stiff import AutoStiff, KrylovW
 from .trajectory import Trajectory, flatten_names
 
@@ -229,7 +230,12 @@ class _EventFn(eqx.Module):
     fn: Callable = eqx.field(static=True)
 
     def __call__(self, t, y, args, **kwargs):
-        return self.fn(t, y, args)
+        out = self.fn(t, y, args)
+        if jnp.issubdtype(jnp.result_type(out), jnp.floating):
+            # in JAX's default float dtype: Diffrax's root find pairs the event's value with a Python 0.0 in
+            # a lax.cond, which fails on a float32 value while 64-bit mode is on (a float32 solve)
+            out = jnp.asarray(out, jnp.result_type(float))
+        return out
 
 
 class ObservableEvent(eqx.Module):
@@ -444,6 +450,7 @@ def integrate(
     rtol, atol = jnp.asarray(solver.rtol, dtype), jnp.asarray(solver.atol, dtype)
     controller = solver.stepsize_controller
     if controller is None:
+        _warn_tolerances(solver.rtol, solver.atol, dtype)  # before solving: rtol and atol play a part
         # A step below _DTMIN_FRACTION of the span stops the solve (dt_min_reached) rather than
         # shrinking on: a field that is non-finite from the start (eta = 1e308) rejected every
         # step until max_steps, minutes of evaluating a large field for one error.
@@ -465,10 +472,17 @@ def integrate(
     if isinstance(event, diffrax.Event) or event is None:
         ev = event
     elif callable(event):
-        _check_event(event, t0, y0, args)
+        boolean = _check_event(event, t0, y0, args)
         # A module wrapper (equal when the user function is the same object) rather than a fresh
         # lambda, so repeated calls with the same event hit the compilation cache.
-        ev = diffrax.Event(cond_fn=_EventFn(event), root_finder=optx.Newton(rtol=1e-12, atol=1e-12))
+        tol = _event_tolerance(dtype)
+        root_finder: optx.AbstractRootFinder | None = optx.Newton(rtol=tol, atol=tol)
+        if boolean and jnp.dtype(dtype) != jnp.result_type(float):
+            # A boolean event needs no root find (it fires at the end of its step, where Diffrax's root
+            # find puts it), and in a dtype other than JAX's default one (float32 with 64-bit mode on)
+            # Diffrax's root find fails to trace: it pairs the step's end time with a Python 0.0.
+            root_finder = None
+        ev = diffrax.Event(cond_fn=_EventFn(event), root_finder=root_finder)
     else:
         raise ValueError(f"event must be callable (t, y, args) -> scalar or a diffrax.Event, got {event!r}")
 
@@ -768,8 +782,46 @@ class _Observer(eqx.Module):
         }
 
 
-def _check_event(event, t0, y0, args) -> None:
-    """The event must give one real number: named error before any computing."""
+_EVENT_TOL_F64 = 1e-12
+"""The tolerance (relative and absolute, in time and in the event's value) of the Newton root find
+that locates an event in float64."""
+
+
+def _event_tolerance(dtype: Any) -> float:
+    """The event root find's tolerance in ``dtype``: `_EVENT_TOL_F64`, or 8 ulps of the dtype where
+    that is larger (float32: 9.5e-7). In float32 the event's value near its root is rounding noise of
+    about ``eps |u|``, which a tolerance of 1e-12 never accepts: the Newton iteration ran out of steps."""
+    return max(_EVENT_TOL_F64, 8 * float(jnp.finfo(dtype).eps))
+
+
+_TOL_FLOOR_ULPS = 1 / 16
+"""`integrate` warns when ``rtol`` and ``atol`` both lie below this many ulps of the state's dtype."""
+
+
+def _warn_tolerances(rtol: Any, atol: Any, dtype: Any) -> None:
+    """A ``UserWarning`` when the default controller's ``rtol`` and ``atol`` (concrete numbers) both
+    lie below `_TOL_FLOOR_ULPS` of the dtype's resolution ``eps``: the error estimate cannot go much
+    below ``eps |y|``, so the controller rejects steps and shrinks them until ``max_steps`` (float32:
+    ``rtol=1e-9`` takes 3 to 7 times the steps of ``1e-8``, ``1e-12`` runs out of 100,000 steps)."""
+    if V.any_traced((rtol, atol)) or np.ndim(rtol) or np.ndim(atol):
+        return
+    eps = float(jnp.finfo(dtype).eps)
+    floor = _TOL_FLOOR_ULPS * eps
+    if float(rtol) < floor and float(atol) < floor:
+        name = jnp.dtype(dtype).name
+        warnings.warn(
+            f"integrate: rtol={float(rtol):g} and atol={float(atol):g} lie below the resolution of {name} "
+            f"(eps = {eps:.3g}): the solver cannot make its error that small, so it rejects and shrinks steps and "
+            f"may run out of max_steps (MaxStepsError). Use rtol and atol of at least {floor:.2g}"
+            + (" (SolverOptions(rtol=1e-6, atol=1e-8) in float32)" if name == "float32" else "")
+            + (", or float64" if jnp.finfo(dtype).bits < 64 else ""),
+            stacklevel=_caller_outside_attnflow(),
+        )
+
+
+def _check_event(event, t0, y0, args) -> bool:
+    """The event must give one real number (or a boolean): named error before any computing.
+    Whether it gives a boolean."""
     dyn_args, static_args = eqx.partition(args, eqx.is_array)
     failure = "event failed on the initial state"
     if isinstance(event, ObservableEvent):
@@ -786,6 +838,7 @@ def _check_event(event, t0, y0, args) -> None:
         dyn_args,
     )
     V.one_number("event", out, allow_bool=True)
+    return bool(jnp.issubdtype(out.dtype, jnp.bool_))
 
 
 def _check_observe(obs, t0, y0, args) -> None:
@@ -1003,9 +1056,19 @@ def _check_solution(field, args, result, t_end, y_end, out_ts, out_ys, max_steps
     codes = [(name, getattr(diffrax.RESULTS, name, None)) for name in _ROOT_FIND_FAILURES]
     failed = [name for name, code in codes if code is not None and bool(result == code)]
     if event is not None and event.root_finder is not None and failed:
+        dtype = jnp.result_type(*jax.tree_util.tree_leaves(y_end))
+        low = ""
+        if jnp.finfo(dtype).bits < 64:
+            # the root find accepts |event| below its tolerance, 8 ulps: rounding noise of a large event fails it
+            low = (
+                f" In {jnp.dtype(dtype).name} the event's value near its root is rounding noise of about "
+                f"eps |terms| (eps = {float(jnp.finfo(dtype).eps):.3g}), which the root find accepts only below "
+                f"{_event_tolerance(dtype):.2g}: divide the event by the size of its terms (order 1 near the root), "
+                "or solve in float64."
+            )
         raise RuntimeError(
             f"integrate: the event fired, but the root find ({type(event.root_finder).__name__}) that locates its "
-            f"time on the solver's dense output failed ({failed[0]}), near t = {t_end:.6g}. The event "
+            f"time on the solver's dense output failed ({failed[0]}), near t = {t_end:.6g}.{low} The event "
             "function may be flat, kinked or discontinuous in t there: make it a smooth function that changes "
             "sign, tighten rtol/atol (a more accurate dense output to find the root on), or return a boolean "
             "from the event (it then fires at the end of the step in which it becomes true, without a root find)"
@@ -1049,7 +1112,8 @@ def gradient_flow(
     """Gradient flow ``d theta / dt = -eta_label grad L(theta)`` of a model, by `integrate`.
 
     ``loss(model) -> scalar`` (a population loss); ``model`` an Equinox module or pytree,
-    whose leaves selected by ``filter_spec`` (default: inexact arrays) flow. Per-circuit
+    whose leaves selected by ``filter_spec`` (default: inexact arrays) flow (Python floats
+    stay fixed: a ``UserWarning`` names them, or a ``ValueError`` when nothing flows). Per-circuit
     rates: ``labels`` (a pytree of labels, see `attnflow.label_by_path`) and ``rates``
     (``{label: eta}``, arrays allowed); otherwise one ``rate``. ``observe(model)`` gives
     the recorded observables (default: the loss). Remaining keywords (``save``,
@@ -1058,7 +1122,7 @@ def gradient_flow(
     ``observe`` functions and new rates reuses the compiled solve.
     """
     filter_spec = eqx.is_inexact_array if filter_spec is None else filter_spec
-    params, static = eqx.partition(model, filter_spec)
+    params, static = trainable("gradient_flow", model, filter_spec)
     if (rates is None) != (labels is None):
         raise ValueError("give both labels and rates for per-circuit rates, or neither")
     if rates is not None:
@@ -1072,6 +1136,34 @@ def gradient_flow(
         V.positive("rate", rate)
     flow = _Flow(loss, observe, static, labels, rates, jnp.asarray(rate))
     return integrate(_flow_field, params, t1, args=flow, observe=_flow_observe, **integrate_kwargs)
+
+
+def trainable(who: str, model: Any, filter_spec: Any) -> tuple[Any, Any]:
+    """``eqx.partition(model, filter_spec)``: the leaves that train and the rest, for `gradient_flow`
+    and `attnflow.simulate`. Python floats among the rest (a field given as ``0.1`` rather than
+    ``jnp.asarray(0.1)``: no inexact array, so the default filter leaves it out) are named in a
+    ``UserWarning``, or in a ``ValueError`` when nothing would train. Integers and booleans are left
+    alone (they usually set shapes or choices), as are fields declared ``eqx.field(static=True)``."""
+    params, static = eqx.partition(model, filter_spec)
+    floats = [
+        f"model{jax.tree_util.keystr(path)} = {leaf!r}"
+        for path, leaf in jax.tree_util.tree_flatten_with_path(static)[0]
+        if isinstance(leaf, float)
+    ]
+    if not floats:
+        return params, static
+    fix = (
+        "only JAX or NumPy float arrays train: give them as arrays (jnp.asarray(0.1)), or declare a constant "
+        "eqx.field(static=True)"
+    )
+    shown = ", ".join(floats[:5]) + (f" and {len(floats) - 5} more" if len(floats) > 5 else "")
+    if not jax.tree_util.tree_leaves(params):
+        raise ValueError(f"{who}: nothing in the model trains: its floats are Python floats ({shown}); {fix}")
+    warnings.warn(
+        f"{who}: Python float(s) in the model do not train and stay fixed ({shown}); {fix}",
+        stacklevel=_caller_outside_attnflow(),
+    )
+    return params, static
 
 
 class _Flow(eqx.Module):

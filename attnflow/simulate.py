@@ -32,7 +32,7 @@ from . import _validate as V
 from ._errors import fail_if
 from ._jit import filter_jit
 from .analysis import check_saved_event, with_event_time
-from .ode import DivergenceError
+from .ode import DivergenceError, trainable
 from .options import LogGrid, SaveGrid, TimeGrid
 from .trajectory import Trajectory, flatten_names
 
@@ -137,6 +137,8 @@ def simulate(
         ``loss(model, batch) -> scalar``.
     model:
         An Equinox module (or any pytree); its leaves selected by ``filter_spec`` are trained.
+        Python floats among the rest (``Lin(a=0.1, ...)``: no array) stay fixed, with a
+        ``UserWarning`` naming them; a ``ValueError`` names them when nothing would train.
     optimizer:
         An Optax transformation (see `attnflow.per_circuit` for per-circuit rates).
     steps:
@@ -159,14 +161,21 @@ def simulate(
     clock:
         Time per step, so that ``t = clock * step``: the learning rate for gradient flow,
         ``batch_size / D`` for online SGD in dimension D. May be traced.
+    filter_spec:
+        Which leaves of ``model`` train (default: inexact arrays), as ``eqx.partition`` takes it.
+    progress:
+        A progress bar of the run's steps on stderr, filled after each save segment and closed
+        after the last step.
     return_model:
         Also return the trained model.
     throw:
         ``True``: a non-finite loss or parameter raises `DivergenceError` naming the step
         (inside ``jit``/``vmap``: an equinox runtime error). ``False``: no error; the
-        parameters freeze at the last finite step and the divergence step (``-1`` for
-        none) is returned after the trajectory (and model), for callers that decide
-        themselves (a sweep in which one point may diverge).
+        parameters freeze at their last finite values (those the divergence step started
+        from, whose loss may be non-finite: save steps from there on record their
+        observables, ``inf`` included) and the divergence step (``-1`` for none) is returned
+        after the trajectory (and model), for callers that decide themselves (a sweep in
+        which one point may diverge).
 
     Returns
     -------
@@ -212,7 +221,7 @@ def simulate(
     end = s_save[-1] if steps is None else steps
     observe = observe or mode.default_observe(loss)
     key = V.prng_key(key)  # an integer seed (possibly traced, for vmap over seeds) or a key
-    params, static = eqx.partition(model, filter_spec)
+    params, static = trainable("simulate", model, filter_spec)
     V.finite_tree("model", params)
     _check_loss(loss, params, static, mode, key)
     traced = V.any_traced((params, key, clock, mode, optimizer, s_save))
@@ -372,7 +381,9 @@ def _run(loss, params, static, optimizer, mode, key, observe, s_save, end, progr
         probe = value * 0 + sum(jnp.sum(x * 0) for x in jax.tree_util.tree_leaves(p_new))
         finite = probe == 0
         bad = jnp.where((bad < 0) & ~finite, i, bad)
-        # Once diverged, freeze so the recorded observables stay finite up to the error.
+        # Once diverged, freeze: the parameters (and the optimizer state) stay at the last finite
+        # values, those of the divergence step, whose loss may itself be non-finite (it is what
+        # stopped the run); the save steps from there on record the observables of these parameters.
         keep = bad < 0
         p = jax.tree_util.tree_map(lambda a, b: jnp.where(keep, a, b), p_new, p)
         o = jax.tree_util.tree_map(lambda a, b: jnp.where(keep, a, b), o_new, o)
@@ -382,7 +393,8 @@ def _run(loss, params, static, optimizer, mode, key, observe, s_save, end, progr
         p, o, k, bad, step = carry
         p, o, k, bad = jax.lax.fori_loop(step, step + length, step_fn, (p, o, k, bad))
         if progress:
-            jax.debug.callback(_progress_tick, length)
+            # `bad` comes out of the segment's loop: an argument that holds the tick until the segment is done
+            jax.debug.callback(_progress_tick, *_host_scalars(step + length, end, bad))
         return (p, o, k, bad, step + length), observe_p(p)
 
     # the first save step may be past 0 (a grid from t_min): train to it, then observe
@@ -392,8 +404,15 @@ def _run(loss, params, static, optimizer, mode, key, observe, s_save, end, progr
     p, o, k, bad = jax.lax.fori_loop(s_save[-1], end, step_fn, (p, o, k, bad))  # past the last save
     ys = {name: jnp.concatenate([jnp.asarray(y0[name])[None], ys[name]]) for name in y0}
     if progress:
-        jax.debug.callback(_progress_close)
+        # after the last step (`bad` is its result) and so after every tick
+        jax.debug.callback(_progress_close, *_host_scalars(end, end, bad))
     return p, ys, bad
+
+
+def _host_scalars(*xs: Any) -> tuple[jax.Array, ...]:
+    """``xs`` with any batch axis of `jax.vmap` reduced away (by their maximum), so that a callback
+    under ``vmap`` (a sweep over seeds) runs once, not once per batch element."""
+    return tuple(eqx.internal.unvmap_max(jnp.asarray(x)) for x in xs)
 
 
 _BAR = None
@@ -413,17 +432,29 @@ def _check_loss(loss: Any, params: Any, static: Any, mode: TrainingMode, key: ja
     V.one_number("loss(model, batch)", out)
 
 
-def _progress_tick(n):
+def _progress_tick(done: Any, total: Any, after: Any = None) -> None:
+    """The progress bar of `simulate` (``progress=True``) at ``done`` of ``total`` steps: called on
+    the host after each save segment (``after``, the segment's result, only orders the call). A bar
+    left by an interrupted run (more steps done, or another total) is closed and a new one begun."""
     global _BAR
     from ._io import progress_bar
 
+    done, total = int(done), int(total)
+    if _BAR is not None and (done < _BAR.n or _BAR.total != total):
+        _BAR.close()
+        _BAR = None
     if _BAR is None:
-        _BAR = progress_bar(desc="simulate", unit="step")
-    _BAR.update(int(np.max(n)))
+        _BAR = progress_bar(desc="simulate", unit="step", total=total)
+    _BAR.update(done - _BAR.n)
 
 
-def _progress_close():
+def _progress_close(done: Any, total: Any, after: Any = None) -> None:
+    """The bar filled to ``done`` steps (those past the last save step included) and closed: called
+    on the host after the run's last step."""
     global _BAR
+    if _BAR is None and int(total) > 0:  # a grid of one save step has no segment, and so no tick
+        _progress_tick(done, total)
     if _BAR is not None:
+        _BAR.update(max(int(done) - _BAR.n, 0))
         _BAR.close()
         _BAR = None
