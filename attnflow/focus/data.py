@@ -203,9 +203,9 @@ class MarkovChain(eqx.Module):
         if not V.any_traced((pi, lam)):
             check_pi(np.asarray(pi, dtype=float), CHAIN_TOL)
             V.finite_scalar("lam", lam)
+        bad_lam = _check_lazy_lam(pi, lam)  # on the inputs as given: float32 rounding would refuse the edge
         pi = _floats(pi)
         lam = _floats(lam)
-        bad_lam = _check_lazy_lam(pi, lam)
         if bad_lam is not None and recording():  # a failed sweep point learns the chain of lam = 0 (see __init__)
             lam = jnp.where(bad_lam, jnp.zeros_like(lam), lam)
         d = pi.shape[0]
