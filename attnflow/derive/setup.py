@@ -78,10 +78,17 @@ class Quadrature(eqx.Module):
     """How the Gaussian expectations over ``(lambda, nu[, xi])`` are computed: `GaussHermite`,
     `SparseGaussHermite`, `QuasiMonteCarlo` or `MonteCarlo`. ``rule(dim, noise)`` gives nodes of
     ``N(0, I_dim)`` and their weights; ``noise=True`` says the last coordinate is the label noise
-    ``xi`` (`GaussHermite` gives it its own number of nodes)."""
+    ``xi`` (`GaussHermite` gives it its own number of nodes); ``check(dim, noise)`` refuses, before
+    building it, a rule that cannot be built (`Setup` calls it on construction)."""
 
     def rule(self, dim: int, noise: bool = False) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
+
+    def check(self, dim: int, noise: bool = False) -> None:
+        """Raise ``ValueError`` if this rule cannot be built in ``dim`` dimensions (too many
+        nodes, a level below the dimension), without building it: `Setup` calls it on
+        construction, so that a rule too large is refused there and not at the first evaluation
+        of the field. The default accepts every ``dim``."""
 
 
 def scaled_rule(z: np.ndarray, w: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
@@ -123,7 +130,9 @@ class GaussHermite(Quadrature):
         if self.noise_points is not None:
             V.positive_int("noise_points", self.noise_points, minimum=1)
 
-    def rule(self, dim, noise=False):
+    def _size(self, dim: int, noise: bool) -> tuple[int, int, int, str]:
+        """``(fields, xi_points, count, shape)`` of the rule in ``dim`` dimensions, or
+        ``ValueError`` when it has more than ``10^7`` nodes."""
         dim = V.positive_int("dim", dim)
         if noise and dim < 2:
             raise ValueError(f"a rule with label noise needs dim >= 2 (fields and the noise), got {dim}")
@@ -135,6 +144,13 @@ class GaussHermite(Quadrature):
             raise ValueError(
                 f"{self!r} in d = {dim} dimensions makes {shape} nodes; use fewer points or QuasiMonteCarlo"
             )
+        return fields, xi_points, count, shape
+
+    def check(self, dim, noise=False):
+        self._size(dim, noise)
+
+    def rule(self, dim, noise=False):
+        fields, xi_points, count, shape = self._size(dim, noise)
         if count > 2 * HERMITE_BUDGET:
             # every evaluation of the field sums over all nodes: a solve makes hundreds of them
             warnings.warn(
@@ -172,9 +188,12 @@ class SparseGaussHermite(Quadrature):
         V.positive_int("level", self.level, minimum=1)
         _scale(self.scale)
 
-    def rule(self, dim, noise=False):
+    def check(self, dim, noise=False):
         if self.level < dim:
             raise ValueError(f"SparseGaussHermite(level={self.level}) needs level >= d = {dim}")
+
+    def rule(self, dim, noise=False):
+        self.check(dim, noise)
         return scaled_rule(*smolyak_hermite_rule(self.level, dim), self.scale)
 
 
@@ -303,7 +322,9 @@ def default_quadrature(dim: int, noise_points: int | None = None) -> Quadrature:
     """`GaussHermite` with as many points as `HERMITE_BUDGET` allows when that is at least 12 per
     dimension (``d <= 4``: 16 points, about 1e-6 for ``erf`` units), else `QuasiMonteCarlo`
     with ``2^16`` points (for the ``K = 3, M = 2`` erf committee, ``d = 5``: within ``7e-5`` of the
-    closed form, where `MonteCarlo` of as many draws is within ``6e-3``).
+    closed form, where `MonteCarlo` of as many draws is within ``6e-3``; the error grows with
+    ``d``: ``6.3e-4`` at ``K = 6, M = 4`` and ``7.3e-3`` at ``K = M = 10``, for fields of size 1
+    to 2, where ``QuasiMonteCarlo(2**20)`` is within ``4.6e-5`` and ``8.4e-4``).
 
     ``noise_points``: with label noise, the nodes of its coordinate (``dim`` counts it); the
     budget left, ``HERMITE_BUDGET / noise_points``, goes to the ``dim - 1`` fields (the setup
@@ -349,6 +370,94 @@ def _frozen_model(student: Callable, teacher: Callable, loss: Callable, K: int, 
         g_lam, g_v = grad(jnp.asarray(lam), None if v is None else jnp.asarray(v), jnp.asarray(nu))
         leaves = [g_lam] + ([] if g_v is None else jax.tree.leaves(g_v))
         return bool(all(np.all(np.asarray(g) == 0) for g in leaves))
+
+
+_FINITE_SCALES = (0.1, 1.0)
+"""Standard deviations of `_first_nonfinite`'s inputs: those of `_PROBE_SCALES` at the size of
+the fields the derivation meets (unit variance, or less from a small initialisation). The
+larger ones are left out: there a model finite at every field the quadrature visits may
+overflow (``log cosh`` of a large residual in float32, ``exp(lam^2 / 4)``)."""
+
+
+def _show_input(x: Any) -> str:
+    """An input or output of the model in `_first_nonfinite`'s message, to 4 decimals."""
+    return repr(np.round(np.asarray(x, dtype=float), 4).tolist())
+
+
+@functools.lru_cache(maxsize=256)
+def _first_nonfinite(
+    student: Callable, teacher: Callable, loss: Callable, K: int, M: int, L: int | None, v: tuple | None
+) -> str | None:
+    """The message of `Setup`'s ``ValueError`` for a model whose student output, teacher output,
+    per-sample loss or loss gradient (with respect to the student's fields and readout) is NaN
+    or infinite at one of `_GRADIENT_PROBES` random Gaussian inputs of each standard deviation of
+    `_FINITE_SCALES` (fixed draws; with ``L``, the token model's fields ``(K, L)``, ``(M, L)``
+    and a one-hot signal location), or ``None`` when all are finite. ``v``: ``(shape, entries)``
+    of the initial readout, or ``None``. A value that is not finite on a set of measure zero
+    (``log |lambda|`` at ``lambda = 0``) is met by no random input: only a model that is not
+    finite on a set of inputs of positive probability is refused, one whose derived field would
+    be NaN."""
+    rng = np.random.default_rng(3)
+    loc = () if L is None else (L,)
+    n = _GRADIENT_PROBES * len(_FINITE_SCALES)
+    scale = np.repeat(np.asarray(_FINITE_SCALES), _GRADIENT_PROBES).reshape((n,) + (1,) * (1 + len(loc)))
+    lam = scale * rng.standard_normal((n, K, *loc))
+    nu = scale * rng.standard_normal((n, M, *loc))
+    e = np.zeros((n, 0)) if L is None else np.eye(L)[rng.integers(0, L, n)]
+    v_value = None if v is None else np.asarray(v[1], dtype=float).reshape(v[0])
+
+    def label(nu_i: Any, e_i: Any) -> Any:
+        return teacher(nu_i) if L is None else teacher(nu_i, e_i)
+
+    def sample_loss(lam_i: Any, v_: Any, nu_i: Any, e_i: Any) -> Any:
+        return jnp.sum(loss(student(lam_i, v_), label(nu_i, e_i)))
+
+    def finite(x: Any) -> np.ndarray:
+        """Per input: whether every entry of ``x`` (an array or a tree of them) is finite."""
+        leaves = [np.asarray(a).reshape(n, -1) for a in jax.tree.leaves(x)]
+        return np.all(np.concatenate([np.isfinite(a) for a in leaves], axis=1), axis=1) if leaves else np.ones(n, bool)
+
+    with jax.ensure_compile_time_eval():  # values, also while a sweep traces the Setup
+        vj = None if v_value is None else jnp.asarray(v_value)
+        lam_j, nu_j, e_j = jnp.asarray(lam), jnp.asarray(nu), jnp.asarray(e)
+        y_hat = jax.vmap(student, in_axes=(0, None))(lam_j, vj)
+        y = jax.vmap(label)(nu_j, e_j)
+        values = jax.vmap(lambda a, b: jnp.sum(loss(a, b)))(y_hat, y)
+        grad = jax.grad(sample_loss, argnums=(0, 1)) if v is not None else lambda *a: (jax.grad(sample_loss)(*a), None)
+        g = jax.vmap(grad, in_axes=(0, None, 0, 0))(lam_j, vj, nu_j, e_j)
+
+    def at_lam(i: int) -> str:
+        return f"lam = {_show_input(lam[i])}" + ("" if v is None else " (v = v0)")
+
+    def at_nu(i: int) -> str:
+        return f"nu = {_show_input(nu[i])}" + ("" if L is None else f", e = {_show_input(e[i])}")
+
+    def at_outputs(i: int) -> str:
+        return f"student output {_show_input(np.asarray(y_hat)[i])}, teacher output {_show_input(np.asarray(y)[i])}"
+
+    what = (
+        ("student(lam, v)", y_hat, at_lam),
+        ("teacher(nu)" if L is None else "teacher(nu, e)", y, at_nu),
+        ("loss(student output, teacher output)", values, at_outputs),
+        (
+            "the gradient of the loss with respect to the student's fields" + ("" if v is None else " and readout"),
+            g,
+            lambda i: f"{at_lam(i)}, {at_nu(i)}",
+        ),
+    )
+    for name, value, at in what:
+        ok = finite(value)
+        if not np.all(ok):
+            i = int(np.argmin(ok))  # the first input where it is not finite
+            entries = np.concatenate([np.asarray(a).reshape(n, -1)[i] for a in jax.tree.leaves(value)])
+            bad = entries[~np.isfinite(entries)][0]
+            return (
+                f"{name} is {bad} at {at(i)}, one of {n} random Gaussian inputs (standard deviations "
+                f"{', '.join(f'{x:g}' for x in _FINITE_SCALES)}): the derived field would be NaN. A model must be "
+                "finite for almost every input (log or sqrt of a field is NaN for half of them; a jnp.where "
+                "with a NaN branch has a NaN gradient: apply it to a safe argument)"
+            )
+    return None
 
 
 @functools.lru_cache(maxsize=256)
@@ -440,6 +549,59 @@ def _per_model(check: Any, *args: Any) -> Any:
         return check.__wrapped__(*args)
 
 
+_FUNCTIONS = ("student", "teacher", "loss")
+"""The fields of `Setup` that hold functions, which `Setup.record` writes as ``"module:qualname"``."""
+
+
+def _function_name(f: Any) -> str:
+    """``"module:qualname"`` of a function (``"__main__:soft_committee"``,
+    ``"attnflow.derive.setup:soft_committee"``; a callable object by its type's)."""
+    module = getattr(f, "__module__", None) or type(f).__module__
+    qualname = getattr(f, "__qualname__", None) or type(f).__qualname__
+    return f"{module}:{qualname}"
+
+
+def _package_functions() -> dict[str, Callable]:
+    """The functions `Setup.from_record` gives back by name: those `attnflow.derive` and
+    `attnflow` export and define themselves, by name."""
+    import types
+
+    import attnflow
+    from attnflow import derive
+
+    out: dict[str, Callable] = {}
+    for space in (attnflow, derive):  # derive's own name wins
+        for name in dir(space):
+            obj = getattr(space, name)
+            if isinstance(obj, types.FunctionType) and obj.__module__.startswith("attnflow"):
+                out[name] = obj
+    return out
+
+
+def _function_from_record(field: str, name: Any) -> Any:
+    """The package function a `Setup.record` entry names (``"module:qualname"``, or a bare name
+    as records before the module was written held), or ``ValueError`` when it names none: a
+    function of the user's own, which a record cannot give back."""
+    if not isinstance(name, str):
+        return name  # a function passed in ({**rec, "student": f}), or not a function (refused by Setup)
+    own = _package_functions()
+    module, colon, qualname = name.rpartition(":")
+    f = own.get(qualname)
+    if f is not None and (not colon or (f.__module__, f.__qualname__) == (module, qualname)):
+        return f
+    raise ValueError(
+        f"setup.{field}: the record names the function {name!r}, which is not one of attnflow.derive's "
+        f"({', '.join(_MODEL_FUNCTIONS)}, ...): a record keeps a function by its name only and gives back only "
+        "the package's own, so it cannot give back yours (a lambda, a function of your script or module, even "
+        f'one named like a package function). Pass it in: derive.Setup.from_record({{**rec, "{field}": f}}), '
+        "f your function"
+    )
+
+
+_MODEL_FUNCTIONS = ("soft_committee", "squared_loss", "erf_activation", "signal_token")
+"""The package's functions a model is built of, named in `_function_from_record`'s message."""
+
+
 def _callable(name: str, f: Any) -> Callable:
     if not callable(f):
         raise ValueError(f"{name} must be a callable, got {f!r:.80}")
@@ -483,11 +645,20 @@ class Setup(AbstractSetup):
       the dimension `dim`).
 
     On construction student, teacher and loss are called once on abstract arguments of these
-    shapes (`jax.eval_shape`, nothing computed): a call that fails, or a student output whose
-    shape differs from the teacher's, raises ``ValueError`` naming the call. With
-    `GaussianInputs`, a loss whose gradient with respect to the student's fields and readout is
-    exactly zero at 32 random inputs of standard deviations 0.1 to 100 (a ``sign`` student, a
-    0-1 loss) raises ``ValueError``: SGD would not move and the derived field would vanish.
+    shapes (`jax.eval_shape`, nothing computed): a call that fails, a student output whose
+    shape differs from the teacher's, or a loss that is neither a scalar nor of the outputs'
+    shape raises ``ValueError`` naming the call. They are then evaluated at 16 random inputs
+    (standard deviations 0.1 and 1; the readout at ``v0``): a student output, teacher output,
+    loss or loss gradient that is NaN or infinite at one of them (``v @ log(lam)``) raises
+    ``ValueError`` naming the function and the first such input, since the derived field
+    would be NaN (a function infinite only on a set of measure zero, ``log |lam|``, is
+    accepted). With `GaussianInputs`, a loss whose gradient with respect to the student's
+    fields and readout is exactly zero at 32 random inputs of standard deviations 0.1 to 100
+    (a ``sign`` student, a 0-1 loss) raises ``ValueError``: SGD would not move and the derived
+    field would vanish. A quadrature that cannot be built in `dim` dimensions (a
+    `GaussHermite` grid of more than ``10^7`` nodes, a `SparseGaussHermite` level below
+    `dim`) raises ``ValueError`` here, with the message `rule` would give
+    (`Quadrature.check`).
     """
 
     student: Callable = eqx.field(static=True)
@@ -575,11 +746,17 @@ class Setup(AbstractSetup):
         return Setup(**given)
 
     def record(self) -> dict[str, Any]:
-        """`attnflow.setup.AbstractSetup.record`, with ``"quadrature_default": True`` after the
+        """`attnflow.setup.AbstractSetup.record`, with student, teacher and loss as
+        ``"module:qualname"`` (``"attnflow.derive.setup:soft_committee"``,
+        ``"__main__:<lambda>"``), so that a function of one's own is never taken for a package
+        function of the same name, and with ``"quadrature_default": True`` after the
         quadrature when it was left out at construction: `from_record` then gives it back as
         the default of the recorded model, which `replace` lets follow the model, as the
         original does."""
         out = super().record()
+        for name in _FUNCTIONS:
+            if isinstance(out[name], str):  # a function (a callable module is recorded as its fields)
+                out[name] = _function_name(getattr(self, name))
         if self._default_rule:
             items = list(out.items())
             at = [k for k, _ in items].index("quadrature") + 1
@@ -589,7 +766,19 @@ class Setup(AbstractSetup):
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Setup:
         """`attnflow.setup.AbstractSetup.from_record`; a record with ``"quadrature_default": True``
-        (`record` of a setup whose quadrature was left out) leaves it out again."""
+        (`record` of a setup whose quadrature was left out) leaves it out again.
+
+        Student, teacher and loss are given back only when the record names a function of
+        `attnflow.derive` (or `attnflow`) by its module and name, the ones `record` writes
+        (``"attnflow.derive.setup:soft_committee"``). Any other name, a lambda or a function of
+        one's own even if it is called ``soft_committee``, raises ``ValueError`` naming the
+        field and the function and saying how to pass it in:
+        ``Setup.from_record({**rec, "student": f})``. A bare name (``"soft_committee"``, as
+        records written before the module was recorded hold) is read as the package's function
+        of that name: for such a record of a function of one's own named like a package one,
+        pass it in."""
+        if isinstance(record, dict):
+            record = {k: (_function_from_record(k, v) if k in _FUNCTIONS else v) for k, v in record.items()}
         if isinstance(record, dict) and record.get("quadrature_default", False):
             record = {k: v for k, v in record.items() if k != "quadrature_default"}
             record["quadrature"] = None
@@ -669,9 +858,24 @@ class Setup(AbstractSetup):
                 f"the student's output has shape {shapes[0]} and the teacher's {shapes[1]}: they must match "
                 "(the loss compares them entry by entry)"
             )
-        call("loss(student output, teacher output)", self.loss, y_hat, y)
+        out = call("loss(student output, teacher output)", self.loss, y_hat, y)
+        if jnp.shape(out) not in ((), shapes[0]):
+            allowed = (
+                "a scalar, as the outputs are"
+                if shapes[0] == ()
+                else f"a scalar or one loss per entry of the outputs (shape {shapes[0]}), which are summed"
+            )
+            raise ValueError(
+                f"loss(student output, teacher output) returns shape {jnp.shape(out)} for outputs of shape "
+                f"{shapes[0]}: it must return {allowed}"
+            )
         v_shape = None if self.v0 is None else tuple(jnp.shape(self.v0))
         model = (self.student, self.teacher, self.loss, K, M)
+        if not V.any_traced(self.v0):  # traced: checked where the setup was made with a concrete v0
+            readout = None if self.v0 is None else (v_shape, tuple(np.asarray(self.v0, dtype=float).ravel().tolist()))
+            bad = _per_model(_first_nonfinite, *model, L[0] if L else None, readout)
+            if bad is not None:
+                raise ValueError(bad)
         if isinstance(self.data, SingleLocation) and self.data.exchangeable:
             gap = _per_model(_positional_gap, *model, self.data.L, v_shape)
             if not gap < 1e-6:
@@ -715,6 +919,8 @@ class Setup(AbstractSetup):
         self.data.check(K, M)
         if self.noise is not None and isinstance(self.data, SingleLocation):
             raise ValueError("noise (label noise) is not available with data=SingleLocation(...); use noise=None")
+        # a rule too large is refused here, as `rule` would refuse it at the first field evaluation
+        self.quadrature.check(self.dim, self.noise is not None)
         if jnp.ndim(self.eta) not in (0, 1) or (jnp.ndim(self.eta) == 1 and jnp.shape(self.eta) != (K,)):
             raise ValueError(
                 f"eta (learning rate of W) must be a number or one per student unit, shape (K,) = ({K},), got "
