@@ -62,7 +62,6 @@ class Setup(AbstractSetup):
         V.positive("layer_ratio (eta_1 / eta_2)", self.layer_ratio)
         V.positive_int("n_in", self.n_in, minimum=self.s.shape[0])
         V.positive_int("n_out", self.n_out, minimum=self.s.shape[0])
-        V.positive_int("teacher_seed", self.teacher_seed, minimum=0)
         # teacher, two weight matrices and their gradients and optimizer copies, float64
         V.fits_in_memory(
             f"a teacher of n_out x n_in = {self.n_out} x {self.n_in} with {k} modes",

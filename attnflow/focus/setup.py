@@ -107,9 +107,6 @@ class Setup(AbstractSetup):
         V.positive("tau (score scale)", self.tau)
         V.positive("eps (initial scale)", self.eps)
         V.positive("eta (learning rate)", self.eta)
-        V.positive_int("m (embedding width)", self.m)
-        V.positive_int("mk (query-key width)", self.mk)
-        V.positive_int("init_seed", self.init_seed, minimum=0)
 
     @property
     def d(self) -> int:

@@ -284,9 +284,6 @@ class Setup(AbstractSetup):
             raise ValueError(f"target must be TokenTarget() or ScalarTarget(Delta), got {self.target!r}")
         if not isinstance(self.init, InitialCondition):
             raise ValueError(f"init must be FiniteDDraw(...), Overlaps(M, Q) or SymmetricSeed(...), got {self.init!r}")
-        V.positive_int("L (tokens)", self.L, minimum=2)
-        V.positive_int("H (heads)", self.H)
-        V.positive_int("minibatch", self.minibatch)
         if not isinstance(self.sgd_noise, bool):
             raise ValueError(f"sgd_noise must be True or False, got {self.sgd_noise!r}")
         V.scalar("eta (learning rate)", self.eta)

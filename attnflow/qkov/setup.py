@@ -145,11 +145,6 @@ class Setup(AbstractSetup):
         V.positive("mu0 (initial mu of a factorised circuit)", self.mu0)
         _check_factor_ratio("qk", self.qk_factor_ratio, self.parametrisation)
         _check_factor_ratio("ov", self.ov_factor_ratio, self.parametrisation)
-        V.positive_int("m (distinct positions)", self.m)
-        V.positive_int("n (common positions)", self.n)
-        V.positive_int("b (distinct tokens per class)", self.b)
-        V.positive_int("M (classes)", self.M, minimum=2)
-        V.positive_int("n_common (common tokens |C|)", self.n_common)
         if not isinstance(self.common_correction, bool):
             raise ValueError(f"common_correction must be True or False, got {self.common_correction!r}")
         if isinstance(self.score_scale, bool) or not isinstance(self.score_scale, (int, float)):
