@@ -105,6 +105,7 @@ def _check_lazy_lam(pi: Any, lam: Any) -> jax.Array | None:
     fails with the message (`attnflow._errors.check_traced`), and the boolean mask of the entries
     outside is returned; ``None`` for concrete input."""
     if V.any_traced((pi, lam)):
+        pi, lam = jnp.asarray(pi), jnp.asarray(lam)  # a list or tuple holding tracers
         bad = ~((lam >= -jnp.min(pi / (1 - pi))) & (lam <= 1.0))
         check_traced(lambda: jnp.any(bad), "lam must lie in [-min_k pi_k / (1 - pi_k), 1] (a lazy chain on pi)")
         return bad
